@@ -1,0 +1,1 @@
+"""Kernel Definitions shipped with fi-profile (JSON data, read through profiler.catalog)."""

@@ -1,0 +1,80 @@
+"""The older seed-001 kernel description, read and converted to a seed-002 Definition.
+
+Differences from a Definition: ``id`` (or ``name``) instead of ``name``; ``reference_code`` (or
+``code``) instead of ``reference``; ``assumptions`` instead of ``constraints``; no ``op_type``;
+``dtype`` optional with default ``float16``; ``float8_e4m3`` spelling; ``[]`` shape = scalar.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Optional
+
+from pydantic import AliasChoices, BeforeValidator, Field, model_validator
+
+from profiler.schema.base import StrictModel
+from profiler.schema.definition import Axis, AxisConst, AxisVar, Definition, TensorSpec
+from profiler.schema.dtype import DType, parse_dtype
+
+#: op types recognised in a legacy id, most specific first.
+_KNOWN_OP_TYPES = (
+    "fused_add_rmsnorm",
+    "rmsnorm",
+    "grouped_gemm",
+    "gemm",
+    "gqa_paged",
+    "gqa_ragged",
+    "mla_paged",
+    "mla_ragged",
+    "attention",
+    "rope",
+    "sampling",
+    "moe",
+)
+
+
+class LegacyTensorSpec(StrictModel):
+    shape: list[str]
+    dtype: Annotated[DType, BeforeValidator(parse_dtype)] = DType.float16
+
+
+class LegacyKernelDescription(StrictModel):
+    id: str = Field(min_length=1, validation_alias=AliasChoices("id", "name"))
+    axes: dict[str, Axis]
+    inputs: dict[str, LegacyTensorSpec]
+    outputs: dict[str, LegacyTensorSpec]
+    reference_code: str = Field(validation_alias=AliasChoices("reference_code", "code"))
+    assumptions: Optional[list[str]] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_spelling_each(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for a, b in (("id", "name"), ("reference_code", "code")):
+                if a in data and b in data:
+                    raise ValueError(f"give either {a!r} or {b!r}, not both")
+        return data
+
+    def op_type(self) -> str:
+        lowered = self.id.lower()
+        for op_type in _KNOWN_OP_TYPES:
+            if op_type in lowered:
+                return op_type
+        return "legacy"
+
+    def to_definition(self) -> Definition:
+        """Convert to a seed-002 Definition (validated like any other)."""
+
+        def convert(spec: LegacyTensorSpec) -> TensorSpec:
+            return TensorSpec(shape=spec.shape or None, dtype=spec.dtype)
+
+        axes: dict[str, AxisConst | AxisVar] = dict(self.axes)
+        return Definition(
+            name=self.id,
+            op_type=self.op_type(),
+            description="Converted from a seed-001 kernel description.",
+            axes=axes,
+            inputs={n: convert(s) for n, s in self.inputs.items()},
+            outputs={n: convert(s) for n, s in self.outputs.items()},
+            reference=self.reference_code,
+            constraints=self.assumptions,
+        )

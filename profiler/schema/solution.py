@@ -1,0 +1,118 @@
+"""Solution: a candidate implementation of a Definition (seed-001 code schema, flashinfer layout).
+
+The entry point is ``file.py::function``. It is called with the Definition's inputs by name and
+either returns the outputs (like a reference) or, destination-passing, also receives the
+pre-allocated outputs by name and returns nothing. Which of the two is read from its signature
+unless ``spec.destination_passing`` says so.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import Enum
+from pathlib import PurePosixPath
+from typing import Annotated, Any, Optional
+
+from pydantic import BeforeValidator, Field, field_validator, model_validator
+
+from profiler.errors import FieldErrors, Loc
+from profiler.schema.base import StrictModel
+from profiler.schema.reference import EntrySignature, entry_signature
+
+_ENTRY_POINT = re.compile(r"^(?P<file>[^:]+)::(?P<function>[A-Za-z_][A-Za-z0-9_]*)$")
+
+
+class Language(str, Enum):
+    python = "python"
+    triton = "triton"
+    cuda = "cuda"
+    torch_compile = "torch_compile"
+
+    @property
+    def entry_is_python(self) -> bool:
+        return self is not Language.cuda
+
+
+def _lower(value: Any) -> Any:
+    # flashinfer's docs write "Triton" and "CUDA"; its examples write "triton".
+    return value.lower() if isinstance(value, str) else value
+
+
+class SourceFile(StrictModel):
+    path: str = Field(min_length=1)
+    content: str
+
+    @field_validator("path")
+    @classmethod
+    def _relative(cls, path: str) -> str:
+        p = PurePosixPath(path)
+        if p.is_absolute() or ".." in p.parts:
+            raise ValueError("must be a relative path inside the solution")
+        return path
+
+
+class SolutionSpec(StrictModel):
+    language: Annotated[Language, BeforeValidator(_lower)]
+    target_hardware: list[str] = Field(default_factory=list)
+    dependencies: list[str] = Field(default_factory=list)
+    entry_point: str
+    destination_passing: Optional[bool] = None
+
+    @field_validator("entry_point")
+    @classmethod
+    def _entry_format(cls, entry: str) -> str:
+        if not _ENTRY_POINT.match(entry):
+            raise ValueError("must be 'file_path::function_name', e.g. 'main.py::run'")
+        return entry
+
+    @property
+    def entry_file(self) -> str:
+        return self.entry_point.split("::", 1)[0]
+
+    @property
+    def entry_function(self) -> str:
+        return self.entry_point.split("::", 1)[1]
+
+
+class Solution(StrictModel):
+    name: str = Field(min_length=1)
+    definition: str = Field(min_length=1)
+    description: Optional[str] = None
+    author: str = Field(min_length=1)
+    spec: SolutionSpec
+    sources: list[SourceFile] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _check_sources(self) -> "Solution":
+        errors: list[tuple[Loc, str]] = []
+        seen: set[str] = set()
+        for i, source in enumerate(self.sources):
+            if source.path in seen:
+                errors.append((("sources", i, "path"), f"duplicate path {source.path!r}"))
+            seen.add(source.path)
+        entry = self.source(self.spec.entry_file)
+        if entry is None:
+            errors.append((("spec", "entry_point"), f"no source file {self.spec.entry_file!r}"))
+        elif self.spec.language.entry_is_python:
+            try:
+                entry_signature(entry.content, self.spec.entry_function)
+            except ValueError as exc:
+                errors.append((("spec", "entry_point"), f"{self.spec.entry_file} {exc}"))
+        if errors:
+            raise FieldErrors(errors)
+        return self
+
+    def source(self, path: str) -> Optional[SourceFile]:
+        return next((s for s in self.sources if s.path == path), None)
+
+    def entry_signature(self) -> EntrySignature:
+        entry = self.source(self.spec.entry_file)
+        assert entry is not None
+        return entry_signature(entry.content, self.spec.entry_function)
+
+    def is_destination_passing(self, inputs: list[str], outputs: list[str]) -> bool:
+        """Whether ``run`` takes the outputs too; explicit in the spec or read from the signature."""
+        if self.spec.destination_passing is not None:
+            return self.spec.destination_passing
+        signature = self.entry_signature()
+        return bool(outputs) and set(outputs) <= set(signature.params)

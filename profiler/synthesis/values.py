@@ -1,0 +1,77 @@
+"""Values of single inputs, by dtype and by the role their name gives them.
+
+Index structure (indptr, indices, last-page lengths) is :mod:`profiler.synthesis.layout`'s job;
+this module fills the data: random floats of any dtype (fp8/fp4 included), probabilities,
+positions, token ids, top-k/top-p parameters, and default scalars.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import torch
+
+from profiler.schema.definition import Definition, TensorSpec
+from profiler.schema.dtype import DType, torch_dtype
+
+#: Values for scalar (shape null) inputs that a workload does not give.
+_DEFAULT_SCALARS: dict[str, float] = {"eps": 1e-6, "rms_eps": 1e-6}
+
+
+def default_scalar(name: str, spec: TensorSpec, definition: Definition) -> Any:
+    if name == "sm_scale":
+        dim = definition.const_axes.get("head_dim") or definition.const_axes.get("head_size")
+        if dim:
+            return 1.0 / math.sqrt(dim)
+    if spec.dtype is DType.bool:
+        return False
+    if spec.dtype.is_float:
+        return _DEFAULT_SCALARS.get(name, 1.0)
+    return 0
+
+
+def tensor_value(
+    name: str,
+    spec: TensorSpec,
+    shape: tuple[int, ...],
+    definition: Definition,
+    axes: Mapping[str, int],
+    gen: torch.Generator,
+    device: torch.device,
+) -> torch.Tensor:
+    """A valid random tensor for input ``name`` of logical ``shape``."""
+    dtype = torch_dtype(spec.dtype)
+    if name == "probs":
+        logits = torch.randn(shape, generator=gen, device=device) * 3
+        return logits.softmax(dim=-1).to(dtype)
+    if name == "top_k":
+        vocab = axes.get("vocab_size", 64)
+        return torch.randint(1, min(vocab, 64) + 1, shape, generator=gen, device=device).to(dtype)
+    if name == "top_p":
+        return (0.1 + 0.9 * torch.rand(shape, generator=gen, device=device)).to(dtype)
+    if name == "positions":
+        bound = _position_bound(definition, axes)
+        return torch.randint(0, bound, shape, generator=gen, device=device).to(dtype)
+    if name in ("input_ids", "token_ids"):
+        bound = axes.get("vocab_size", 2)
+        return torch.randint(0, bound, shape, generator=gen, device=device).to(dtype)
+    if spec.dtype is DType.bool:
+        return torch.rand(shape, generator=gen, device=device) < 0.5
+    if spec.dtype.is_packed:
+        packed = shape[:-1] + (shape[-1] // 2,)
+        return torch.randint(0, 256, packed, generator=gen, device=device, dtype=torch.uint8).view(dtype)
+    if not spec.dtype.is_float:
+        fill = 1 if name.endswith(("_len", "_lens", "lengths")) else 0
+        return torch.full(shape, fill, dtype=dtype, device=device)
+    data = torch.randn(shape, generator=gen, device=device)
+    if "scale" in name:  # scale factors are positive and near 1
+        data = 0.5 + torch.rand(shape, generator=gen, device=device)
+    return data.to(dtype)
+
+
+def _position_bound(definition: Definition, axes: Mapping[str, int]) -> int:
+    cache = definition.inputs.get("cos_sin_cache")
+    if cache is not None and cache.shape:
+        return axes[cache.shape[0]]
+    return axes.get("max_position", axes.get("max_seq_len", 4096))

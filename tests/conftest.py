@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from profiler.schema import Definition
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures"
+FLASHINFER_TRACE = REPO.parent / "shared" / "flashinfer-trace"
+
+
+@pytest.fixture(scope="session")
+def flashinfer_trace() -> Path:
+    assert FLASHINFER_TRACE.is_dir(), f"flashinfer-trace data expected at {FLASHINFER_TRACE}"
+    return FLASHINFER_TRACE
+
+
+def flashinfer_definitions() -> list[Definition]:
+    return [
+        Definition.model_validate_json(p.read_text())
+        for p in sorted((FLASHINFER_TRACE / "definitions").glob("*/*.json"))
+    ]

@@ -1,0 +1,177 @@
+"""Each shipped reference against an independent computation (torch.nn.functional, SDPA, ...)."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from profiler.catalog import shipped_definition
+from profiler.entry_points import run_reference
+from profiler.synthesis import synthesize_inputs
+
+BF16 = dict(atol=1e-2, rtol=1.6e-2)
+
+
+def reference(name, axes, seed=0, **given):
+    definition = shipped_definition(name)
+    inputs = synthesize_inputs(definition, axes, seed=seed, given=given)
+    return inputs, run_reference(definition, inputs)
+
+
+def test_rmsnorm():
+    inputs, out = reference("rmsnorm_h4096", {"batch_size": 5})
+    x, w = inputs["hidden_states"].float(), inputs["weight"].float()
+    expected = F.rms_norm(x, (4096,), w, eps=1e-5).to(torch.bfloat16)
+    torch.testing.assert_close(out["output"], expected, **BF16)
+
+
+def test_fused_add_rmsnorm():
+    inputs, out = reference("fused_add_rmsnorm_h4096", {"batch_size": 5})
+    x = inputs["hidden_states"].float() + inputs["residual"].float()
+    expected = F.rms_norm(x, (4096,), inputs["weight"].float(), eps=1e-5).to(torch.bfloat16)
+    torch.testing.assert_close(out["output"], expected, **BF16)
+
+
+def test_silu_and_mul():
+    inputs, out = reference("silu_and_mul_i14336", {"num_tokens": 3})
+    gate, up = inputs["input"].float().chunk(2, dim=-1)
+    torch.testing.assert_close(out["output"], (F.silu(gate) * up).to(torch.bfloat16), **BF16)
+
+
+def test_embedding():
+    inputs, out = reference("embedding_v128256_h4096", {"num_tokens": 6})
+    expected = F.embedding(inputs["input_ids"].long(), inputs["weight"])
+    assert torch.equal(out["output"], expected)
+
+
+@pytest.mark.parametrize("name", ["gemm_n6144_k4096", "gemm_n4096_k14336", "gemm_n128256_k4096"])
+def test_gemm(name):
+    inputs, out = reference(name, {"M": 3})
+    expected = F.linear(inputs["A"].float(), inputs["B"].float()).to(torch.bfloat16)
+    torch.testing.assert_close(out["C"], expected, **BF16)
+
+
+def llama3_inv_freq_hf_style(dim=128, theta=500000.0, factor=8.0, low=1.0, high=4.0, original=8192):
+    """Vectorised, as transformers' _compute_llama3_parameters writes it."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= original / high) & (wavelen <= original / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+def test_rope_llama3():
+    positions = torch.tensor([0, 1, 7, 100, 4095, 8191, 20000, 131071])
+    inputs, out = reference("rope_llama3_neox_style_h32_kv8_d128", {"num_tokens": 8}, positions=positions)
+    angle = positions.double()[:, None] * llama3_inv_freq_hf_style()[None, :]
+    rotation = torch.polar(torch.ones_like(angle), angle)[:, None, :]  # e^{i theta}, per pair
+
+    def rotate(x):  # NeoX pairs (i, i + 64) as complex numbers
+        x = x.double()
+        z = torch.complex(x[..., :64], x[..., 64:]) * rotation
+        return torch.cat([z.real, z.imag], dim=-1).to(torch.bfloat16)
+
+    torch.testing.assert_close(out["q_out"], rotate(inputs["q"]), **BF16)
+    torch.testing.assert_close(out["k_out"], rotate(inputs["k"]), **BF16)
+    # Llama-3 scaling really changes the result against plain RoPE at long positions.
+    plain = 1.0 / (500000.0 ** (torch.arange(0, 128, 2, dtype=torch.float64) / 128))
+    assert not torch.allclose(plain, llama3_inv_freq_hf_style())
+
+
+def sdpa_with_lse(q, k, v, sm_scale):
+    """q [Tq, H, D], k/v [Tk, Hkv, D]; causal aligned bottom-right, like the engines."""
+    tq, tk = q.shape[0], k.shape[0]
+    mask = torch.ones(tq, tk, dtype=torch.bool).tril(diagonal=tk - tq)
+    qh, kh, vh = (t.double().transpose(0, 1) for t in (q, k, v))
+    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=sm_scale, enable_gqa=True)
+    kh = kh.repeat_interleave(q.shape[1] // k.shape[1], dim=0)
+    scores = (qh @ kh.transpose(-1, -2)) * sm_scale
+    lse2 = torch.logsumexp(scores.masked_fill(~mask, float("-inf")), dim=-1) / math.log(2)
+    return out.transpose(0, 1), lse2.transpose(0, 1)
+
+
+def gather_paged(cache, indices, last_len, page_size):
+    tokens = cache[indices.long()].reshape(-1, *cache.shape[2:])
+    return tokens[: (len(indices) - 1) * page_size + last_len]
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_paged_decode(page_size):
+    name = f"gqa_paged_decode_h32_kv8_d128_ps{page_size}"
+    inputs, out = reference(name, {"batch_size": 3, "len_indptr": 4, "num_kv_indices": 9, "num_pages": 20})
+    indptr = inputs["kv_indptr"]
+    for b in range(3):
+        pages = inputs["kv_indices"][indptr[b] : indptr[b + 1]]
+        last = int(inputs["kv_last_page_len"][b]) if page_size > 1 else 1
+        k = gather_paged(inputs["k_cache"], pages, last, page_size)
+        v = gather_paged(inputs["v_cache"], pages, last, page_size)
+        expected, lse = sdpa_with_lse(inputs["q"][b : b + 1], k, v, inputs["sm_scale"])
+        torch.testing.assert_close(out["output"][b : b + 1], expected.to(torch.bfloat16), **BF16)
+        torch.testing.assert_close(out["lse"][b : b + 1], lse.float(), atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_paged_prefill(page_size):
+    name = f"gqa_paged_prefill_causal_h32_kv8_d128_ps{page_size}"
+    axes = {"len_indptr": 3, "total_q": 10, "num_kv_indices": 12, "num_pages": 30}
+    if page_size > 1:
+        axes["batch_size"] = 2
+    inputs, out = reference(name, axes)
+    qo, kv = inputs["qo_indptr"], inputs["kv_indptr"]
+    for b in range(2):
+        pages = inputs["kv_indices"][kv[b] : kv[b + 1]]
+        last = int(inputs["kv_last_page_len"][b]) if page_size > 1 else 1
+        k = gather_paged(inputs["k_cache"], pages, last, page_size)
+        v = gather_paged(inputs["v_cache"], pages, last, page_size)
+        rows = slice(int(qo[b]), int(qo[b + 1]))
+        expected, lse = sdpa_with_lse(inputs["q"][rows], k, v, inputs["sm_scale"])
+        torch.testing.assert_close(out["output"][rows], expected.to(torch.bfloat16), **BF16)
+        torch.testing.assert_close(out["lse"][rows], lse.float(), atol=1e-3, rtol=1e-3)
+
+
+def test_ragged_prefill():
+    inputs, out = reference("gqa_ragged_prefill_causal_h32_kv8_d128", {"len_indptr": 3, "total_q": 9, "total_kv": 20})
+    qo, kv = inputs["qo_indptr"], inputs["kv_indptr"]
+    for b in range(2):
+        rows, cols = slice(int(qo[b]), int(qo[b + 1])), slice(int(kv[b]), int(kv[b + 1]))
+        expected, lse = sdpa_with_lse(inputs["q"][rows], inputs["k"][cols], inputs["v"][cols], inputs["sm_scale"])
+        torch.testing.assert_close(out["output"][rows], expected.to(torch.bfloat16), **BF16)
+        torch.testing.assert_close(out["lse"][rows], lse.float(), atol=1e-3, rtol=1e-3)
+
+
+def peaked_probs(batch):
+    """Mass on tokens 10, 20, 30, 40 (0.5, 0.3, 0.15, 0.05 minus a sliver on the rest)."""
+    probs = torch.full((128256,), 1e-9)
+    probs[[10, 20, 30, 40]] = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    probs = probs / probs.sum()
+    return probs.expand(batch, -1).contiguous()
+
+
+@pytest.mark.parametrize(
+    "name, top_k, top_p, expected",
+    [
+        # top-k 2 keeps {10, 20}, renormalised 0.5/0.8 and 0.3/0.8
+        ("top_k_sampling_from_probs_v128256", 2, None, {10: 0.625, 20: 0.375}),
+        # nucleus 0.7: the smallest prefix whose mass reaches 0.7 is {10, 20}
+        ("top_p_sampling_from_probs_v128256", None, 0.7, {10: 0.625, 20: 0.375}),
+        # top-k 3 gives {10: .526, 20: .316, 30: .158}; then top-p 0.9 keeps all three
+        ("top_k_top_p_sampling_from_probs_v128256", 3, 0.9, {10: 0.5 / 0.95, 20: 0.3 / 0.95, 30: 0.15 / 0.95}),
+    ],
+)
+def test_sampling_distribution(name, top_k, top_p, expected):
+    batch = 400
+    given = {"probs": peaked_probs(batch)}
+    if top_k is not None:
+        given["top_k"] = torch.full((batch,), top_k, dtype=torch.int32)
+    if top_p is not None:
+        given["top_p"] = torch.full((batch,), top_p, dtype=torch.float32)
+    torch.manual_seed(0)
+    _, out = reference(name, {"batch_size": batch}, **given)
+    samples = out["samples"].tolist()
+    assert set(samples) <= set(expected), "only tokens inside the filtered set are drawn"
+    for token, p in expected.items():
+        freq = samples.count(token) / batch
+        assert abs(freq - p) < 4 * math.sqrt(p * (1 - p) / batch), (token, freq, p)

@@ -1,0 +1,193 @@
+import json
+import warnings
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from conftest import flashinfer_definitions
+from profiler.binding import bind_axes, failed_constraints, logical_shape
+from profiler.catalog import shipped_definition, shipped_definitions
+from profiler.entry_points import run_reference
+from profiler.schema import Definition, Trace
+from profiler.schema.dtype import torch_dtype
+from profiler.synthesis import SynthesisError, small_axes, synthesize_inputs
+from profiler.workload_inputs import workload_inputs
+
+SHIPPED_OP_TYPES = {d.op_type for d in shipped_definitions().values()}
+
+
+def check_runs(definition: Definition, axes: dict[str, int], **kwargs) -> dict:
+    inputs = synthesize_inputs(definition, axes, **kwargs)
+    assert bind_axes(definition, inputs) == axes
+    assert failed_constraints(definition, axes, inputs) == []
+    outputs = run_reference(definition, inputs)
+    full_axes = definition.axis_values(axes)
+    for name, spec in definition.outputs.items():
+        value = outputs[name]
+        if spec.shape is None:
+            continue
+        assert logical_shape(value, spec) == definition.shape_of(spec, full_axes), name
+        assert value.dtype == torch_dtype(spec.dtype), name
+        if value.dtype.is_floating_point and value.element_size() > 1:
+            finite = torch.isfinite(value) | (value == float("-inf"))  # lse of an empty row is -inf
+            assert bool(finite.all()), f"{definition.name}.{name} has NaN"
+    return inputs
+
+
+@pytest.mark.parametrize("definition", list(shipped_definitions().values()), ids=lambda d: d.name)
+def test_shipped_references_run_on_synthesized_inputs(definition):
+    check_runs(definition, small_axes(definition))
+
+
+@pytest.mark.parametrize(
+    "definition",
+    [d for d in flashinfer_definitions() if d.op_type in SHIPPED_OP_TYPES],
+    ids=lambda d: d.name,
+)
+def test_flashinfer_references_of_shipped_op_types_run(definition):
+    check_runs(definition, small_axes(definition))
+
+
+def test_paged_prefill_layout_is_valid_and_causal():
+    definition = shipped_definition("gqa_paged_prefill_causal_h32_kv8_d128_ps16")
+    axes = {"batch_size": 3, "len_indptr": 4, "total_q": 20, "num_kv_indices": 9, "num_pages": 40}
+    for seed in range(20):
+        inputs = check_runs(definition, axes, seed=seed)
+        qo, kv, last = inputs["qo_indptr"], inputs["kv_indptr"], inputs["kv_last_page_len"]
+        assert qo[0] == 0 and qo[-1] == 20 and bool((qo.diff() >= 0).all())
+        assert kv[0] == 0 and kv[-1] == 9 and bool((kv.diff() >= 1).all())
+        indices = inputs["kv_indices"]
+        assert len(set(indices.tolist())) == 9 and int(indices.max()) < 40 and int(indices.min()) >= 0
+        assert bool(((last >= 1) & (last <= 16)).all())
+        kv_tokens = (kv.diff() - 1) * 16 + last
+        assert bool((kv_tokens >= qo.diff()).all()), "every sequence has at least its queries in KV"
+
+
+def test_ragged_prefill_kv_at_least_q():
+    definition = shipped_definition("gqa_ragged_prefill_causal_h32_kv8_d128")
+    axes = {"len_indptr": 5, "total_q": 12, "total_kv": 30}
+    inputs = check_runs(definition, axes)
+    assert bool((inputs["kv_indptr"].diff() >= inputs["qo_indptr"].diff()).all())
+
+
+def test_given_tensors_take_precedence_and_rest_agrees():
+    definition = shipped_definition("gqa_paged_decode_h32_kv8_d128_ps16")
+    kv_indptr = torch.tensor([0, 1, 4], dtype=torch.int32)
+    axes = {"batch_size": 2, "len_indptr": 3, "num_kv_indices": 4, "num_pages": 8}
+    inputs = check_runs(definition, axes, given={"kv_indptr": kv_indptr}, scalars={"sm_scale": 0.5})
+    assert inputs["kv_indptr"] is kv_indptr or torch.equal(inputs["kv_indptr"], kv_indptr)
+    assert inputs["sm_scale"] == 0.5
+
+
+def test_unsatisfiable_axes_raise():
+    definition = shipped_definition("gqa_paged_decode_h32_kv8_d128_ps1")
+    with pytest.raises(SynthesisError, match="num_pages is 2"):
+        synthesize_inputs(definition, {"batch_size": 2, "len_indptr": 3, "num_kv_indices": 6, "num_pages": 2})
+    with pytest.raises(SynthesisError, match="no value for var axes"):
+        synthesize_inputs(definition, {"batch_size": 2})
+
+
+def test_seed_decides_data():
+    definition = shipped_definition("rmsnorm_h4096")
+    a = synthesize_inputs(definition, {"batch_size": 2}, seed=1)["hidden_states"]
+    b = synthesize_inputs(definition, {"batch_size": 2}, seed=1)["hidden_states"]
+    c = synthesize_inputs(definition, {"batch_size": 2}, seed=2)["hidden_states"]
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2", "float4_e2m1", "int8", "bool", "float16"])
+def test_every_dtype_synthesizes(dtype):
+    definition = Definition.model_validate(
+        {
+            "name": f"copy_{dtype}",
+            "op_type": "copy",
+            "axes": {"M": {"type": "var"}, "K": {"type": "const", "value": 16}},
+            "inputs": {"x": {"shape": ["M", "K"], "dtype": dtype}},
+            "outputs": {"y": {"shape": ["M", "K"], "dtype": dtype}},
+            "reference": "def run(x):\n    return x.clone()\n",
+        }
+    )
+    check_runs(definition, {"M": 3})
+
+
+def test_sampling_inputs_are_distributions():
+    definition = shipped_definition("top_k_top_p_sampling_from_probs_v128256")
+    inputs = check_runs(definition, {"batch_size": 3})
+    assert torch.allclose(inputs["probs"].sum(-1), torch.ones(3), atol=1e-4)
+    assert bool((inputs["top_k"] >= 1).all()) and bool(((inputs["top_p"] > 0) & (inputs["top_p"] <= 1)).all())
+
+
+def test_workload_uses_captured_tensor_and_falls_back_with_warning(tmp_path):
+    definition = shipped_definition("gqa_paged_decode_h32_kv8_d128_ps1")
+    blob = tmp_path / "blob" / "w.safetensors"
+    blob.parent.mkdir()
+    save_file({"kv_indptr": torch.tensor([0, 2, 5], dtype=torch.int32)}, str(blob))
+    line = {
+        "definition": definition.name,
+        "solution": None,
+        "evaluation": None,
+        "workload": {
+            "uuid": "u1",
+            "axes": {"batch_size": 2, "num_pages": 9, "len_indptr": 3, "num_kv_indices": 5},
+            "inputs": {
+                "q": {"type": "random"},
+                "k_cache": {"type": "random"},
+                "v_cache": {"type": "random"},
+                "kv_indptr": {"type": "safetensors", "path": "blob/w.safetensors", "tensor_key": "kv_indptr"},
+                "kv_indices": {"type": "safetensors", "path": "blob/gone.safetensors", "tensor_key": "kv_indices"},
+                "sm_scale": {"type": "scalar", "value": 0.125},
+            },
+        },
+    }
+    trace = Trace.model_validate_json(json.dumps(line))
+    with pytest.warns(UserWarning, match="gone.safetensors is missing"):
+        inputs = workload_inputs(definition, trace.workload, tmp_path)
+    assert inputs["kv_indptr"].tolist() == [0, 2, 5]
+    assert inputs["sm_scale"] == 0.125
+    assert len(set(inputs["kv_indices"].tolist())) == 5
+
+
+def test_flashinfer_workloads_of_shipped_op_types_materialize(flashinfer_trace):
+    """Workload lines become valid inputs and the small ones run their reference.
+
+    Lines whose tensors would pass 64 MiB are left to the GPU replay (2 CPU cores here). Some
+    lines of the data set are impossible as written (``num_pages`` below the number of page ids,
+    e.g. 0 pages for 2 ids): synthesis must refuse exactly those, saying why.
+    """
+    definitions = {d.name: d for d in flashinfer_definitions()}
+    materialized, ran, refused = 0, 0, []
+    for path in sorted((flashinfer_trace / "workloads").glob("*/*.jsonl")):
+        for line in path.read_text().splitlines():
+            trace = Trace.model_validate_json(line)
+            definition = definitions[trace.definition]
+            if definition.op_type not in SHIPPED_OP_TYPES or _bytes(definition, trace.workload.axes) > 2**26:
+                continue
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # the blobs are not in the data set
+                    inputs = workload_inputs(definition, trace.workload, flashinfer_trace)
+            except SynthesisError as exc:
+                refused.append((trace.workload.axes, str(exc)))
+                continue
+            materialized += 1
+            assert bind_axes(definition, inputs) == trace.workload.axes
+            assert failed_constraints(definition, trace.workload.axes, inputs) == []
+            if max(trace.workload.axes.values()) <= 64 and definition.op_type != "gemm":
+                run_reference(definition, inputs)
+                ran += 1
+    assert refused == [
+        (axes, f"{axes['num_kv_indices']} unique page ids are needed but num_pages is {axes['num_pages']}")
+        for axes, _ in refused
+    ]
+    assert refused and all(axes["num_pages"] < axes["num_kv_indices"] for axes, _ in refused)
+    assert materialized > 300 and ran > 20
+
+
+def _bytes(definition: Definition, var_axes: dict[str, int]) -> int:
+    axes = definition.axis_values(var_axes)
+    total = 0
+    for spec in definition.inputs.values():
+        shape = definition.shape_of(spec, axes) or ()
+        total += int(torch.tensor(shape, dtype=torch.float64).prod()) * torch_dtype(spec.dtype).itemsize
+    return total
