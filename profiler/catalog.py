@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from functools import lru_cache
 from importlib import resources
+from pathlib import Path
 from typing import Optional
 
 from profiler.schema.definition import Definition
+
+
+def shipped_definitions_dir() -> Path:
+    return Path(str(resources.files("definitions")))
 
 
 @lru_cache(maxsize=1)

@@ -24,15 +24,19 @@ err = Console(stderr=True)
 
 @app.command()
 def validate(
-    paths: Annotated[list[Path], typer.Argument(help="Files or folders (JSON / JSONL), any kind.")],
+    paths: Annotated[
+        Optional[list[Path]],
+        typer.Argument(help="Files or folders (JSON / JSONL), any kind. Default: the shipped definitions."),
+    ] = None,
 ) -> None:
     """Check definitions, workloads, solutions, records, results and agent traces.
 
     Prints ``file: field.path: message`` for each problem and exits 1 if any is an error.
     """
+    from profiler.catalog import shipped_definitions_dir
     from profiler.validate import validate_paths
 
-    report = validate_paths(paths)
+    report = validate_paths(paths or [shipped_definitions_dir()])
     for problem in report.problems:
         err.print(str(problem), markup=False, highlight=False, soft_wrap=True)
     table = Table(title="Validated documents")

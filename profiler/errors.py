@@ -63,12 +63,20 @@ def problems_from_validation_error(
     return problems
 
 
+_UNION_TAGS = {"const", "var", "random", "scalar", "safetensors", "llm_request", "tool_call", "mcp"}
+
+
 def _drop_union_tags(loc: Loc) -> Loc:
-    """Pydantic puts the tag of a discriminated union in the path (``inputs.q.random``): drop it."""
-    tags = {"random", "scalar", "safetensors", "llm_request", "tool_call", "mcp"}
+    """Pydantic puts the tag of a discriminated union in the path (``axes.M.const.value``).
+
+    Tags sit right after a key of ``axes``/``inputs`` or after the index of an agent-trace entry;
+    only there are they dropped, so a tensor that is really named ``scalar`` keeps its name.
+    """
     out: list[Union[str, int]] = []
     for i, part in enumerate(loc):
-        if i > 0 and isinstance(part, str) and part in tags:
+        after_map_key = i >= 2 and loc[i - 2] in ("axes", "inputs")
+        after_root_index = i == 1 and isinstance(loc[0], int)
+        if part in _UNION_TAGS and (after_map_key or after_root_index):
             continue
         out.append(part)
     return tuple(out)

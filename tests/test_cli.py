@@ -1,0 +1,52 @@
+from typer.testing import CliRunner
+
+from profiler.catalog import shipped_definitions
+from profiler.cli import app
+
+runner = CliRunner()
+
+
+def test_definitions_table_lists_every_shipped_definition():
+    result = runner.invoke(app, ["definitions"], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    assert f"{len(shipped_definitions())} shipped definitions" in result.output
+    for name in shipped_definitions():
+        assert name in result.output
+
+
+def test_definitions_filter_by_op_type():
+    result = runner.invoke(app, ["definitions", "--op-type", "gemm"], env={"COLUMNS": "250"})
+    assert result.exit_code == 0
+    assert "5 shipped definitions" in result.output and "gemm_n128256_k4096" in result.output
+    assert "rmsnorm_h4096" not in result.output
+
+
+def test_definitions_unknown_op_type():
+    result = runner.invoke(app, ["definitions", "--op-type", "conv"])
+    assert result.exit_code == 1
+    assert "no shipped definition has op type 'conv'" in result.output
+
+
+def test_shipped_set_covers_llama_31_8b():
+    names = set(shipped_definitions())
+    assert {
+        "rmsnorm_h4096", "fused_add_rmsnorm_h4096", "silu_and_mul_i14336",
+        "rope_llama3_neox_style_h32_kv8_d128", "embedding_v128256_h4096",
+        "gemm_n6144_k4096", "gemm_n4096_k4096", "gemm_n28672_k4096", "gemm_n4096_k14336", "gemm_n128256_k4096",
+        "gqa_paged_decode_h32_kv8_d128_ps1", "gqa_paged_decode_h32_kv8_d128_ps16",
+        "gqa_paged_prefill_causal_h32_kv8_d128_ps1", "gqa_paged_prefill_causal_h32_kv8_d128_ps16",
+        "gqa_ragged_prefill_causal_h32_kv8_d128",
+        "top_k_sampling_from_probs_v128256", "top_p_sampling_from_probs_v128256",
+        "top_k_top_p_sampling_from_probs_v128256",
+    } == names
+    assert all(d.inputs[next(iter(d.inputs))].dtype.value in ("bfloat16", "float32", "int32") for d in shipped_definitions().values())
+
+
+def test_flashinfer_trace_validates_unchanged(flashinfer_trace):
+    from profiler.validate import validate_paths
+
+    report = validate_paths([flashinfer_trace])
+    assert report.errors == [], report.errors[:5]
+    counts = {k.value: v for k, v in report.counts().items()}
+    assert counts == {"definition": 156, "workload": 663}
+    assert all(p.warning and "captured-tensor file(s) missing" in p.message for p in report.problems)
