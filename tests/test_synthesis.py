@@ -191,3 +191,11 @@ def _bytes(definition: Definition, var_axes: dict[str, int]) -> int:
         shape = definition.shape_of(spec, axes) or ()
         total += int(torch.tensor(shape, dtype=torch.float64).prod()) * torch_dtype(spec.dtype).itemsize
     return total
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("definition", list(shipped_definitions().values()), ids=lambda d: d.name)
+def test_shipped_references_run_on_cuda(definition):
+    inputs = check_runs(definition, small_axes(definition), device="cuda")
+    tensors = [v for v in inputs.values() if isinstance(v, torch.Tensor)]
+    assert tensors and all(t.device.type == "cuda" for t in tensors)
