@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -20,6 +21,58 @@ app = typer.Typer(
 )
 out = Console()
 err = Console(stderr=True)
+
+
+class Framework(str, Enum):
+    vllm = "vllm"
+    sglang = "sglang"
+
+
+class LoadFormat(str, Enum):
+    auto = "auto"
+    dummy = "dummy"
+
+
+@app.callback(invoke_without_command=True)
+def capture(
+    ctx: typer.Context,
+    model: Annotated[Optional[str], typer.Option(help="Hugging Face id or local folder; shipped configs: meta-llama/Llama-3.1-8B, fi-profile/tiny-llama.")] = None,
+    framework: Annotated[Framework, typer.Option(help="Engine to run.")] = Framework.vllm,
+    out_dir: Annotated[Path, typer.Option("--out", help="Output folder (flashinfer-trace layout).")] = Path("fi-profile-out"),
+    num_prompts: Annotated[int, typer.Option(min=1)] = 4,
+    input_len: Annotated[int, typer.Option(min=1, help="Prompt tokens per request.")] = 32,
+    output_len: Annotated[int, typer.Option(min=1, help="New tokens per request.")] = 8,
+    batch_size: Annotated[int, typer.Option(min=1, help="Most requests the engine runs at once.")] = 256,
+    tp: Annotated[int, typer.Option(min=1, help="Tensor-parallel size.")] = 1,
+    dtype: Annotated[str, typer.Option()] = "bfloat16",
+    load_format: Annotated[LoadFormat, typer.Option(help="dummy: random weights, no download.")] = LoadFormat.dummy,
+    seed: Annotated[int, typer.Option()] = 0,
+    max_workloads: Annotated[int, typer.Option(min=1, help="Workloads kept per definition.")] = 32,
+    eager: Annotated[bool, typer.Option("--eager/--no-eager", help="Off: CUDA graphs + torch.compile (hooks then see less).")] = True,
+    temperature: Annotated[float, typer.Option(min=0.0, help="0: greedy (no sampling kernel).")] = 0.0,
+    top_k: Annotated[int, typer.Option(min=0, help="0: off.")] = 0,
+    top_p: Annotated[float, typer.Option(min=0.0, max=1.0)] = 1.0,
+    single_process: Annotated[bool, typer.Option("--single-process", help="Engine core in this process.")] = False,
+) -> None:
+    """Run MODEL in a real engine and record every kernel-level call it makes."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if model is None:
+        err.print("--model is required (try --model fi-profile/tiny-llama on CPU)")
+        raise typer.Exit(code=2)
+    if framework is Framework.sglang:
+        err.print("SGLang capture is not built yet; use --framework vllm")
+        raise typer.Exit(code=2)
+    from profiler.capture.report import print_summary
+    from profiler.capture.vllm_runner import Scenario, run_vllm
+
+    scenario = Scenario(num_prompts, input_len, output_len, batch_size, seed, temperature, top_k, top_p)
+    summary, _, run = run_vllm(
+        model, out_dir, scenario, load_format=load_format.value, dtype=dtype, tp=tp, eager=eager,
+        max_workloads=max_workloads, single_process=single_process,
+    )
+    assert summary is not None
+    print_summary(out, summary, run, out_dir)
 
 
 @app.command()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import Enum
+from typing import Any, Optional
 
 from pydantic import Field, NonNegativeInt, model_validator
 
@@ -26,6 +27,9 @@ class KernelCallingRecord(StrictModel):
     model: str = Field(min_length=1)
     framework: Framework
     kernels: list[KernelCount]
+    #: fi-profile's addition: how the run was made (engine, eager or graphs, dummy weights,
+    #: scenario, hook status). Readers of the seed format can ignore it.
+    run: Optional[dict[str, Any]] = None
 
     @model_validator(mode="after")
     def _unique_ids(self) -> "KernelCallingRecord":

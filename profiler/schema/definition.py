@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from functools import cached_property
 from typing import Annotated, Any, Literal, Optional, Union
 
@@ -113,6 +114,18 @@ class Definition(StrictModel):
             if unknown:
                 errors.append((("constraints", i), f"unknown names {sorted(unknown)}"))
         return errors
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict without empty optional fields, but with ``shape: null`` kept
+        (a null shape means a Python scalar, so dropping it would change the Definition)."""
+        data = self.model_dump(mode="json", exclude_none=True)
+        for group in ("inputs", "outputs"):
+            for name, spec in getattr(self, group).items():
+                data[group][name].setdefault("shape", spec.shape)
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
 
     # ---- derived views -------------------------------------------------------------------------
 

@@ -1,0 +1,106 @@
+"""Engine-independent wrapping of engine methods: record, NVTX range, never interfere.
+
+A wrapper does nothing but call through while capture is off. While it is on, it turns the call's
+arguments into kernel calls (the adapter's ``to_calls``), records them, wraps the real call in an
+NVTX range named after the Definition, and returns the real result unchanged. A ``to_calls`` that
+raises is counted in the recorder's errors; the engine's call still runs. Calls nested inside an
+already-hooked call of the same op (``forward_cpu`` -> ``forward_native``) are not counted twice.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+from profiler.capture.ops import KernelCall
+from profiler.capture.recorder import RECORDER
+
+try:
+    import nvtx
+
+    _push, _pop = nvtx.push_range, nvtx.pop_range
+except ImportError:  # pragma: no cover - nvtx is a dependency, but hooks must not need it
+    _push = _pop = None
+
+try:
+    from torch.compiler import is_compiling as _is_compiling
+except ImportError:  # pragma: no cover
+    def _is_compiling() -> bool:
+        return False
+
+
+ToCalls = Callable[..., Sequence[Optional[KernelCall]]]
+_depth = threading.local()
+
+
+@dataclass(frozen=True)
+class HookPoint:
+    """``module.cls.method`` is turned into kernel calls by ``to_calls(self, *args, **kwargs)``."""
+
+    module: str
+    cls: str
+    methods: tuple[str, ...]
+    op: str
+    to_calls: ToCalls
+
+
+def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def hooked(*args: Any, **kwargs: Any) -> Any:
+        if not RECORDER.active or _is_compiling() or getattr(_depth, op, 0):
+            return fn(*args, **kwargs)
+        label = op
+        try:
+            calls = to_calls(*args, **kwargs)
+            RECORDER.record(calls)
+            first = next((c for c in calls if c is not None), None)
+            if first is not None:
+                label = first.definition.name
+        except Exception as exc:  # a hook must never break the engine
+            RECORDER.error(op, exc)
+        setattr(_depth, op, 1)
+        if _push is not None:
+            _push(label)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if _pop is not None:
+                _pop()
+            setattr(_depth, op, 0)
+
+    hooked.__fi_profile_original__ = fn  # type: ignore[attr-defined]
+    return hooked
+
+
+def install(points: Sequence[HookPoint]) -> tuple[list[str], list[str]]:
+    """Patch every hook point that exists; returns (installed, missing) as readable names."""
+    installed: list[str] = []
+    missing: list[str] = []
+    for point in points:
+        try:
+            cls = getattr(importlib.import_module(point.module), point.cls)
+        except (ImportError, AttributeError) as exc:
+            missing.append(f"{point.module}.{point.cls} ({type(exc).__name__}: {exc})")
+            continue
+        found = False
+        for method in point.methods:
+            raw = cls.__dict__.get(method)
+            if raw is None and method == "forward":
+                raw = getattr(cls, method, None)  # inherited forward (CustomOp): patch on this class
+            if raw is None:
+                continue
+            if isinstance(raw, staticmethod):
+                missing.append(f"{point.cls}.{method} (static, not supported)")
+                continue
+            if getattr(raw, "__fi_profile_original__", None) is not None:
+                found = True
+                continue
+            setattr(cls, method, wrap(raw, point.op, point.to_calls))
+            installed.append(f"{point.cls}.{method}")
+            found = True
+        if not found:
+            missing.append(f"{point.module}.{point.cls}: none of {point.methods}")
+    return installed, missing

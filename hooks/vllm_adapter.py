@@ -1,0 +1,122 @@
+"""vLLM's hook points, found by name (vLLM 0.26 on the GPU hosts, 0.32 in CI; neither pinned).
+
+Each entry says which vLLM method is which op and how its arguments map onto the shared op table
+in :mod:`profiler.capture.ops`. Methods are patched on the class before the model is built, so
+CustomOp's ``forward`` (which dispatches to the method it bound at ``__init__``) is wrapped once at
+the top, above every backend-specific path.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from hooks.patching import HookPoint
+from profiler.capture import ops
+from profiler.capture.ops import KernelCall
+from profiler.capture.recorder import RECORDER
+from profiler.schema.dtype import schema_dtype
+
+
+def _rmsnorm(self: Any, x: torch.Tensor, residual: Optional[torch.Tensor] = None, *_: Any, **__: Any) -> list:
+    return [ops.rmsnorm(x, residual, float(self.variance_epsilon))]
+
+
+def _silu_and_mul(self: Any, x: torch.Tensor, *_: Any, **__: Any) -> list:
+    return [ops.silu_and_mul(x)]
+
+
+def _rope(self: Any, positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor] = None, *_: Any, **__: Any) -> list:
+    if not self.is_neox_style or self.rotary_dim != self.head_size:
+        raise NotImplementedError(
+            f"{type(self).__name__}: only full-head NeoX-style RoPE has a Definition "
+            f"(is_neox_style={self.is_neox_style}, rotary_dim={self.rotary_dim}, head_size={self.head_size})"
+        )
+    tokens = positions.numel()
+    num_q_heads = query.numel() // (tokens * self.head_size)
+    num_kv_heads = key.numel() // (tokens * self.head_size) if key is not None else 0
+    params = ops.RopeParams(
+        theta=float(self.base),
+        factor=float(getattr(self, "scaling_factor", 1.0)),
+        low_freq_factor=float(getattr(self, "low_freq_factor", 1.0)),
+        high_freq_factor=float(getattr(self, "high_freq_factor", 4.0)),
+        original_max_position=int(getattr(self, "orig_max_position", 8192)),
+    )
+    return [ops.rope(positions, query, num_q_heads, num_kv_heads, self.head_size, params)]
+
+
+def _linear(self: Any, layer: Any, x: torch.Tensor, *_: Any, **__: Any) -> list:
+    return [ops.gemm(x, layer.weight)]
+
+
+def _lm_head(self: Any, lm_head: Any, hidden_states: torch.Tensor, *_: Any, **__: Any) -> list:
+    return [ops.gemm(hidden_states, lm_head.weight)]
+
+
+def _embedding(self: Any, input_: torch.Tensor, *_: Any, **__: Any) -> list:
+    return [ops.embedding(input_, self.weight)]
+
+
+_step_cache: dict[str, Any] = {"key": None, "batches": (None, None)}
+
+
+def _attention(self: Any, query: torch.Tensor, *_: Any, **__: Any) -> list[KernelCall]:
+    from vllm.forward_context import get_forward_context
+
+    metadata = get_forward_context().attn_metadata
+    if isinstance(metadata, list):  # micro-batches: the first one's layout
+        metadata = metadata[0]
+    if isinstance(metadata, dict):
+        metadata = metadata.get(self.layer_name)
+    if metadata is None:  # profiling / dummy run
+        return []
+    page_size = RECORDER.page_size
+    if page_size is None:
+        raise RuntimeError("page size unknown: capture was not started through the worker extension")
+    key = id(metadata)
+    if _step_cache["key"] != key:  # one layout per step, shared by every layer
+        block_table = getattr(metadata, "block_table", None)
+        if block_table is None:
+            block_table = metadata.block_table_tensor
+        _step_cache["batches"] = ops.paged_batches(
+            metadata.query_start_loc, metadata.seq_lens, block_table, page_size
+        )
+        _step_cache["key"] = key
+    decode, prefill = _step_cache["batches"]
+    dtype = schema_dtype(query.dtype)
+    shape = (self.num_heads, self.num_kv_heads, self.head_size, page_size, RECORDER.num_pages or 0, dtype, float(self.impl.scale))
+    calls = []
+    if decode is not None:
+        calls.append(ops.paged_attention(decode, "decode", *shape))
+    if prefill is not None:
+        calls.append(ops.paged_attention(prefill, "prefill", *shape))
+    return calls
+
+
+def _sampler(self: Any, logits: torch.Tensor, generators: Any, k: Optional[torch.Tensor], p: Optional[torch.Tensor], *_: Any, **__: Any) -> list:
+    return [ops.sampling(logits, k, p)]
+
+
+POINTS = [
+    HookPoint("vllm.model_executor.layers.layernorm", "RMSNorm", ("forward",), "rmsnorm", _rmsnorm),
+    HookPoint("vllm.model_executor.layers.activation", "SiluAndMul", ("forward",), "silu_and_mul", _silu_and_mul),
+    HookPoint("vllm.model_executor.layers.rotary_embedding.base", "RotaryEmbedding", ("forward",), "rope", _rope),
+    HookPoint("vllm.model_executor.layers.linear", "UnquantizedLinearMethod", ("apply",), "gemm", _linear),
+    # lm_head: the logits projection, and the method it applies (nested calls count once)
+    HookPoint("vllm.model_executor.layers.logits_processor", "LogitsProcessor", ("_apply_head",), "gemm", _lm_head),
+    HookPoint(
+        "vllm.model_executor.layers.vocab_parallel_embedding", "UnquantizedEmbeddingMethod", ("apply",), "gemm", _linear
+    ),
+    HookPoint(
+        "vllm.model_executor.layers.vocab_parallel_embedding", "VocabParallelEmbedding", ("forward",), "embedding", _embedding
+    ),
+    HookPoint("vllm.model_executor.layers.attention.attention", "Attention", ("forward",), "attention", _attention),
+    HookPoint(
+        "vllm.v1.sample.ops.topk_topp_sampler",
+        "TopKTopPSampler",
+        ("forward_native", "forward_cpu", "forward_cuda", "forward_hip", "forward_xpu"),
+        "sampling",
+        _sampler,
+    ),
+]

@@ -1,0 +1,1 @@
+"""Capture: record the kernel-level calls of a real engine run and write them out."""

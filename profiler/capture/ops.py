@@ -1,0 +1,203 @@
+"""The op table shared by the engine adapters: a kernel-level call in canonical form -> the
+Definition it matches and its var-axis values.
+
+Adapters (``hooks/``) only translate an engine's arguments into these functions' arguments;
+adding an op is one function here, a template Definition in ``definitions/`` and one adapter line
+per engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from profiler.capture.definition_factory import definition_for
+from profiler.schema.definition import Definition
+from profiler.schema.dtype import DType, schema_dtype
+
+
+@dataclass
+class KernelCall:
+    definition: Definition
+    axes: dict[str, int]
+    #: index tensors (indptr, indices, last-page lengths) worth keeping for replay
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    scalars: dict[str, float] = field(default_factory=dict)
+
+
+def _suffix(dtype: DType) -> str:
+    return "" if dtype is DType.bfloat16 else f"_{dtype.value}"
+
+
+def _tokens(x: torch.Tensor, width: int) -> int:
+    return x.numel() // width if width else 0
+
+
+def rmsnorm(x: torch.Tensor, residual: Optional[torch.Tensor], eps: float) -> KernelCall:
+    hidden = x.shape[-1]
+    dtype = schema_dtype(x.dtype)
+    kind = "rmsnorm" if residual is None else "fused_add_rmsnorm"
+    definition = definition_for(
+        f"{kind}_h4096", f"{kind}_h{hidden}{_suffix(dtype)}", {"hidden_size": hidden}, dtype, {"EPS": eps}
+    )
+    return KernelCall(definition, {"batch_size": _tokens(x, hidden)})
+
+
+def silu_and_mul(x: torch.Tensor) -> KernelCall:
+    width = x.shape[-1]
+    dtype = schema_dtype(x.dtype)
+    definition = definition_for(
+        "silu_and_mul_i14336",
+        f"silu_and_mul_i{width // 2}{_suffix(dtype)}",
+        {"intermediate_size": width // 2, "gate_up_size": width},
+        dtype,
+    )
+    return KernelCall(definition, {"num_tokens": _tokens(x, width)})
+
+
+def gemm(x: torch.Tensor, weight: torch.Tensor) -> KernelCall:
+    n, k = weight.shape
+    dtype = schema_dtype(x.dtype)
+    definition = definition_for("gemm_n4096_k4096", f"gemm_n{n}_k{k}{_suffix(dtype)}", {"N": n, "K": k}, dtype)
+    return KernelCall(definition, {"M": _tokens(x, k)})
+
+
+def embedding(ids: torch.Tensor, weight: torch.Tensor) -> KernelCall:
+    vocab, hidden = weight.shape
+    dtype = schema_dtype(weight.dtype)
+    definition = definition_for(
+        "embedding_v128256_h4096",
+        f"embedding_v{vocab}_h{hidden}{_suffix(dtype)}",
+        {"vocab_size": vocab, "hidden_size": hidden},
+        dtype,
+    )
+    return KernelCall(definition, {"num_tokens": ids.numel()})
+
+
+@dataclass(frozen=True)
+class RopeParams:
+    """Rotary parameters; ``factor == 1`` is plain RoPE (the Llama-3 formula reduces to it)."""
+
+    theta: float
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
+
+
+def rope(
+    positions: torch.Tensor, query: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int, params: RopeParams
+) -> KernelCall:
+    dtype = schema_dtype(query.dtype)
+    style = "rope_llama3_neox_style" if params.factor != 1.0 else "rope_neox_style"
+    theta = "" if params.theta == 500000.0 else f"_theta{int(params.theta)}"
+    definition = definition_for(
+        "rope_llama3_neox_style_h32_kv8_d128",
+        f"{style}_h{num_q_heads}_kv{num_kv_heads}_d{head_dim}{theta}{_suffix(dtype)}",
+        {"num_qo_heads": num_q_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim},
+        dtype,
+        {
+            "ROPE_THETA": float(params.theta),
+            "FACTOR": float(params.factor),
+            "LOW_FREQ_FACTOR": float(params.low_freq_factor),
+            "HIGH_FREQ_FACTOR": float(params.high_freq_factor),
+            "ORIGINAL_MAX_POSITION": int(params.original_max_position),
+        },
+    )
+    return KernelCall(definition, {"num_tokens": positions.numel()})
+
+
+@dataclass(frozen=True)
+class PagedBatch:
+    """One step's paged-KV layout in flashinfer's terms, for the requests of one kind."""
+
+    qo_indptr: torch.Tensor
+    kv_indptr: torch.Tensor
+    kv_indices: torch.Tensor
+    kv_last_page_len: torch.Tensor
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.kv_indptr) - 1
+
+    @property
+    def total_q(self) -> int:
+        return int(self.qo_indptr[-1])
+
+
+def paged_batches(
+    query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, page_size: int
+) -> tuple[Optional[PagedBatch], Optional[PagedBatch]]:
+    """Split a step into its decode requests (one query token) and its prefill requests."""
+    qsl = query_start_loc.detach().to("cpu", torch.int64)
+    lens = seq_lens.detach().to("cpu", torch.int64)
+    table = block_table.detach().to("cpu", torch.int64)
+    n = len(lens)
+    q_lens = qsl[1 : n + 1] - qsl[:n]
+    pages = (lens + page_size - 1) // page_size
+    decode = q_lens == 1
+    parts = []
+    for chosen in (decode, ~decode):
+        idx = chosen.nonzero().flatten()
+        if idx.numel() == 0:
+            parts.append(None)
+            continue
+        sel_pages = pages[idx]
+        kv_indices = torch.cat([table[i, : int(p)] for i, p in zip(idx.tolist(), sel_pages.tolist())])
+        zero = torch.zeros(1, dtype=torch.int64)
+        parts.append(
+            PagedBatch(
+                qo_indptr=torch.cat([zero, q_lens[idx].cumsum(0)]).to(torch.int32),
+                kv_indptr=torch.cat([zero, sel_pages.cumsum(0)]).to(torch.int32),
+                kv_indices=kv_indices.to(torch.int32),
+                kv_last_page_len=(lens[idx] - (sel_pages - 1) * page_size).to(torch.int32),
+            )
+        )
+    return parts[0], parts[1]
+
+
+def paged_attention(
+    batch: PagedBatch,
+    stage: str,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    page_size: int,
+    num_pages: int,
+    dtype: DType,
+    sm_scale: float,
+) -> KernelCall:
+    consts = {"num_qo_heads": num_q_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim, "page_size": page_size}
+    shape = f"h{num_q_heads}_kv{num_kv_heads}_d{head_dim}_ps{page_size}{_suffix(dtype)}"
+    if stage == "decode":
+        template = "gqa_paged_decode_h32_kv8_d128_ps1" if page_size == 1 else "gqa_paged_decode_h32_kv8_d128_ps16"
+        definition = definition_for(template, f"gqa_paged_decode_{shape}", consts, dtype)
+        axes = {"batch_size": batch.batch_size, "len_indptr": batch.batch_size + 1}
+    else:
+        template = (
+            "gqa_paged_prefill_causal_h32_kv8_d128_ps1" if page_size == 1 else "gqa_paged_prefill_causal_h32_kv8_d128_ps16"
+        )
+        definition = definition_for(template, f"gqa_paged_prefill_causal_{shape}", consts, dtype)
+        axes = {"len_indptr": batch.batch_size + 1, "total_q": batch.total_q}
+        if "batch_size" in definition.var_axes:
+            axes["batch_size"] = batch.batch_size
+    axes.update(num_kv_indices=int(batch.kv_indptr[-1]), num_pages=num_pages)
+    tensors = {"kv_indptr": batch.kv_indptr, "kv_indices": batch.kv_indices}
+    if "qo_indptr" in definition.inputs:
+        tensors["qo_indptr"] = batch.qo_indptr
+    if "kv_last_page_len" in definition.inputs:
+        tensors["kv_last_page_len"] = batch.kv_last_page_len
+    return KernelCall(definition, axes, tensors, {"sm_scale": sm_scale})
+
+
+def sampling(probs_or_logits: torch.Tensor, top_k: Optional[torch.Tensor], top_p: Optional[torch.Tensor]) -> Optional[KernelCall]:
+    """Top-k / top-p sampling from a distribution over the vocabulary; None for plain sampling."""
+    if top_k is None and top_p is None:
+        return None
+    vocab = probs_or_logits.shape[-1]
+    kind = "top_k_top_p" if top_k is not None and top_p is not None else ("top_k" if top_k is not None else "top_p")
+    name = f"{kind}_sampling_from_probs_v{vocab}"
+    definition = definition_for(f"{kind}_sampling_from_probs_v128256", name, {"vocab_size": vocab}, DType.float32)
+    return KernelCall(definition, {"batch_size": probs_or_logits.shape[0]})

@@ -1,0 +1,117 @@
+"""Merge the per-process parts into the flashinfer-trace layout.
+
+``DIR/record.json`` (Kernel Calling Record), ``DIR/definitions/{op_type}/{name}.json``,
+``DIR/workloads/{op_type}/{name}.jsonl`` (capped per Definition: the most frequent half, the rest
+spread over the axis values) and ``DIR/blob/workloads/...safetensors`` for index tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from profiler.capture.recorder import PARTS_DIR
+from profiler.schema import Definition, KernelCallingRecord, Trace
+
+
+@dataclass
+class CaptureSummary:
+    record: KernelCallingRecord
+    definitions: dict[str, Definition]
+    distinct_workloads: Counter[str]
+    errors: Counter[str] = field(default_factory=Counter)
+    processes: int = 0
+
+
+def merge_parts(
+    out_dir: Path, model: str, framework: str, max_workloads: int, run: dict[str, Any] | None = None
+) -> CaptureSummary:
+    parts = sorted((out_dir / PARTS_DIR).glob("*.json"))
+    calls: Counter[str] = Counter()
+    errors: Counter[str] = Counter()
+    definitions: dict[str, Definition] = {}
+    workloads: dict[tuple[str, tuple], dict[str, Any]] = {}
+    for part_path in parts:
+        part = json.loads(part_path.read_text())
+        calls.update(part["calls"])
+        errors.update(part["errors"])
+        for name, data in part["definitions"].items():
+            definitions.setdefault(name, Definition.model_validate(data))
+        blob = out_dir / part["blob"] if part["blob"] else None
+        for w in part["workloads"]:
+            key = (w["definition"], tuple(sorted(w["axes"].items())))
+            if key in workloads:
+                workloads[key]["count"] += w["count"]
+            else:
+                workloads[key] = {**w, "blob": blob}
+    by_definition: dict[str, list[dict[str, Any]]] = {}
+    for w in workloads.values():
+        by_definition.setdefault(w["definition"], []).append(w)
+    distinct = Counter({name: len(ws) for name, ws in by_definition.items()})
+    for name, ws in by_definition.items():
+        _write_workloads(out_dir, definitions[name], _choose(ws, max_workloads))
+    for definition in definitions.values():
+        path = out_dir / "definitions" / definition.op_type / f"{definition.name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(definition.to_json())
+    record = KernelCallingRecord.model_validate(
+        {
+            "model": model,
+            "framework": framework,
+            "kernels": [{"id": n, "count": c} for n, c in sorted(calls.items(), key=lambda kv: (-kv[1], kv[0]))],
+            "run": {**(run or {}), "processes": len(parts), "hook_errors": dict(errors)},
+        }
+    )
+    (out_dir / "record.json").write_text(record.model_dump_json(indent=2, exclude_none=True) + "\n")
+    return CaptureSummary(record, definitions, distinct, errors, len(parts))
+
+
+def _choose(workloads: list[dict[str, Any]], cap: int) -> list[dict[str, Any]]:
+    """The most frequent half of the cap, then the rest evenly spread over the axis values."""
+    if len(workloads) <= cap:
+        return sorted(workloads, key=lambda w: (-w["count"], sorted(w["axes"].items())))
+    by_count = sorted(workloads, key=lambda w: (-w["count"], sorted(w["axes"].items())))
+    chosen = by_count[: math.ceil(cap / 2)]
+    rest = sorted(by_count[len(chosen) :], key=lambda w: sorted(w["axes"].items()))
+    need = cap - len(chosen)
+    if need:
+        step = len(rest) / need
+        chosen += [rest[int(i * step)] for i in range(need)]
+    return chosen
+
+
+def _write_workloads(out_dir: Path, definition: Definition, chosen: list[dict[str, Any]]) -> None:
+    lines = []
+    for w in chosen:
+        workload_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{definition.name}:{sorted(w['axes'].items())}"))
+        inputs: dict[str, Any] = {name: {"type": "random"} for name in definition.inputs}
+        for name, value in w["scalars"].items():
+            inputs[name] = {"type": "scalar", "value": value}
+        if w["tensors"]:
+            rel = Path("blob") / "workloads" / definition.op_type / definition.name / f"{definition.name}_{workload_id}.safetensors"
+            (out_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+            with safe_open(str(w["blob"]), framework="pt") as blob:
+                tensors = {name: blob.get_tensor(key) for name, key in w["tensors"].items()}
+            save_file(tensors, str(out_dir / rel))
+            for name in tensors:
+                inputs[name] = {"type": "safetensors", "path": f"./{rel.as_posix()}", "tensor_key": name}
+        trace = Trace.model_validate(
+            {
+                "definition": definition.name,
+                "solution": None,
+                "evaluation": None,
+                "workload": {"uuid": workload_id, "axes": w["axes"], "inputs": inputs, "count": w["count"]},
+            }
+        )
+        lines.append(trace.model_dump_json(exclude_none=False))
+    path = out_dir / "workloads" / definition.op_type / f"{definition.name}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")

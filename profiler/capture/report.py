@@ -1,0 +1,37 @@
+"""The table printed at the end of a capture."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from profiler.capture.output import CaptureSummary
+
+
+def print_summary(console: Console, summary: CaptureSummary, run: dict[str, Any], out_dir: Path) -> None:
+    total = sum(k.count for k in summary.record.kernels) or 1
+    table = Table(title=f"{summary.record.model} on {summary.record.framework.value}: {total} kernel calls")
+    for column, justify in (("kernel", "left"), ("op type", "left"), ("count", "right"), ("workloads", "right"), ("share", "right")):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for kernel in summary.record.kernels:
+        definition = summary.definitions[kernel.id]
+        table.add_row(
+            kernel.id,
+            definition.op_type,
+            str(kernel.count),
+            str(summary.distinct_workloads[kernel.id]),
+            f"{100 * kernel.count / total:.1f}%",
+        )
+    console.print(table)
+    console.print(f"engine {run['engine']}, weights {run['weights']}, "
+                  f"{'eager (no CUDA graphs, no torch.compile)' if run['eager'] else 'CUDA graphs + torch.compile: hooks see only what runs in Python'}")
+    if run["hooks_missing"]:
+        console.print(f"[yellow]hook points not found: {', '.join(run['hooks_missing'])}[/]")
+    if summary.errors:
+        console.print(f"[red]{sum(summary.errors.values())} hook errors (the run went on):[/]")
+        for message, count in summary.errors.most_common():
+            console.print(f"  {count} x {message}", markup=False)
+    console.print(f"written to {out_dir}/ (record.json, definitions/, workloads/, blob/)")

@@ -1,0 +1,136 @@
+"""Run a real vLLM engine with capture on, for one fixed scenario."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from dataclasses import asdict, dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Optional
+
+from profiler.capture.output import CaptureSummary, merge_parts
+
+TINY_MODEL = "fi-profile/tiny-llama"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    num_prompts: int = 4
+    input_len: int = 32
+    output_len: int = 8
+    batch_size: int = 256
+    seed: int = 0
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+
+@dataclass
+class ModelSource:
+    path: str  # what the engine loads: a local folder or a hub id
+    shipped: bool  # a config shipped with fi-profile (no weights, no tokenizer)
+
+
+def resolve_model(model: str) -> ModelSource:
+    """A local folder, a model whose config fi-profile ships, or a hub id left to the engine."""
+    if Path(model).is_dir():
+        return ModelSource(str(Path(model).resolve()), shipped=False)
+    shipped = resources.files("profiler") / "model_configs" / model / "config.json"
+    if shipped.is_file():
+        return ModelSource(str(Path(str(shipped)).parent), shipped=True)
+    return ModelSource(model, shipped=False)
+
+
+def prompts_for(scenario: Scenario, vocab_size: int) -> list[list[int]]:
+    rng = random.Random(scenario.seed)
+    return [[rng.randrange(vocab_size) for _ in range(scenario.input_len)] for _ in range(scenario.num_prompts)]
+
+
+def run_vllm(
+    model: str,
+    out_dir: Path,
+    scenario: Scenario,
+    *,
+    load_format: str = "dummy",
+    dtype: str = "bfloat16",
+    tp: int = 1,
+    eager: bool = True,
+    max_workloads: int = 32,
+    single_process: bool = False,
+    kv_cache_bytes: Optional[int] = None,
+    capture: bool = True,
+) -> tuple[CaptureSummary | None, list[list[int]], dict[str, Any]]:
+    """Generate with capture on; returns the merged summary, the generated token ids and run info."""
+    source = resolve_model(model)
+    os.environ["FI_PROFILE_CAPTURE"] = "1" if capture else "0"
+    if source.shipped:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if single_process:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    import torch
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from hooks.vllm_plugin import register
+
+    register()  # the engine process gets it through the plugin entry point; this one too
+    kwargs: dict[str, Any] = {}
+    if not torch.cuda.is_available():
+        kwargs["kv_cache_memory_bytes"] = kv_cache_bytes or (256 << 20)
+        if tp == 1:
+            kwargs["distributed_executor_backend"] = "uni"
+    llm = LLM(
+        model=source.path,
+        load_format=load_format,
+        skip_tokenizer_init=True,
+        dtype=dtype,
+        tensor_parallel_size=tp,
+        enforce_eager=eager,
+        seed=scenario.seed,
+        max_model_len=scenario.input_len + scenario.output_len + 16,
+        max_num_seqs=scenario.batch_size,
+        worker_extension_cls="hooks.vllm_plugin.CaptureWorkerExtension",
+        **kwargs,
+    )
+    vocab = llm.llm_engine.model_config.get_vocab_size()
+    prompts = prompts_for(scenario, vocab)
+    params = SamplingParams(
+        max_tokens=scenario.output_len,
+        ignore_eos=True,
+        detokenize=False,
+        temperature=scenario.temperature,
+        top_k=scenario.top_k if scenario.top_k > 0 else -1,
+        top_p=scenario.top_p,
+        seed=scenario.seed if scenario.temperature > 0 else None,
+    )
+    clear_output(out_dir)
+    hooks = llm.collective_rpc("fi_profile_start") if capture else []
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    import vllm
+
+    run = {
+        "engine": f"vllm {vllm.__version__}",
+        "eager": eager,
+        "cuda_graphs_and_torch_compile": not eager,
+        "weights": "dummy (random)" if load_format == "dummy" else load_format,
+        "dtype": dtype,
+        "tensor_parallel": tp,
+        "scenario": asdict(scenario),
+        "hooks_missing": sorted({m for h in hooks for m in h["missing"]}),
+    }
+    summary = None
+    if capture:
+        llm.collective_rpc("fi_profile_stop", args=(str(out_dir),))
+        summary = merge_parts(out_dir, model, "vLLM", max_workloads, run)
+    tokens = [list(o.outputs[0].token_ids) for o in outputs]
+    del llm
+    return summary, tokens, run
+
+
+def clear_output(out_dir: Path) -> None:
+    """Remove what an earlier capture left in ``out_dir`` (only the parts fi-profile writes)."""
+    for sub in (".fi-profile", "workloads", "definitions", "blob"):
+        shutil.rmtree(out_dir / sub, ignore_errors=True)
+    (out_dir / "record.json").unlink(missing_ok=True)

