@@ -45,6 +45,8 @@ class HookPoint:
     methods: tuple[str, ...]
     op: str
     to_calls: ToCalls
+    #: only needed with some backends: not reported missing when its module does not import
+    optional: bool = False
 
 
 def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls) -> Callable[..., Any]:
@@ -82,8 +84,9 @@ def install(points: Sequence[HookPoint]) -> tuple[list[str], list[str]]:
     for point in points:
         try:
             cls = getattr(importlib.import_module(point.module), point.cls)
-        except (ImportError, AttributeError) as exc:
-            missing.append(f"{point.module}.{point.cls} ({type(exc).__name__}: {exc})")
+        except Exception as exc:  # an engine module may fail to import for reasons of its own
+            if not point.optional:
+                missing.append(f"{point.module}.{point.cls} ({type(exc).__name__}: {exc})"[:300])
             continue
         found = False
         for method in point.methods:

@@ -58,7 +58,25 @@ def _embedding(self: Any, input_: torch.Tensor, *_: Any, **__: Any) -> list:
     return [ops.embedding(input_, self.weight)]
 
 
-_step_cache: dict[str, Any] = {"key": None, "batches": (None, None)}
+_step: dict[str, Any] = {"common": None, "key": None, "batches": (None, None)}
+
+
+def _metadata_builder(self: Any, *args: Any, **kwargs: Any) -> list:
+    """Keep the step's CommonAttentionMetadata: every backend is built from it, and it has the
+    layout (query_start_loc, seq_lens, block_table_tensor) even where the backend's own metadata
+    holds only planned wrappers (FlashInfer)."""
+    common = kwargs.get("common_attn_metadata")
+    if common is None:
+        common = next((a for a in args if hasattr(a, "block_table_tensor")), None)
+    _step["common"] = common
+    return []
+
+
+def _layout_source(metadata: Any) -> Any:
+    common = _step["common"]
+    if common is not None and common.num_actual_tokens == getattr(metadata, "num_actual_tokens", common.num_actual_tokens):
+        return common
+    return metadata
 
 
 def _attention(self: Any, query: torch.Tensor, *_: Any, **__: Any) -> list[KernelCall]:
@@ -74,16 +92,20 @@ def _attention(self: Any, query: torch.Tensor, *_: Any, **__: Any) -> list[Kerne
     page_size = RECORDER.page_size
     if page_size is None:
         raise RuntimeError("page size unknown: capture was not started through the worker extension")
-    key = id(metadata)
-    if _step_cache["key"] != key:  # one layout per step, shared by every layer
-        block_table = getattr(metadata, "block_table", None)
+    source = _layout_source(metadata)
+    if _step["key"] != id(source):  # one layout per step, shared by every layer
+        query_start_loc = getattr(source, "query_start_loc_cpu", None)
+        if query_start_loc is None:
+            query_start_loc = source.query_start_loc
+        seq_lens = getattr(source, "seq_lens_cpu", None)
+        if seq_lens is None:
+            seq_lens = source.seq_lens
+        block_table = getattr(source, "block_table_tensor", None)
         if block_table is None:
-            block_table = metadata.block_table_tensor
-        _step_cache["batches"] = ops.paged_batches(
-            metadata.query_start_loc, metadata.seq_lens, block_table, page_size
-        )
-        _step_cache["key"] = key
-    decode, prefill = _step_cache["batches"]
+            block_table = source.block_table
+        _step["batches"] = ops.paged_batches(query_start_loc, seq_lens, block_table, page_size)
+        _step["key"] = id(source)
+    decode, prefill = _step["batches"]
     dtype = schema_dtype(query.dtype)
     shape = (self.num_heads, self.num_kv_heads, self.head_size, page_size, RECORDER.num_pages or 0, dtype, float(self.impl.scale))
     calls = []
@@ -112,6 +134,17 @@ POINTS = [
         "vllm.model_executor.layers.vocab_parallel_embedding", "VocabParallelEmbedding", ("forward",), "embedding", _embedding
     ),
     HookPoint("vllm.model_executor.layers.attention.attention", "Attention", ("forward",), "attention", _attention),
+    *(
+        HookPoint(
+            f"vllm.v1.attention.backends.{module}", builder, ("build",), "attention_metadata", _metadata_builder, optional=True
+        )
+        for module, builder in (
+            ("cpu_attn", "CPUAttentionMetadataBuilder"),
+            ("triton_attn", "TritonAttentionMetadataBuilder"),
+            ("flashinfer", "FlashInferMetadataBuilder"),
+            ("flash_attn", "FlashAttentionMetadataBuilder"),
+        )
+    ),
     HookPoint(
         "vllm.v1.sample.ops.topk_topp_sampler",
         "TopKTopPSampler",

@@ -33,9 +33,10 @@ class CaptureWorkerExtension:
 
     vllm_config: Any
 
-    def fi_profile_start(self) -> dict[str, Any]:
+    def fi_profile_start(self, count_only: bool = False) -> dict[str, Any]:
         cache = self.vllm_config.cache_config
         RECORDER.reset()
+        RECORDER.count_only = count_only
         RECORDER.page_size = int(cache.block_size)
         RECORDER.num_pages = int(getattr(cache, "num_gpu_blocks", None) or 0)
         RECORDER.active = True

@@ -53,6 +53,8 @@ def capture(
     top_k: Annotated[int, typer.Option(min=0, help="0: off.")] = 0,
     top_p: Annotated[float, typer.Option(min=0.0, max=1.0)] = 1.0,
     single_process: Annotated[bool, typer.Option("--single-process", help="Engine core in this process.")] = False,
+    attention_backend: Annotated[Optional[str], typer.Option(help="vLLM attention backend, e.g. TRITON_ATTN, FLASHINFER.")] = None,
+    gpu_memory_utilization: Annotated[Optional[float], typer.Option(min=0.05, max=1.0)] = None,
 ) -> None:
     """Run MODEL in a real engine and record every kernel-level call it makes."""
     if ctx.invoked_subcommand is not None:
@@ -69,7 +71,8 @@ def capture(
     scenario = Scenario(num_prompts, input_len, output_len, batch_size, seed, temperature, top_k, top_p)
     summary, _, run = run_vllm(
         model, out_dir, scenario, load_format=load_format.value, dtype=dtype, tp=tp, eager=eager,
-        max_workloads=max_workloads, single_process=single_process,
+        max_workloads=max_workloads, single_process=single_process, attention_backend=attention_backend,
+        gpu_memory_utilization=gpu_memory_utilization,
     )
     assert summary is not None
     print_summary(out, summary, run, out_dir)

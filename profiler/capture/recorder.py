@@ -29,6 +29,7 @@ PARTS_DIR = ".fi-profile/parts"
 class Recorder:
     def __init__(self) -> None:
         self.active = False
+        self.count_only = False  # count calls per Definition, keep no workloads
         self.page_size: Optional[int] = None
         self.num_pages: Optional[int] = None
         self._lock = threading.Lock()
@@ -47,11 +48,13 @@ class Recorder:
                 if call is None:
                     continue
                 name = call.definition.name
-                key = (name, tuple(sorted(call.axes.items())))
                 self.calls[name] += 1
-                self.workloads[key] += 1
                 if name not in self.definitions:
                     self.definitions[name] = call.definition
+                if self.count_only:
+                    continue
+                key = (name, tuple(sorted(call.axes.items())))
+                self.workloads[key] += 1
                 if key not in self.samples:
                     call.tensors = {k: v.detach().to("cpu").clone() for k, v in call.tensors.items()}
                     self.samples[key] = call

@@ -48,21 +48,21 @@ def prompts_for(scenario: Scenario, vocab_size: int) -> list[list[int]]:
     return [[rng.randrange(vocab_size) for _ in range(scenario.input_len)] for _ in range(scenario.num_prompts)]
 
 
-def run_vllm(
+def build_llm(
     model: str,
-    out_dir: Path,
     scenario: Scenario,
     *,
     load_format: str = "dummy",
     dtype: str = "bfloat16",
     tp: int = 1,
     eager: bool = True,
-    max_workloads: int = 32,
     single_process: bool = False,
-    kv_cache_bytes: Optional[int] = None,
     capture: bool = True,
-) -> tuple[CaptureSummary | None, list[list[int]], dict[str, Any]]:
-    """Generate with capture on; returns the merged summary, the generated token ids and run info."""
+    attention_backend: Optional[str] = None,
+    gpu_memory_utilization: Optional[float] = None,
+    kv_cache_bytes: Optional[int] = None,
+) -> Any:
+    """A vLLM engine with fi-profile's hooks installed (inactive until ``fi_profile_start``)."""
     source = resolve_model(model)
     os.environ["FI_PROFILE_CAPTURE"] = "1" if capture else "0"
     if source.shipped:
@@ -70,8 +70,7 @@ def run_vllm(
     if single_process:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     import torch
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+    from vllm import LLM
 
     from hooks.vllm_plugin import register
 
@@ -81,7 +80,11 @@ def run_vllm(
         kwargs["kv_cache_memory_bytes"] = kv_cache_bytes or (256 << 20)
         if tp == 1:
             kwargs["distributed_executor_backend"] = "uni"
-    llm = LLM(
+    if attention_backend:
+        kwargs["attention_backend"] = attention_backend
+    if gpu_memory_utilization:
+        kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+    return LLM(
         model=source.path,
         load_format=load_format,
         skip_tokenizer_init=True,
@@ -94,8 +97,15 @@ def run_vllm(
         worker_extension_cls="hooks.vllm_plugin.CaptureWorkerExtension",
         **kwargs,
     )
+
+
+def requests_for(llm: Any, scenario: Scenario) -> tuple[list[Any], Any]:
+    """Token-id prompts and sampling parameters of the scenario."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
     vocab = llm.llm_engine.model_config.get_vocab_size()
-    prompts = prompts_for(scenario, vocab)
+    prompts = [TokensPrompt(prompt_token_ids=p) for p in prompts_for(scenario, vocab)]
     params = SamplingParams(
         max_tokens=scenario.output_len,
         ignore_eos=True,
@@ -105,18 +115,36 @@ def run_vllm(
         top_p=scenario.top_p,
         seed=scenario.seed if scenario.temperature > 0 else None,
     )
+    return prompts, params
+
+
+def run_vllm(
+    model: str,
+    out_dir: Path,
+    scenario: Scenario,
+    *,
+    max_workloads: int = 32,
+    capture: bool = True,
+    **engine: Any,
+) -> tuple[CaptureSummary | None, list[list[int]], dict[str, Any]]:
+    """Generate with capture on; returns the merged summary, the generated token ids and run info."""
+    llm = build_llm(model, scenario, capture=capture, **engine)
+    prompts, params = requests_for(llm, scenario)
     clear_output(out_dir)
     hooks = llm.collective_rpc("fi_profile_start") if capture else []
-    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
     import vllm
 
+    eager = engine.get("eager", True)
+    load_format = engine.get("load_format", "dummy")
     run = {
         "engine": f"vllm {vllm.__version__}",
         "eager": eager,
         "cuda_graphs_and_torch_compile": not eager,
         "weights": "dummy (random)" if load_format == "dummy" else load_format,
-        "dtype": dtype,
-        "tensor_parallel": tp,
+        "dtype": engine.get("dtype", "bfloat16"),
+        "tensor_parallel": engine.get("tp", 1),
+        "attention_backend": engine.get("attention_backend") or "default",
         "scenario": asdict(scenario),
         "hooks_missing": sorted({m for h in hooks for m in h["missing"]}),
     }
