@@ -67,14 +67,13 @@ def main() -> None:
         "model": args.model,
         "attention_backend": args.attention_backend or "default",
         "eager": not args.no_eager,
-        "scenario": vars(args),
+        "scenario": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "generated_tokens": generated,
         "hooked_calls_per_generate": calls,
         "seconds": times,
         "tokens_per_s": tokens_per_s,
         "loss_vs_off": {m: 1 - tokens_per_s[m] / tokens_per_s["off"] for m in ("count", "full")},
     }
-    result["scenario"]["json"] = str(args.json) if args.json else None
     print(json.dumps(result, indent=1))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))

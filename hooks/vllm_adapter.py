@@ -58,7 +58,9 @@ def _embedding(self: Any, input_: torch.Tensor, *_: Any, **__: Any) -> list:
     return [ops.embedding(input_, self.weight)]
 
 
-_step: dict[str, Any] = {"common": None, "key": None, "batches": (None, None)}
+#: the step's layout source and its decode/prefill split; the source object itself is held (not its
+#: id), so a later step's metadata can never be mistaken for it at a recycled address
+_step: dict[str, Any] = {"common": None, "source": None, "batches": (None, None)}
 
 
 def _metadata_builder(self: Any, *args: Any, **kwargs: Any) -> list:
@@ -69,6 +71,7 @@ def _metadata_builder(self: Any, *args: Any, **kwargs: Any) -> list:
     if common is None:
         common = next((a for a in args if hasattr(a, "block_table_tensor")), None)
     _step["common"] = common
+    _step["source"] = None
     return []
 
 
@@ -93,7 +96,7 @@ def _attention(self: Any, query: torch.Tensor, *_: Any, **__: Any) -> list[Kerne
     if page_size is None:
         raise RuntimeError("page size unknown: capture was not started through the worker extension")
     source = _layout_source(metadata)
-    if _step["key"] != id(source):  # one layout per step, shared by every layer
+    if _step["source"] is not source:  # one layout per step, shared by every layer
         query_start_loc = getattr(source, "query_start_loc_cpu", None)
         if query_start_loc is None:
             query_start_loc = source.query_start_loc
@@ -104,7 +107,7 @@ def _attention(self: Any, query: torch.Tensor, *_: Any, **__: Any) -> list[Kerne
         if block_table is None:
             block_table = source.block_table
         _step["batches"] = ops.paged_batches(query_start_loc, seq_lens, block_table, page_size)
-        _step["key"] = id(source)
+        _step["source"] = source
     decode, prefill = _step["batches"]
     dtype = schema_dtype(query.dtype)
     shape = (self.num_heads, self.num_kv_heads, self.head_size, page_size, RECORDER.num_pages or 0, dtype, float(self.impl.scale))

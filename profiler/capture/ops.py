@@ -9,7 +9,7 @@ per engine.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -27,6 +27,17 @@ class KernelCall:
     scalars: dict[str, float] = field(default_factory=dict)
 
 
+_DEFINITIONS: dict[tuple, Definition] = {}
+
+
+def _cached(key: tuple, build: Callable[[], Definition]) -> Definition:
+    """Definitions by a cheap key of the call's constants: the hot path is one dict lookup."""
+    definition = _DEFINITIONS.get(key)
+    if definition is None:
+        definition = _DEFINITIONS[key] = build()
+    return definition
+
+
 def _suffix(dtype: DType) -> str:
     return "" if dtype is DType.bfloat16 else f"_{dtype.value}"
 
@@ -37,42 +48,56 @@ def _tokens(x: torch.Tensor, width: int) -> int:
 
 def rmsnorm(x: torch.Tensor, residual: Optional[torch.Tensor], eps: float) -> KernelCall:
     hidden = x.shape[-1]
-    dtype = schema_dtype(x.dtype)
     kind = "rmsnorm" if residual is None else "fused_add_rmsnorm"
-    definition = definition_for(
-        f"{kind}_h4096", f"{kind}_h{hidden}{_suffix(dtype)}", {"hidden_size": hidden}, dtype, {"EPS": eps}
-    )
+
+    def build() -> Definition:
+        dtype = schema_dtype(x.dtype)
+        return definition_for(f"{kind}_h4096", f"{kind}_h{hidden}{_suffix(dtype)}", {"hidden_size": hidden}, dtype, {"EPS": eps})
+
+    definition = _cached((kind, hidden, x.dtype, eps), build)
     return KernelCall(definition, {"batch_size": _tokens(x, hidden)})
 
 
 def silu_and_mul(x: torch.Tensor) -> KernelCall:
     width = x.shape[-1]
-    dtype = schema_dtype(x.dtype)
-    definition = definition_for(
-        "silu_and_mul_i14336",
-        f"silu_and_mul_i{width // 2}{_suffix(dtype)}",
-        {"intermediate_size": width // 2, "gate_up_size": width},
-        dtype,
-    )
+
+    def build() -> Definition:
+        dtype = schema_dtype(x.dtype)
+        return definition_for(
+            "silu_and_mul_i14336",
+            f"silu_and_mul_i{width // 2}{_suffix(dtype)}",
+            {"intermediate_size": width // 2, "gate_up_size": width},
+            dtype,
+        )
+
+    definition = _cached(("silu_and_mul", width, x.dtype), build)
     return KernelCall(definition, {"num_tokens": _tokens(x, width)})
 
 
 def gemm(x: torch.Tensor, weight: torch.Tensor) -> KernelCall:
     n, k = weight.shape
-    dtype = schema_dtype(x.dtype)
-    definition = definition_for("gemm_n4096_k4096", f"gemm_n{n}_k{k}{_suffix(dtype)}", {"N": n, "K": k}, dtype)
+
+    def build() -> Definition:
+        dtype = schema_dtype(x.dtype)
+        return definition_for("gemm_n4096_k4096", f"gemm_n{n}_k{k}{_suffix(dtype)}", {"N": n, "K": k}, dtype)
+
+    definition = _cached(("gemm", n, k, x.dtype), build)
     return KernelCall(definition, {"M": _tokens(x, k)})
 
 
 def embedding(ids: torch.Tensor, weight: torch.Tensor) -> KernelCall:
     vocab, hidden = weight.shape
-    dtype = schema_dtype(weight.dtype)
-    definition = definition_for(
-        "embedding_v128256_h4096",
-        f"embedding_v{vocab}_h{hidden}{_suffix(dtype)}",
-        {"vocab_size": vocab, "hidden_size": hidden},
-        dtype,
-    )
+
+    def build() -> Definition:
+        dtype = schema_dtype(weight.dtype)
+        return definition_for(
+            "embedding_v128256_h4096",
+            f"embedding_v{vocab}_h{hidden}{_suffix(dtype)}",
+            {"vocab_size": vocab, "hidden_size": hidden},
+            dtype,
+        )
+
+    definition = _cached(("embedding", vocab, hidden, weight.dtype), build)
     return KernelCall(definition, {"num_tokens": ids.numel()})
 
 
@@ -90,10 +115,17 @@ class RopeParams:
 def rope(
     positions: torch.Tensor, query: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int, params: RopeParams
 ) -> KernelCall:
-    dtype = schema_dtype(query.dtype)
+    def build() -> Definition:
+        return _rope_definition(num_q_heads, num_kv_heads, head_dim, params, schema_dtype(query.dtype))
+
+    definition = _cached(("rope", num_q_heads, num_kv_heads, head_dim, params, query.dtype), build)
+    return KernelCall(definition, {"num_tokens": positions.numel()})
+
+
+def _rope_definition(num_q_heads: int, num_kv_heads: int, head_dim: int, params: RopeParams, dtype: DType) -> Definition:
     style = "rope_llama3_neox_style" if params.factor != 1.0 else "rope_neox_style"
     theta = "" if params.theta == 500000.0 else f"_theta{int(params.theta)}"
-    definition = definition_for(
+    return definition_for(
         "rope_llama3_neox_style_h32_kv8_d128",
         f"{style}_h{num_q_heads}_kv{num_kv_heads}_d{head_dim}{theta}{_suffix(dtype)}",
         {"num_qo_heads": num_q_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim},
@@ -106,7 +138,6 @@ def rope(
             "ORIGINAL_MAX_POSITION": int(params.original_max_position),
         },
     )
-    return KernelCall(definition, {"num_tokens": positions.numel()})
 
 
 @dataclass(frozen=True)

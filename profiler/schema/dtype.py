@@ -43,27 +43,37 @@ def parse_dtype(value: Any) -> Any:
     return value
 
 
-def torch_dtype(dtype: DType) -> "torch.dtype":
-    import torch
+_TO_TORCH: dict[DType, "torch.dtype"] = {}
+_FROM_TORCH: dict["torch.dtype", DType] = {}
 
-    return {
-        DType.float32: torch.float32,
-        DType.float16: torch.float16,
-        DType.bfloat16: torch.bfloat16,
-        DType.float8_e4m3fn: torch.float8_e4m3fn,
-        DType.float8_e5m2: torch.float8_e5m2,
-        DType.float4_e2m1: torch.float4_e2m1fn_x2,
-        DType.int64: torch.int64,
-        DType.int32: torch.int32,
-        DType.int16: torch.int16,
-        DType.int8: torch.int8,
-        DType.bool: torch.bool,
-    }[dtype]
+
+def torch_dtype(dtype: DType) -> "torch.dtype":
+    if not _TO_TORCH:
+        import torch
+
+        _TO_TORCH.update(
+            {
+                DType.float32: torch.float32,
+                DType.float16: torch.float16,
+                DType.bfloat16: torch.bfloat16,
+                DType.float8_e4m3fn: torch.float8_e4m3fn,
+                DType.float8_e5m2: torch.float8_e5m2,
+                DType.float4_e2m1: torch.float4_e2m1fn_x2,
+                DType.int64: torch.int64,
+                DType.int32: torch.int32,
+                DType.int16: torch.int16,
+                DType.int8: torch.int8,
+                DType.bool: torch.bool,
+            }
+        )
+        _FROM_TORCH.update({t: d for d, t in _TO_TORCH.items()})
+    return _TO_TORCH[dtype]
 
 
 def schema_dtype(dtype: "torch.dtype") -> DType:
     """The schema dtype of a torch dtype; raises ValueError for types the schema cannot express."""
-    for candidate in DType:
-        if torch_dtype(candidate) == dtype:
-            return candidate
-    raise ValueError(f"torch dtype {dtype} has no counterpart in the Definition schema")
+    torch_dtype(DType.float32)  # fills both tables once
+    found = _FROM_TORCH.get(dtype)
+    if found is None:
+        raise ValueError(f"torch dtype {dtype} has no counterpart in the Definition schema")
+    return found
