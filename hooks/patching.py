@@ -47,6 +47,8 @@ class HookPoint:
     to_calls: ToCalls
     #: only needed with some backends: not reported missing when its module does not import
     optional: bool = False
+    #: a step boundary (``to_calls`` reports the step's signature to the recorder), not a kernel
+    boundary: bool = False
 
 
 def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls) -> Callable[..., Any]:
@@ -54,24 +56,44 @@ def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls) -> Callable[..., An
     def hooked(*args: Any, **kwargs: Any) -> Any:
         if not RECORDER.active or _is_compiling() or getattr(_depth, op, 0):
             return fn(*args, **kwargs)
-        label = op
+        replay = RECORDER.replay
+        if replay is not None:  # a known step: count only
+            index = RECORDER.replayed
+            RECORDER.replayed = index + 1
+            return _call(fn, op, replay[index] if index < len(replay) else op, args, kwargs)
         try:
-            calls = to_calls(*args, **kwargs)
-            RECORDER.record(calls)
-            first = next((c for c in calls if c is not None), None)
-            if first is not None:
-                label = first.definition.name
+            label = RECORDER.record(to_calls(*args, **kwargs), op)
         except Exception as exc:  # a hook must never break the engine
             RECORDER.error(op, exc)
-        setattr(_depth, op, 1)
-        if _push is not None:
-            _push(label)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            if _pop is not None:
-                _pop()
-            setattr(_depth, op, 0)
+            label = RECORDER.record((), op)  # keeps the step's invocation count right
+        return _call(fn, op, label, args, kwargs)
+
+    hooked.__fi_profile_original__ = fn  # type: ignore[attr-defined]
+    return hooked
+
+
+def _call(fn: Callable[..., Any], op: str, label: str, args: tuple, kwargs: dict) -> Any:
+    """The real call inside an NVTX range, marked so nested calls of the same op are not counted."""
+    setattr(_depth, op, 1)
+    if _push is not None:
+        _push(label)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        if _pop is not None:
+            _pop()
+        setattr(_depth, op, 0)
+
+
+def wrap_boundary(fn: Callable[..., Any], op: str, on_boundary: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def hooked(*args: Any, **kwargs: Any) -> Any:
+        if RECORDER.active:
+            try:
+                on_boundary(*args, **kwargs)
+            except Exception as exc:  # a hook must never break the engine
+                RECORDER.error(op, exc)
+        return fn(*args, **kwargs)
 
     hooked.__fi_profile_original__ = fn  # type: ignore[attr-defined]
     return hooked
@@ -101,7 +123,8 @@ def install(points: Sequence[HookPoint]) -> tuple[list[str], list[str]]:
             if getattr(raw, "__fi_profile_original__", None) is not None:
                 found = True
                 continue
-            setattr(cls, method, wrap(raw, point.op, point.to_calls))
+            wrapper = wrap_boundary if point.boundary else wrap
+            setattr(cls, method, wrapper(raw, point.op, point.to_calls))
             installed.append(f"{point.cls}.{method}")
             found = True
         if not found:

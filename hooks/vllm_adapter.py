@@ -63,16 +63,41 @@ def _embedding(self: Any, input_: torch.Tensor, *_: Any, **__: Any) -> list:
 _step: dict[str, Any] = {"common": None, "source": None, "batches": (None, None)}
 
 
-def _metadata_builder(self: Any, *args: Any, **kwargs: Any) -> list:
-    """Keep the step's CommonAttentionMetadata: every backend is built from it, and it has the
-    layout (query_start_loc, seq_lens, block_table_tensor) even where the backend's own metadata
-    holds only planned wrappers (FlashInfer)."""
+def _metadata_builder(self: Any, *args: Any, **kwargs: Any) -> None:
+    """Step boundary. Keeps the step's CommonAttentionMetadata: every backend is built from it,
+    and it has the layout (query_start_loc, seq_lens, block_table_tensor) even where the
+    backend's own metadata holds only planned wrappers (FlashInfer). The step's signature is
+    what fixes every var axis of the step: token count, request count, decode/prefill layout."""
     common = kwargs.get("common_attn_metadata")
     if common is None:
         common = next((a for a in args if hasattr(a, "block_table_tensor")), None)
     _step["common"] = common
     _step["source"] = None
-    return []
+    if common is None or RECORDER.page_size is None:
+        return
+    decode, prefill = _batches_of(common)
+    RECORDER.begin_step(
+        (
+            common.num_actual_tokens,
+            common.num_reqs,
+            (decode.batch_size, int(decode.kv_indptr[-1])) if decode is not None else None,
+            (prefill.batch_size, prefill.total_q, int(prefill.kv_indptr[-1])) if prefill is not None else None,
+        )
+    )
+
+
+def _batches_of(source: Any) -> tuple[Any, Any]:
+    """The step's decode and prefill layouts, computed once per step and shared by all layers."""
+    if _step["source"] is not source:
+        query_start_loc = getattr(source, "query_start_loc_cpu", None)
+        if query_start_loc is None:
+            query_start_loc = source.query_start_loc
+        block_table = getattr(source, "block_table_tensor", None)
+        if block_table is None:
+            block_table = source.block_table
+        _step["batches"] = ops.paged_batches(query_start_loc, source.seq_lens, block_table, RECORDER.page_size)
+        _step["source"] = source
+    return _step["batches"]
 
 
 def _layout_source(metadata: Any) -> Any:
@@ -95,20 +120,7 @@ def _attention(self: Any, query: torch.Tensor, *_: Any, **__: Any) -> list[Kerne
     page_size = RECORDER.page_size
     if page_size is None:
         raise RuntimeError("page size unknown: capture was not started through the worker extension")
-    source = _layout_source(metadata)
-    if _step["source"] is not source:  # one layout per step, shared by every layer
-        query_start_loc = getattr(source, "query_start_loc_cpu", None)
-        if query_start_loc is None:
-            query_start_loc = source.query_start_loc
-        seq_lens = getattr(source, "seq_lens_cpu", None)
-        if seq_lens is None:
-            seq_lens = source.seq_lens
-        block_table = getattr(source, "block_table_tensor", None)
-        if block_table is None:
-            block_table = source.block_table
-        _step["batches"] = ops.paged_batches(query_start_loc, seq_lens, block_table, page_size)
-        _step["source"] = source
-    decode, prefill = _step["batches"]
+    decode, prefill = _batches_of(_layout_source(metadata))
     dtype = schema_dtype(query.dtype)
     shape = (self.num_heads, self.num_kv_heads, self.head_size, page_size, RECORDER.num_pages or 0, dtype, float(self.impl.scale))
     calls = []
@@ -139,7 +151,13 @@ POINTS = [
     HookPoint("vllm.model_executor.layers.attention.attention", "Attention", ("forward",), "attention", _attention),
     *(
         HookPoint(
-            f"vllm.v1.attention.backends.{module}", builder, ("build",), "attention_metadata", _metadata_builder, optional=True
+            f"vllm.v1.attention.backends.{module}",
+            builder,
+            ("build",),
+            "step",
+            _metadata_builder,
+            optional=True,
+            boundary=True,
         )
         for module, builder in (
             ("cpu_attn", "CPUAttentionMetadataBuilder"),

@@ -79,6 +79,8 @@ def test_exact_counts_follow_model_shape_and_steps(single):
     assert sum(c.values()) == sum(k["count"] for k in single["record"]["kernels"])
     assert single["run"]["eager"] is True and single["run"]["weights"].startswith("dummy")
     assert single["record"]["run"]["hook_errors"] == {} and single["run"]["hooks_missing"] == []
+    # the prefill step and the first decode step are learned; the other decode steps repeat it
+    assert single["record"]["run"]["steps"] == {"learned": 2, "replayed": OUTPUT_LEN - 2}
 
 
 def test_var_axes_are_the_scheduled_token_counts(single):
@@ -118,7 +120,8 @@ def test_failing_hook_does_not_break_generation(tmp_path, uncaptured):
     broken = capture(tmp_path, "broken", fault="silu_and_mul", single_process=True)
     assert broken["tokens"] == uncaptured["tokens"]
     errors = broken["record"]["run"]["hook_errors"]
-    assert list(errors.values()) == [LAYERS * OUTPUT_LEN]
+    learned_steps = broken["record"]["run"]["steps"]["learned"]  # replayed steps do not call the op table
+    assert list(errors.values()) == [LAYERS * learned_steps]
     assert "injected fault in silu_and_mul" in next(iter(errors))
     assert "silu_and_mul_i512" not in counts(broken)
     assert counts(broken)[QKV] == LAYERS * OUTPUT_LEN

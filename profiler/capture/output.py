@@ -37,12 +37,14 @@ def merge_parts(
     parts = sorted((out_dir / PARTS_DIR).glob("*.json"))
     calls: Counter[str] = Counter()
     errors: Counter[str] = Counter()
+    steps: Counter[str] = Counter()
     definitions: dict[str, Definition] = {}
     workloads: dict[tuple[str, tuple], dict[str, Any]] = {}
     for part_path in parts:
         part = json.loads(part_path.read_text())
         calls.update(part["calls"])
         errors.update(part["errors"])
+        steps.update(part.get("steps", {}))
         for name, data in part["definitions"].items():
             definitions.setdefault(name, Definition.model_validate(data))
         blob = out_dir / part["blob"] if part["blob"] else None
@@ -67,7 +69,7 @@ def merge_parts(
             "model": model,
             "framework": framework,
             "kernels": [{"id": n, "count": c} for n, c in sorted(calls.items(), key=lambda kv: (-kv[1], kv[0]))],
-            "run": {**(run or {}), "processes": len(parts), "hook_errors": dict(errors)},
+            "run": {**(run or {}), "processes": len(parts), "hook_errors": dict(errors), "steps": dict(steps)},
         }
     )
     (out_dir / "record.json").write_text(record.model_dump_json(indent=2, exclude_none=True) + "\n")
