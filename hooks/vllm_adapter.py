@@ -75,19 +75,15 @@ def _metadata_builder(self: Any, *args: Any, **kwargs: Any) -> None:
     _step["source"] = None
     if common is None or RECORDER.page_size is None:
         return
-    decode, prefill = _batches_of(common)
-    RECORDER.begin_step(
-        (
-            common.num_actual_tokens,
-            common.num_reqs,
-            (decode.batch_size, int(decode.kv_indptr[-1])) if decode is not None else None,
-            (prefill.batch_size, prefill.total_q, int(prefill.kv_indptr[-1])) if prefill is not None else None,
-        )
-    )
+    seq_lens = getattr(common, "_seq_lens_cpu", None)  # the runner's CPU copy: no device sync
+    if seq_lens is None:
+        seq_lens = common.seq_lens.to("cpu")
+    RECORDER.begin_step(ops.step_shape(common.query_start_loc_cpu, seq_lens, RECORDER.page_size))
 
 
 def _batches_of(source: Any) -> tuple[Any, Any]:
-    """The step's decode and prefill layouts, computed once per step and shared by all layers."""
+    """The step's decode and prefill layouts, computed once per step and shared by all layers
+    (only in steps that are recorded call by call: replayed steps never ask)."""
     if _step["source"] is not source:
         query_start_loc = getattr(source, "query_start_loc_cpu", None)
         if query_start_loc is None:

@@ -158,6 +158,19 @@ class PagedBatch:
         return int(self.qo_indptr[-1])
 
 
+def step_shape(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, page_size: int) -> tuple:
+    """What fixes a step's var axes: tokens, requests, and per part (decode, prefill) the request
+    count, query tokens and KV pages. From CPU tensors this needs no device sync."""
+    n = len(seq_lens)
+    q_lens = query_start_loc[1 : n + 1] - query_start_loc[:n]
+    pages = (seq_lens.to(torch.int64) + page_size - 1) // page_size
+    decode = q_lens == 1
+    parts = tuple(
+        (int(chosen.sum()), int(q_lens[chosen].sum()), int(pages[chosen].sum())) for chosen in (decode, ~decode)
+    )
+    return (int(query_start_loc[n]), n) + parts
+
+
 def paged_batches(
     query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, page_size: int
 ) -> tuple[Optional[PagedBatch], Optional[PagedBatch]]:
