@@ -137,3 +137,14 @@ def test_multiprocess_plugin_path_agrees_with_single_process(tmp_path, single):
     c = counts(multi)
     steps = c["embedding_v2048_h256"]
     assert c["rmsnorm_h256"] == steps and c[QKV] == LAYERS * steps and c[LM_HEAD] == steps
+
+
+def test_sampling_kernel_when_requests_sample(tmp_path):
+    sampled = capture(
+        tmp_path, "sampled", single_process=True, scenario={**SCENARIO, "temperature": 0.8, "top_k": 20, "top_p": 0.9}
+    )
+    c = counts(sampled)
+    steps = c["embedding_v2048_h256"]
+    assert c["top_k_top_p_sampling_from_probs_v2048"] == steps
+    assert workloads(sampled["out_dir"], "top_k_top_p_sampling_from_probs_v2048") == {(("batch_size", PROMPTS),): steps}
+    assert all(len(t) == OUTPUT_LEN for t in sampled["tokens"])

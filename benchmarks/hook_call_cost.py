@@ -1,0 +1,61 @@
+"""Time the hook path alone: microseconds a hooked call adds, per recorder state.
+
+A plain function stands for the engine method; it is wrapped like ``UnquantizedLinearMethod.apply``
+(a GEMM call on a [3, 256] input). States: inactive (capture off), recorded (a step being learned:
+op table, Definition lookup, recorder), replayed (a known step: count only).
+
+  python benchmarks/hook_call_cost.py --calls 50000
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+
+import torch
+
+from hooks.patching import wrap
+from profiler.capture import ops
+from profiler.capture.recorder import RECORDER
+
+
+def per_call_us(fn, args, calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn(*args)
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=50000)
+    args = parser.parse_args()
+
+    weight = torch.zeros(512, 256, dtype=torch.bfloat16)
+    x = torch.zeros(3, 256, dtype=torch.bfloat16)
+
+    def method(x):
+        return x
+
+    hooked = wrap(method, "gemm", lambda x: [ops.gemm(x, weight)])
+    base = per_call_us(method, (x,), args.calls)
+    results = {}
+    RECORDER.active = False
+    results["inactive"] = per_call_us(hooked, (x,), args.calls) - base
+    RECORDER.active = True
+    RECORDER.reset()
+    results["recorded"] = per_call_us(hooked, (x,), args.calls) - base
+    RECORDER.begin_step("shape")
+    hooked(x)
+    RECORDER.begin_step("shape")  # learned one call; now replay it, over and over
+    RECORDER.replay = RECORDER.replay * args.calls
+    results["replayed"] = per_call_us(hooked, (x,), args.calls) - base
+    RECORDER.active = False
+    print(f"{platform.processor() or platform.machine()}, python {platform.python_version()}, {args.calls} calls")
+    for state, us in results.items():
+        print(f"  {state:9s} +{us:.2f} us per call")
+
+
+if __name__ == "__main__":
+    main()
