@@ -80,10 +80,6 @@ class Document:
     kind: Kind
     model: BaseModel
 
-    @property
-    def file(self) -> str:
-        return self.label
-
 
 def parse_object(label: str, obj: Any, kind: Optional[Kind] = None) -> tuple[Optional[Document], list[Problem]]:
     kind = kind or detect_kind(obj)
@@ -118,6 +114,15 @@ def _decode(label: str, text: str) -> Iterator[Union[tuple[str, Any], Problem]]:
         yield label, json.loads(text)
     except json.JSONDecodeError as exc:
         yield Problem(label, f"line {exc.lineno} column {exc.colno}", f"invalid JSON: {exc.msg}")
+
+
+def dataset_root(file: Path, folder: str) -> Path:
+    """The dataset a file belongs to: the folder holding its ``folder`` ancestor (``workloads``,
+    ``definitions``), else the file's own folder."""
+    for parent in file.resolve().parents:
+        if parent.name == folder:
+            return parent.parent
+    return file.resolve().parent
 
 
 def document_files(paths: list[Path]) -> tuple[list[Path], list[Problem]]:

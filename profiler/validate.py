@@ -15,11 +15,10 @@ from typing import Sequence
 from safetensors import safe_open
 
 from profiler.catalog import shipped_definitions
-from profiler.documents import Document, Kind, document_files, iter_objects, parse_object
+from profiler.documents import Document, Kind, dataset_root, document_files, iter_objects, parse_object
 from profiler.errors import Problem, format_loc
 from profiler.schema import Definition, KernelCallingRecord, LegacyKernelDescription, Solution, Trace
 from profiler.schema.workload import SafetensorsInput
-from profiler.workload_inputs import dataset_root
 
 
 @dataclass
@@ -75,10 +74,7 @@ class DefinitionScope:
 
 
 def _definition_root(file: Path) -> Path:
-    for parent in file.resolve().parents:
-        if parent.name == "definitions":
-            return parent.parent
-    return file.resolve().parent
+    return dataset_root(file, "definitions")
 
 
 def _collect_definitions(report: ValidationReport) -> DefinitionScope:
@@ -134,7 +130,7 @@ def _check_trace(
     doc: Document, trace: Trace, definitions: DefinitionScope, missing_blobs: Counter[str]
 ) -> list[Problem]:
     file = doc.label.rsplit(":", 1)[0]
-    root = dataset_root(Path(file))
+    root = dataset_root(Path(file), "workloads")
     definition = definitions.lookup(trace.definition, root)
     if definition is None:
         return [Problem(doc.label, "definition", f"no Definition named {trace.definition!r} is known")]

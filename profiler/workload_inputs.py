@@ -15,14 +15,6 @@ from profiler.schema.workload import SafetensorsInput, ScalarInput, Workload
 from profiler.synthesis import synthesize_inputs
 
 
-def dataset_root(workload_file: Path) -> Path:
-    """The folder blob paths are relative to: the one holding ``workloads/``, else the file's own."""
-    for parent in workload_file.resolve().parents:
-        if parent.name == "workloads":
-            return parent.parent
-    return workload_file.resolve().parent
-
-
 def load_captured(root: Path, source: SafetensorsInput) -> Optional[torch.Tensor]:
     """The captured tensor, or None (with a warning) when its file is not there."""
     path = root / source.path

@@ -28,7 +28,6 @@ class CaptureSummary:
     definitions: dict[str, Definition]
     distinct_workloads: Counter[str]
     errors: Counter[str] = field(default_factory=Counter)
-    processes: int = 0
 
 
 def merge_parts(
@@ -73,7 +72,7 @@ def merge_parts(
         }
     )
     (out_dir / "record.json").write_text(record.model_dump_json(indent=2, exclude_none=True) + "\n")
-    return CaptureSummary(record, definitions, distinct, errors, len(parts))
+    return CaptureSummary(record, definitions, distinct, errors)
 
 
 def _choose(workloads: list[dict[str, Any]], cap: int) -> list[dict[str, Any]]:
