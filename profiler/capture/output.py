@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from profiler.capture.recorder import PARTS_DIR
 from profiler.schema import Definition, KernelCallingRecord, Trace
@@ -46,13 +45,13 @@ def merge_parts(
         steps.update(part.get("steps", {}))
         for name, data in part["definitions"].items():
             definitions.setdefault(name, Definition.model_validate(data))
-        blob = out_dir / part["blob"] if part["blob"] else None
+        blob = load_file(out_dir / part["blob"]) if part["blob"] else {}  # index tensors: small, read once
         for w in part["workloads"]:
             key = (w["definition"], tuple(sorted(w["axes"].items())))
             if key in workloads:
                 workloads[key]["count"] += w["count"]
             else:
-                workloads[key] = {**w, "blob": blob}
+                workloads[key] = {**w, "tensors": {name: blob[k] for name, k in w["tensors"].items()}}
     by_definition: dict[str, list[dict[str, Any]]] = {}
     for w in workloads.values():
         by_definition.setdefault(w["definition"], []).append(w)
@@ -99,10 +98,8 @@ def _write_workloads(out_dir: Path, definition: Definition, chosen: list[dict[st
         if w["tensors"]:
             rel = Path("blob") / "workloads" / definition.op_type / definition.name / f"{definition.name}_{workload_id}.safetensors"
             (out_dir / rel).parent.mkdir(parents=True, exist_ok=True)
-            with safe_open(str(w["blob"]), framework="pt") as blob:
-                tensors = {name: blob.get_tensor(key) for name, key in w["tensors"].items()}
-            save_file(tensors, str(out_dir / rel))
-            for name in tensors:
+            save_file(w["tensors"], str(out_dir / rel))
+            for name in w["tensors"]:
                 inputs[name] = {"type": "safetensors", "path": f"./{rel.as_posix()}", "tensor_key": name}
         trace = Trace.model_validate(
             {

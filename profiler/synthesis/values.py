@@ -64,10 +64,9 @@ def tensor_value(
     if not spec.dtype.is_float:
         fill = 1 if name.endswith(("_len", "_lens", "lengths")) else 0
         return torch.full(shape, fill, dtype=dtype, device=device)
-    data = torch.randn(shape, generator=gen, device=device)
     if "scale" in name:  # scale factors are positive and near 1
-        data = 0.5 + torch.rand(shape, generator=gen, device=device)
-    return data.to(dtype)
+        return (0.5 + torch.rand(shape, generator=gen, device=device)).to(dtype)
+    return torch.randn(shape, generator=gen, device=device).to(dtype)
 
 
 def _position_bound(definition: Definition, axes: Mapping[str, int]) -> int:
