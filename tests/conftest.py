@@ -18,6 +18,8 @@ def flashinfer_trace() -> Path:
 
 
 def flashinfer_definitions() -> list[Definition]:
+    # used to parametrize tests: without the data they would collect nothing and pass unseen
+    assert FLASHINFER_TRACE.is_dir(), f"flashinfer-trace data expected at {FLASHINFER_TRACE}"
     return [
         Definition.model_validate_json(p.read_text())
         for p in sorted((FLASHINFER_TRACE / "definitions").glob("*/*.json"))
