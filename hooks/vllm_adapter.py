@@ -127,6 +127,40 @@ def _attention(self: Any, query: torch.Tensor, *_: Any, **__: Any) -> list[Kerne
     return calls
 
 
+#: routers whose selection is softmax -> top-k (-> renormalize), as the MoE Definitions compute it
+_SOFTMAX_TOPK_ROUTERS = ("FusedTopKRouter", "CPURouter")
+
+
+def _moe(self: Any, hidden_states: torch.Tensor, router_logits: torch.Tensor, *_: Any, **__: Any) -> list:
+    """A MoE layer (``MoERunner``): routing and experts as one fused MoE call."""
+    router, config, experts = self.router, self.moe_config, self.routed_experts
+    activation = getattr(getattr(experts, "activation", None), "value", getattr(experts, "activation", "silu"))
+    unsupported = {
+        f"router {type(router).__name__}": type(router).__name__ not in _SOFTMAX_TOPK_ROUTERS,
+        f"scoring {getattr(router, 'scoring_func', None)}": getattr(router, "scoring_func", None) != "softmax",
+        "grouped top-k": bool(getattr(router, "use_grouped_topk", False)),
+        "routed scaling": float(getattr(self, "routed_scaling_factor", 1.0) or 1.0) != 1.0,
+        f"quantization {type(experts.quant_method).__name__}": type(experts.quant_method).__name__
+        != "UnquantizedFusedMoEMethod",
+        f"activation {activation}": str(activation) != "silu" or not getattr(config, "is_act_and_mul", True),
+        "expert bias": bool(getattr(config, "has_bias", False)),
+        "expert parallelism": config.num_local_experts != router.global_num_experts,
+    }
+    problems = [what for what, applies in unsupported.items() if applies]
+    if problems:
+        raise NotImplementedError(f"MoE layer without a Definition: {', '.join(problems)}")
+    return [
+        ops.moe(
+            hidden_states,
+            router_logits,
+            num_experts=config.num_local_experts,
+            top_k=router.top_k,
+            intermediate_size=config.intermediate_size_per_partition,
+            renormalize=bool(router.renormalize),
+        )
+    ]
+
+
 def _sampler(self: Any, logits: torch.Tensor, generators: Any, k: Optional[torch.Tensor], p: Optional[torch.Tensor], *_: Any, **__: Any) -> list:
     return [ops.sampling(logits, k, p)]
 
@@ -145,6 +179,7 @@ POINTS = [
         "vllm.model_executor.layers.vocab_parallel_embedding", "VocabParallelEmbedding", ("forward",), "embedding", _embedding
     ),
     HookPoint("vllm.model_executor.layers.attention.attention", "Attention", ("forward",), "attention", _attention),
+    HookPoint("vllm.model_executor.layers.fused_moe.runner.moe_runner", "MoERunner", ("forward",), "moe", _moe),
     *(
         HookPoint(
             f"vllm.v1.attention.backends.{module}",

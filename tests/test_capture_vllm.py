@@ -148,3 +148,22 @@ def test_sampling_kernel_when_requests_sample(tmp_path):
     assert c["top_k_top_p_sampling_from_probs_v2048"] == steps
     assert workloads(sampled["out_dir"], "top_k_top_p_sampling_from_probs_v2048") == {(("batch_size", PROMPTS),): steps}
     assert all(len(t) == OUTPUT_LEN for t in sampled["tokens"])
+
+
+def test_moe_layers_are_captured_as_one_fused_moe_call(tmp_path):
+    """Tiny Mixtral (shipped config): the same 2-layer shape, 8 experts, top-2, intermediate 512."""
+    mixtral = capture(tmp_path, "mixtral", model="fi-profile/tiny-mixtral", single_process=True)
+    assert mixtral["record"]["run"]["hook_errors"] == {} and mixtral["run"]["hooks_missing"] == []
+    c = counts(mixtral)
+    steps = c["embedding_v2048_h256"]
+    moe = "moe_bf16_renorm_topk2_e8_h256_i512"
+    assert c[moe] == LAYERS * steps and c["gemm_n8_k256"] == LAYERS * steps  # experts, and the router's gate
+    assert GATE_UP not in c and "silu_and_mul_i512" not in c  # the experts' MLP is inside the MoE call
+    prefill_tokens = PROMPTS * INPUT_LEN
+    assert workloads(mixtral["out_dir"], moe) == {
+        (("seq_len", prefill_tokens),): LAYERS,
+        (("seq_len", PROMPTS),): LAYERS * (OUTPUT_LEN - 1),
+    }
+    generated = json.loads((mixtral["out_dir"] / f"definitions/moe/{moe}.json").read_text())
+    assert "status:generated" in generated["tags"] and generated["axes"]["num_experts"]["value"] == 8
+    assert all(len(t) == OUTPUT_LEN for t in mixtral["tokens"])

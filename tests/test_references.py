@@ -175,3 +175,29 @@ def test_sampling_distribution(name, top_k, top_p, expected):
     for token, p in expected.items():
         freq = samples.count(token) / batch
         assert abs(freq - p) < 4 * math.sqrt(p * (1 - p) / batch), (token, freq, p)
+
+
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_moe_reference_against_dense_mixture(renormalize):
+    """The MoE template, instantiated small as capture does, against every expert run on every token."""
+    from profiler.capture import ops
+
+    E, K, H, I, T = 6, 2, 32, 16, 9
+    probe = torch.zeros(T, H, dtype=torch.bfloat16)
+    definition = ops.moe(probe, torch.zeros(T, E, dtype=torch.bfloat16), E, K, I, renormalize).definition
+    assert definition.name == f"moe_bf16_{'renorm' if renormalize else 'softmax'}_topk{K}_e{E}_h{H}_i{I}"
+    inputs = synthesize_inputs(definition, {"seq_len": T}, seed=3)
+    out = run_reference(definition, inputs)["output"]
+
+    x, logits = inputs["hidden_states"].float(), inputs["routing_logits"].float()
+    w13, w2 = inputs["gemm1_weights"].float(), inputs["gemm2_weights"].float()
+    probs = logits.softmax(-1)
+    kth = probs.topk(K, dim=-1).values[:, -1:]
+    gates = torch.where(probs >= kth, probs, torch.zeros_like(probs))
+    if renormalize:
+        gates = gates / gates.sum(-1, keepdim=True)
+    expert_out = torch.stack(
+        [(F.silu(x @ w13[e, :I].T) * (x @ w13[e, I:].T)) @ w2[e].T for e in range(E)], dim=1
+    )  # [T, E, H]
+    expected = (gates.unsqueeze(-1) * expert_out).sum(1).to(torch.bfloat16)
+    torch.testing.assert_close(out, expected, **BF16)

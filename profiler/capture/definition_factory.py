@@ -16,6 +16,8 @@ from profiler.schema.definition import AxisConst, Definition
 from profiler.schema.dtype import DType
 
 _TEMPLATE_DTYPE = DType.bfloat16
+#: input dtypes a shipped Definition may keep whatever the call's dtype (indices, scales, probabilities)
+_INDEX_OR_FP32 = (DType.float32, DType.int32, DType.int64)
 Number = Union[int, float]
 
 
@@ -25,10 +27,18 @@ def definition_for(
     consts: Mapping[str, int],
     dtype: DType,
     reference_constants: Mapping[str, Number] = {},
+    input_dtypes: Mapping[str, DType] = {},
 ) -> Definition:
-    """The Definition ``name``: shipped if it matches, else ``template_name`` instantiated."""
+    """The Definition ``name``: shipped if it matches, else ``template_name`` instantiated.
+
+    ``input_dtypes`` names inputs whose dtype differs from ``dtype`` (e.g. float32 router logits)."""
     return _definition_for(
-        template_name, name, tuple(sorted(consts.items())), dtype, tuple(sorted(reference_constants.items()))
+        template_name,
+        name,
+        tuple(sorted(consts.items())),
+        dtype,
+        tuple(sorted(reference_constants.items())),
+        tuple(sorted(input_dtypes.items())),
     )
 
 
@@ -39,21 +49,30 @@ def _definition_for(
     consts: tuple[tuple[str, int], ...],
     dtype: DType,
     reference_constants: tuple[tuple[str, Number], ...],
+    input_dtypes: tuple[tuple[str, DType], ...],
 ) -> Definition:
     shipped = shipped_definition(name)
-    if shipped is not None and _matches(shipped, dict(consts), dtype, dict(reference_constants)):
+    if shipped is not None and _matches(shipped, dict(consts), dtype, dict(reference_constants), dict(input_dtypes)):
         return shipped
     template = shipped_definition(template_name)
     if template is None:
         raise KeyError(f"no shipped template Definition {template_name!r}")
-    return instantiate(template, name, dict(consts), dtype, dict(reference_constants))
+    return instantiate(template, name, dict(consts), dtype, dict(reference_constants), dict(input_dtypes))
 
 
-def _matches(definition: Definition, consts: dict[str, int], dtype: DType, constants: dict[str, Number]) -> bool:
+def _matches(
+    definition: Definition,
+    consts: dict[str, int],
+    dtype: DType,
+    constants: dict[str, Number],
+    input_dtypes: dict[str, DType],
+) -> bool:
     if any(definition.const_axes.get(a) != v for a, v in consts.items()):
         return False
-    if any(spec.dtype not in (dtype, DType.float32, DType.int32, DType.int64) for spec in definition.inputs.values()):
-        return False
+    for input_name, spec in definition.inputs.items():
+        allowed = (input_dtypes[input_name],) if input_name in input_dtypes else (dtype, *_INDEX_OR_FP32)
+        if spec.dtype not in allowed:
+            return False
     return all(_constant_in(definition.reference, n, v) for n, v in constants.items())
 
 
@@ -68,6 +87,7 @@ def instantiate(
     consts: Mapping[str, int],
     dtype: DType,
     reference_constants: Mapping[str, Number] = {},
+    input_dtypes: Mapping[str, DType] = {},
 ) -> Definition:
     data = template.to_dict()
     data["name"] = name
@@ -90,6 +110,8 @@ def instantiate(
             for spec in data[group].values():
                 if spec["dtype"] == _TEMPLATE_DTYPE.value:
                     spec["dtype"] = dtype.value
+    for input_name, input_dtype in input_dtypes.items():
+        data["inputs"][input_name]["dtype"] = input_dtype.value
     data["reference"] = reference
     data["tags"] = [t for t in data.get("tags", []) if not t.startswith(("model:", "status:"))] + [
         "status:generated"

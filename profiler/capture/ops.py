@@ -236,6 +236,51 @@ def paged_attention(
     return KernelCall(definition, axes, tensors, {"sm_scale": sm_scale})
 
 
+#: MoE routing -> the shipped Definition whose reference routes that way (instantiated per shape)
+_MOE_TEMPLATES = {
+    "renorm": "moe_bf16_renorm_topk2_e8_h4096_i14336",  # softmax, top-k, weights renormalized
+    "softmax": "moe_bf16_softmax_topk8_e64_h2048_i1024",  # softmax, top-k, weights as they are
+}
+_SHORT_DTYPE = {DType.bfloat16: "bf16", DType.float16: "fp16", DType.float32: "fp32"}
+
+
+def moe(
+    hidden_states: torch.Tensor,
+    routing_logits: torch.Tensor,
+    num_experts: int,
+    top_k: int,
+    intermediate_size: int,
+    renormalize: bool,
+) -> KernelCall:
+    """A fused MoE layer (routing + SwiGLU experts) with a softmax top-k router."""
+    hidden = hidden_states.shape[-1]
+    routing = "renorm" if renormalize else "softmax"
+
+    def build() -> Definition:
+        dtype = schema_dtype(hidden_states.dtype)
+        logits_dtype = schema_dtype(routing_logits.dtype)
+        if dtype not in _SHORT_DTYPE:
+            raise NotImplementedError(f"MoE in {dtype.value}: only unquantized bf16/fp16/fp32 MoE has a Definition")
+        logits = "" if logits_dtype is dtype else f"_logits_{_SHORT_DTYPE.get(logits_dtype, logits_dtype.value)}"
+        return definition_for(
+            _MOE_TEMPLATES[routing],
+            f"moe_{_SHORT_DTYPE[dtype]}_{routing}_topk{top_k}_e{num_experts}_h{hidden}_i{intermediate_size}{logits}",
+            {
+                "num_experts": num_experts,
+                "top_k": top_k,
+                "hidden_size": hidden,
+                "intermediate_size": intermediate_size,
+                "gemm1_out_size": 2 * intermediate_size,
+            },
+            dtype,
+            input_dtypes={"routing_logits": logits_dtype},
+        )
+
+    key = ("moe", routing, num_experts, top_k, hidden, intermediate_size, hidden_states.dtype, routing_logits.dtype)
+    definition = _cached(key, build)
+    return KernelCall(definition, {"seq_len": _tokens(hidden_states, hidden)})
+
+
 def sampling(probs_or_logits: torch.Tensor, top_k: Optional[torch.Tensor], top_p: Optional[torch.Tensor]) -> Optional[KernelCall]:
     """Top-k / top-p sampling from a distribution over the vocabulary; None for plain sampling."""
     if top_k is None and top_p is None:
