@@ -33,15 +33,24 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--attention-backend")
     parser.add_argument("--no-eager", action="store_true")
+    parser.add_argument(
+        "--single-process", action="store_true",
+        help="engine core in this process: every request is queued before the first step, so each "
+        "generate schedules the same steps (multi-process vLLM receives them one by one over ZMQ)",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
     scenario = Scenario(num_prompts=args.num_prompts, input_len=args.input_len, output_len=args.output_len)
-    llm = build_llm(args.model, scenario, attention_backend=args.attention_backend, eager=not args.no_eager)
+    llm = build_llm(
+        args.model, scenario, attention_backend=args.attention_backend, eager=not args.no_eager,
+        single_process=args.single_process,
+    )
     prompts, params = requests_for(llm, scenario)
     llm.generate(prompts, params, use_tqdm=False)  # warm-up: JIT, allocator
     times: dict[str, list[float]] = {m: [] for m in MODES}
     calls: dict[str, int] = {}
+    steps: dict[str, dict[str, int]] = {}
     generated = 0
     with tempfile.TemporaryDirectory() as tmp:
         for round_index in range(args.rounds):
@@ -57,8 +66,11 @@ def main() -> None:
                     llm.collective_rpc("fi_profile_stop", args=(tmp,))
                     part = json.loads(next((Path(tmp) / ".fi-profile" / "parts").glob("*.json")).read_text())
                     calls[mode] = sum(part["calls"].values())
+                    steps[mode] = part["steps"]
     import torch
     import vllm
+
+    import hooks.patching
 
     tokens_per_s = {m: generated / statistics.median(t) for m, t in times.items()}
     result = {
@@ -69,7 +81,9 @@ def main() -> None:
         "eager": not args.no_eager,
         "scenario": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "generated_tokens": generated,
+        "nvtx": hooks.patching._push is not None,
         "hooked_calls_per_generate": calls,
+        "steps_learned_replayed": steps,
         "seconds": times,
         "tokens_per_s": tokens_per_s,
         "loss_vs_off": {m: 1 - tokens_per_s[m] / tokens_per_s["off"] for m in ("count", "full")},

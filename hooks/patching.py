@@ -2,7 +2,8 @@
 
 A wrapper does nothing but call through while capture is off. While it is on, it turns the call's
 arguments into kernel calls (the adapter's ``to_calls``), records them, wraps the real call in an
-NVTX range named after the Definition, and returns the real result unchanged. A ``to_calls`` that
+NVTX range named after the Definition (when an NVTX tool listens), and returns the real result
+unchanged. A ``to_calls`` that
 raises is counted in the recorder's errors; the engine's call still runs. Calls nested inside an
 already-hooked call of the same op (``forward_cpu`` -> ``forward_native``) are not counted twice.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
@@ -18,12 +20,21 @@ from typing import Any, Callable, Optional, Sequence
 from profiler.capture.ops import KernelCall
 from profiler.capture.recorder import RECORDER
 
-try:
-    import nvtx
+def _nvtx_functions() -> tuple[Optional[Callable[[str], Any]], Optional[Callable[[], Any]]]:
+    """NVTX push/pop when a tool listens (Nsight Systems / Compute set ``NVTX_INJECTION64_PATH``),
+    or when ``FI_PROFILE_NVTX=1``; ``FI_PROFILE_NVTX=0`` turns them off. Without a tool NVTX ranges
+    go nowhere, and the Python calls would still cost about a microsecond per hooked call."""
+    wanted = os.environ.get("FI_PROFILE_NVTX")
+    if wanted == "0" or (wanted != "1" and not os.environ.get("NVTX_INJECTION64_PATH")):
+        return None, None
+    try:
+        import nvtx
+    except ImportError:  # pragma: no cover - nvtx is a dependency, but hooks must not need it
+        return None, None
+    return nvtx.push_range, nvtx.pop_range
 
-    _push, _pop = nvtx.push_range, nvtx.pop_range
-except ImportError:  # pragma: no cover - nvtx is a dependency, but hooks must not need it
-    _push = _pop = None
+
+_push, _pop = _nvtx_functions()
 
 try:
     from torch.compiler import is_compiling as _is_compiling
@@ -54,35 +65,32 @@ class HookPoint:
 def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls) -> Callable[..., Any]:
     @functools.wraps(fn)
     def hooked(*args: Any, **kwargs: Any) -> Any:
-        if not RECORDER.active or _is_compiling() or getattr(_depth, op, 0):
+        if not RECORDER.active or getattr(_depth, op, 0) or _is_compiling():
             return fn(*args, **kwargs)
         replay = RECORDER.replay
-        if replay is not None:  # a known step: count only
+        if replay is not None:  # a known step: count only (the hot path, kept to a few operations)
             index = RECORDER.replayed
             RECORDER.replayed = index + 1
-            return _call(fn, op, replay[index] if index < len(replay) else op, args, kwargs)
+            label = replay[index] if index < len(replay) else op
+        else:
+            try:
+                label = RECORDER.record(to_calls(*args, **kwargs), op)
+            except Exception as exc:  # a hook must never break the engine
+                RECORDER.error(op, exc)
+                label = RECORDER.record((), op)  # keeps the step's invocation count right
+        # the real call inside an NVTX range, marked so nested calls of the same op are not counted
+        setattr(_depth, op, 1)
+        if _push is not None:
+            _push(label)
         try:
-            label = RECORDER.record(to_calls(*args, **kwargs), op)
-        except Exception as exc:  # a hook must never break the engine
-            RECORDER.error(op, exc)
-            label = RECORDER.record((), op)  # keeps the step's invocation count right
-        return _call(fn, op, label, args, kwargs)
+            return fn(*args, **kwargs)
+        finally:
+            if _pop is not None:
+                _pop()
+            setattr(_depth, op, 0)
 
     hooked.__fi_profile_original__ = fn  # type: ignore[attr-defined]
     return hooked
-
-
-def _call(fn: Callable[..., Any], op: str, label: str, args: tuple, kwargs: dict) -> Any:
-    """The real call inside an NVTX range, marked so nested calls of the same op are not counted."""
-    setattr(_depth, op, 1)
-    if _push is not None:
-        _push(label)
-    try:
-        return fn(*args, **kwargs)
-    finally:
-        if _pop is not None:
-            _pop()
-        setattr(_depth, op, 0)
 
 
 def wrap_boundary(fn: Callable[..., Any], op: str, on_boundary: Callable[..., Any]) -> Callable[..., Any]:

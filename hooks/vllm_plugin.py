@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from hooks.patching import install
 from profiler.capture.recorder import RECORDER
@@ -33,8 +33,12 @@ class CaptureWorkerExtension:
 
     vllm_config: Any
 
-    def fi_profile_start(self, count_only: bool = False) -> dict[str, Any]:
+    def fi_profile_start(
+        self, count_only: bool = False, out_dir: Optional[str] = None, autosave_s: float = 10.0
+    ) -> dict[str, Any]:
+        """Start recording; with ``out_dir`` the part is also saved every ``autosave_s`` seconds."""
         cache = self.vllm_config.cache_config
+        RECORDER.autosave = (Path(out_dir), autosave_s) if out_dir is not None else None
         RECORDER.reset()
         RECORDER.count_only = count_only
         RECORDER.page_size = int(cache.block_size)
@@ -44,4 +48,5 @@ class CaptureWorkerExtension:
 
     def fi_profile_stop(self, out_dir: str) -> str:
         RECORDER.active = False
+        RECORDER.autosave = None
         return str(RECORDER.flush(Path(out_dir)))

@@ -55,6 +55,7 @@ def capture(
     single_process: Annotated[bool, typer.Option("--single-process", help="Engine core in this process.")] = False,
     attention_backend: Annotated[Optional[str], typer.Option(help="vLLM attention backend, e.g. TRITON_ATTN, FLASHINFER.")] = None,
     gpu_memory_utilization: Annotated[Optional[float], typer.Option(min=0.05, max=1.0)] = None,
+    save_every: Annotated[float, typer.Option(min=0.0, help="Seconds between saves of each engine process's part (kept if the engine dies).")] = 10.0,
 ) -> None:
     """Run MODEL in a real engine and record every kernel-level call it makes."""
     if ctx.invoked_subcommand is not None:
@@ -66,14 +67,20 @@ def capture(
         err.print("SGLang capture is not built yet; use --framework vllm")
         raise typer.Exit(code=2)
     from profiler.capture.report import print_summary
-    from profiler.capture.vllm_runner import Scenario, run_vllm
+    from profiler.capture.vllm_runner import EngineFailed, Scenario, run_vllm
 
     scenario = Scenario(num_prompts, input_len, output_len, batch_size, seed, temperature, top_k, top_p)
-    summary, _, run = run_vllm(
-        model, out_dir, scenario, load_format=load_format.value, dtype=dtype, tp=tp, eager=eager,
-        max_workloads=max_workloads, single_process=single_process, attention_backend=attention_backend,
-        gpu_memory_utilization=gpu_memory_utilization,
-    )
+    try:
+        summary, _, run = run_vllm(
+            model, out_dir, scenario, load_format=load_format.value, dtype=dtype, tp=tp, eager=eager,
+            max_workloads=max_workloads, single_process=single_process, attention_backend=attention_backend,
+            gpu_memory_utilization=gpu_memory_utilization, autosave_s=save_every,
+        )
+    except EngineFailed as failed:
+        if failed.summary is not None:
+            print_summary(out, failed.summary, failed.run, out_dir)
+        err.print(f"[red]{failed.run['incomplete']}[/red]" if failed.summary else f"[red]engine failed before any part was saved: {failed}[/red]")
+        raise typer.Exit(code=1)
     assert summary is not None
     print_summary(out, summary, run, out_dir)
 

@@ -167,3 +167,20 @@ def test_moe_layers_are_captured_as_one_fused_moe_call(tmp_path):
     generated = json.loads((mixtral["out_dir"] / f"definitions/moe/{moe}.json").read_text())
     assert "status:generated" in generated["tags"] and generated["axes"]["num_experts"]["value"] == 8
     assert all(len(t) == OUTPUT_LEN for t in mixtral["tokens"])
+
+
+def test_engine_killed_mid_run_leaves_the_saved_steps(tmp_path):
+    """The engine process is SIGKILLed once it has saved 3 steps (parts saved at every step
+    boundary here): the driver merges what was saved and says the record is incomplete."""
+    long_run = {**SCENARIO, "output_len": 400}
+    killed = capture(tmp_path, "killed", fault="kill-engine", single_process=False, autosave_s=0.0, scenario=long_run)
+    assert killed["tokens"] == [] and "engine failed mid-run" in killed["run"]["incomplete"]
+    record = killed["record"]
+    assert record["run"]["incomplete"] == killed["run"]["incomplete"]
+    c = counts(killed)
+    steps = c["embedding_v2048_h256"]
+    assert 3 <= steps < long_run["output_len"]  # whole steps only, and fewer than the run's
+    assert c["rmsnorm_h256"] == steps and c[QKV] == LAYERS * steps and c[LM_HEAD] == steps
+    assert sum(record["run"]["steps"].values()) == steps
+    report = validate_paths([killed["out_dir"]])
+    assert report.errors == []

@@ -27,9 +27,10 @@ def test_definitions_unknown_op_type():
     assert "no shipped definition has op type 'conv'" in result.output
 
 
-def test_shipped_set_covers_llama_31_8b():
+def test_shipped_set_covers_llama_31_8b_and_the_moe_templates():
     names = set(shipped_definitions())
     assert {
+        "moe_bf16_renorm_topk2_e8_h4096_i14336", "moe_bf16_softmax_topk8_e64_h2048_i1024",
         "rmsnorm_h4096", "fused_add_rmsnorm_h4096", "silu_and_mul_i14336",
         "rope_llama3_neox_style_h32_kv8_d128", "embedding_v128256_h4096",
         "gemm_n6144_k4096", "gemm_n4096_k4096", "gemm_n28672_k4096", "gemm_n4096_k14336", "gemm_n128256_k4096",

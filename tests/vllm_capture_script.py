@@ -1,29 +1,49 @@
 """Run one vLLM capture in a fresh process (vLLM keeps global state; on failure it may kill its
 parent). argv[1]: JSON of run_vllm arguments. Prints ``RESULT <json>`` as its last line.
 
-Test-only fault injection: FI_PROFILE_TEST_FAULT=<op function> makes that op-table function raise.
+Test-only fault injection: FI_PROFILE_TEST_FAULT=<op function> makes that op-table function raise;
+FI_PROFILE_TEST_FAULT=kill-engine SIGKILLs the engine process once its part has 3 steps saved.
 """
 
 import json
 import os
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
+
+
+def kill_engine_once_saved(out_dir: Path) -> None:
+    """Watch for an engine process's saved part (named after its pid) and kill that process."""
+    parts = out_dir / ".fi-profile" / "parts"
+    while True:
+        for part in parts.glob("*.json"):
+            if int(part.stem) != os.getpid() and sum(json.loads(part.read_text())["steps"].values()) >= 3:
+                os.kill(int(part.stem), signal.SIGKILL)
+                return
+        time.sleep(0.01)
 
 
 def main() -> None:
     args = json.loads(sys.argv[1])
     fault = os.environ.get("FI_PROFILE_TEST_FAULT")
-    if fault:
+    if fault == "kill-engine":
+        threading.Thread(target=kill_engine_once_saved, args=(Path(args["out_dir"]),), daemon=True).start()
+    elif fault:
         from profiler.capture import ops
 
         def broken(*_, **__):
             raise RuntimeError(f"injected fault in {fault}")
 
         setattr(ops, fault, broken)
-    from profiler.capture.vllm_runner import Scenario, run_vllm
+    from profiler.capture.vllm_runner import EngineFailed, Scenario, run_vllm
 
     scenario = Scenario(**args.pop("scenario"))
-    summary, tokens, run = run_vllm(args.pop("model"), Path(args.pop("out_dir")), scenario, **args)
+    try:
+        summary, tokens, run = run_vllm(args.pop("model"), Path(args.pop("out_dir")), scenario, **args)
+    except EngineFailed as failed:
+        summary, tokens, run = failed.summary, [], failed.run
     result = {"tokens": tokens, "run": run, "record": summary.record.model_dump(mode="json") if summary else None}
     print("RESULT " + json.dumps(result), flush=True)
 

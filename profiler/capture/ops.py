@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 
 from profiler.capture.definition_factory import definition_for
@@ -160,15 +161,20 @@ class PagedBatch:
 
 def step_shape(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, page_size: int) -> tuple:
     """What fixes a step's var axes: tokens, requests, and per part (decode, prefill) the request
-    count, query tokens and KV pages. From CPU tensors this needs no device sync."""
+    count, query tokens and KV pages. From CPU tensors (via numpy: this runs every step, and numpy
+    is several times cheaper than torch on a few dozen numbers) it needs no device sync."""
     n = len(seq_lens)
-    q_lens = query_start_loc[1 : n + 1] - query_start_loc[:n]
-    pages = (seq_lens.to(torch.int64) + page_size - 1) // page_size
+    qsl = query_start_loc.numpy()
+    q_lens = qsl[1 : n + 1] - qsl[:n]
+    pages = (seq_lens.numpy().astype(np.int64) + page_size - 1) // page_size
     decode = q_lens == 1
-    parts = tuple(
-        (int(chosen.sum()), int(q_lens[chosen].sum()), int(pages[chosen].sum())) for chosen in (decode, ~decode)
+    decodes = int(decode.sum())
+    decode_pages = int(pages[decode].sum())
+    parts = (
+        (decodes, decodes, decode_pages),
+        (n - decodes, int(qsl[n]) - int(qsl[0]) - decodes, int(pages.sum()) - decode_pages),
     )
-    return (int(query_start_loc[n]), n) + parts
+    return (int(qsl[n]), n) + parts
 
 
 def paged_batches(

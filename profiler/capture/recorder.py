@@ -11,7 +11,9 @@ list is added at the step's end. A replayed step whose hooked-call count differs
 one is reported in ``errors``. Without step boundaries every call is recorded in full. Nothing
 is recorded until the driver starts the model phase, so engine start-up (memory profiling,
 warm-up, graph capture) stays out of the record. ``flush`` writes this process's part file
-atomically; ``profiler.capture.output`` merges the parts of all processes.
+atomically; ``profiler.capture.output`` merges the parts of all processes. With ``autosave`` the
+part is also rewritten at a step boundary every few seconds, so an engine process that dies
+leaves its record up to its last whole saved step.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Hashable, Iterable, Optional
@@ -41,6 +44,8 @@ class Recorder:
         self.count_only = False  # count calls per Definition, keep no workloads
         self.page_size: Optional[int] = None
         self.num_pages: Optional[int] = None
+        #: (output folder, seconds between saves) while parts are saved during the run
+        self.autosave: Optional[tuple[Path, float]] = None
         self._lock = threading.Lock()
         self.reset()
 
@@ -60,9 +65,12 @@ class Recorder:
         self._learning: Optional[list[WorkloadKey]] = None
         self._learning_labels: list[str] = []
         self._signature: Hashable = None
+        self._next_save = time.monotonic() + (self.autosave[1] if self.autosave else 0.0)
+        self._saved_samples = 0  # samples already in the blob on disk (samples only grow)
 
     def begin_step(self, signature: Hashable) -> None:
         """A step boundary: end the current step and start one of ``signature``."""
+        snapshot = None
         with self._lock:
             nothing_yet = (self.replay is not None and self.replayed == 0) or (
                 self._learning is not None and not self._learning_labels
@@ -71,6 +79,8 @@ class Recorder:
                 signature = (self._signature, signature)
             else:
                 self._commit_step()
+                if self.autosave is not None and time.monotonic() >= self._next_save:
+                    snapshot = self._snapshot()  # whole steps only: the last one just ended
             self._signature = signature
             learned = self.steps.get(signature)
             self.replayed = 0
@@ -80,6 +90,10 @@ class Recorder:
             else:
                 self._replay_keys, self.replay = learned
                 self._learning = None
+        if snapshot is not None:
+            directory, interval = self.autosave
+            self._write(directory, *snapshot)
+            self._next_save = time.monotonic() + interval
 
     def _commit_step(self) -> None:
         if self.replay is not None:
@@ -129,41 +143,58 @@ class Recorder:
             self.errors[f"{where}: {type(exc).__name__}: {exc}"[:300]] += 1
 
     def flush(self, directory: Path) -> Path:
-        """Write this process's part (JSON + blobs) atomically; returns the part file."""
-        directory = Path(directory)
-        parts = directory / PARTS_DIR
-        parts.mkdir(parents=True, exist_ok=True)
-        pid = os.getpid()
+        """End the current step and write this process's part atomically; returns the part file."""
         with self._lock:
             self._commit_step()
-            blob_rel = Path(PARTS_DIR) / f"{pid}.safetensors"
-            blob_tensors: dict[str, torch.Tensor] = {}
-            workloads = []
-            for i, ((name, axes), count) in enumerate(self.workloads.items()):
-                sample = self.samples[(name, axes)]
-                keys = {}
+            snapshot = self._snapshot()
+        return self._write(Path(directory), *snapshot)
+
+    def _snapshot(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        """The part document and, when samples were added since the last save, the blob tensors.
+
+        Blob keys are the samples' insertion order, which never changes until a reset: the blob
+        is rewritten only when samples were added, always before the JSON that names its keys,
+        so a part file on disk never names a tensor its blob lacks. Called under the lock."""
+        sample_ids = {key: i for i, key in enumerate(self.samples)}
+        blob_tensors: dict[str, torch.Tensor] = {}
+        if len(self.samples) > self._saved_samples:
+            for i, sample in enumerate(self.samples.values()):
                 for tname, tensor in sample.tensors.items():
-                    key = f"w{i}.{tname}"
-                    blob_tensors[key] = tensor.contiguous()
-                    keys[tname] = key
-                workloads.append(
-                    {"definition": name, "axes": dict(axes), "count": count, "tensors": keys, "scalars": sample.scalars}
-                )
-            part = {
-                "pid": pid,
-                "calls": dict(self.calls),
-                "workloads": workloads,
-                "definitions": {n: d.to_dict() for n, d in self.definitions.items()},
-                "blob": str(blob_rel) if blob_tensors else None,
-                "errors": dict(self.errors),
-                "steps": dict(self.step_stats),
-            }
+                    blob_tensors[f"s{i}.{tname}"] = tensor.contiguous()
+        workloads = []
+        for key, count in self.workloads.items():
+            sample = self.samples[key]
+            workloads.append(
+                {
+                    "definition": key[0],
+                    "axes": dict(key[1]),
+                    "count": count,
+                    "tensors": {t: f"s{sample_ids[key]}.{t}" for t in sample.tensors},
+                    "scalars": sample.scalars,
+                }
+            )
+        part = {
+            "pid": os.getpid(),
+            "calls": dict(self.calls),
+            "workloads": workloads,
+            "definitions": {n: d.to_dict() for n, d in self.definitions.items()},
+            "blob": f"{PARTS_DIR}/{os.getpid()}.safetensors" if any(w["tensors"] for w in workloads) else None,
+            "errors": dict(self.errors),
+            "steps": dict(self.step_stats),
+        }
+        self._saved_samples = len(self.samples)
+        return part, blob_tensors
+
+    @staticmethod
+    def _write(directory: Path, part: dict, blob_tensors: dict[str, torch.Tensor]) -> Path:
+        parts = directory / PARTS_DIR
+        parts.mkdir(parents=True, exist_ok=True)
         if blob_tensors:
-            tmp_blob = directory / f"{blob_rel}.tmp"
-            save_file(blob_tensors, str(tmp_blob))
-            os.replace(tmp_blob, directory / blob_rel)
-        path = parts / f"{pid}.json"
-        tmp = parts / f"{pid}.json.tmp"
+            blob = directory / part["blob"]
+            save_file(blob_tensors, f"{blob}.tmp")
+            os.replace(f"{blob}.tmp", blob)
+        path = parts / f"{part['pid']}.json"
+        tmp = parts / f"{part['pid']}.json.tmp"
         tmp.write_text(json.dumps(part))
         os.replace(tmp, path)
         return path

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from profiler.capture.output import CaptureSummary, merge_parts
+from profiler.capture.recorder import PARTS_DIR
 
 TINY_MODEL = "fi-profile/tiny-llama"
 
@@ -118,6 +119,14 @@ def requests_for(llm: Any, scenario: Scenario) -> tuple[list[Any], Any]:
     return prompts, params
 
 
+class EngineFailed(RuntimeError):
+    """The engine failed mid-run; ``summary`` merges what its processes had saved."""
+
+    def __init__(self, message: str, summary: CaptureSummary | None, run: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.summary, self.run = summary, run
+
+
 def run_vllm(
     model: str,
     out_dir: Path,
@@ -125,14 +134,24 @@ def run_vllm(
     *,
     max_workloads: int = 32,
     capture: bool = True,
+    autosave_s: float = 10.0,
     **engine: Any,
 ) -> tuple[CaptureSummary | None, list[list[int]], dict[str, Any]]:
-    """Generate with capture on; returns the merged summary, the generated token ids and run info."""
+    """Generate with capture on; returns the merged summary, the generated token ids and run info.
+
+    Each engine process saves its part every ``autosave_s`` seconds; if the engine dies, the parts
+    saved so far are merged and :class:`EngineFailed` carries them."""
     llm = build_llm(model, scenario, capture=capture, **engine)
     prompts, params = requests_for(llm, scenario)
     clear_output(out_dir)
-    hooks = llm.collective_rpc("fi_profile_start") if capture else []
-    outputs = llm.generate(prompts, params, use_tqdm=False)
+    hooks = llm.collective_rpc("fi_profile_start", args=(False, str(out_dir), autosave_s)) if capture else []
+    try:
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        failure = None
+    except Exception as exc:  # the engine died (or raised): keep what was saved
+        if not capture:
+            raise
+        outputs, failure = [], f"{type(exc).__name__}: {exc}"
     import vllm
 
     eager = engine.get("eager", True)
@@ -149,12 +168,20 @@ def run_vllm(
         "hooks_missing": sorted({m for h in hooks for m in h["missing"]}),
     }
     summary = None
+    if failure is not None:
+        run["incomplete"] = f"engine failed mid-run ({failure[:500]}); the record holds the steps saved before"
+        summary = merge_parts(out_dir, model, "vLLM", max_workloads, run) if _has_parts(out_dir) else None
+        raise EngineFailed(failure, summary, run)
     if capture:
         llm.collective_rpc("fi_profile_stop", args=(str(out_dir),))
         summary = merge_parts(out_dir, model, "vLLM", max_workloads, run)
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
     del llm
     return summary, tokens, run
+
+
+def _has_parts(out_dir: Path) -> bool:
+    return any((out_dir / PARTS_DIR).glob("*.json"))
 
 
 def clear_output(out_dir: Path) -> None:
