@@ -87,6 +87,10 @@ def main() -> None:
         "seconds": times,
         "tokens_per_s": tokens_per_s,
         "loss_vs_off": {m: 1 - tokens_per_s[m] / tokens_per_s["off"] for m in ("count", "full")},
+        # each round's modes ran back to back: the median of per-round ratios cancels slow drift
+        "paired_loss_vs_off": {
+            m: statistics.median(1 - off / t for off, t in zip(times["off"], times[m])) for m in ("count", "full")
+        },
     }
     print(json.dumps(result, indent=1))
     if args.json:

@@ -52,7 +52,10 @@ def main() -> None:
     RECORDER.replay = RECORDER.replay * args.calls
     results["replayed"] = per_call_us(hooked, (x,), args.calls) - base
     RECORDER.active = False
-    print(f"{platform.processor() or platform.machine()}, python {platform.python_version()}, {args.calls} calls")
+    import hooks.patching
+
+    nvtx = "on" if hooks.patching._push is not None else "off (no NVTX tool attached; FI_PROFILE_NVTX=1 forces it)"
+    print(f"{platform.processor() or platform.machine()}, python {platform.python_version()}, {args.calls} calls, NVTX {nvtx}")
     for state, us in results.items():
         print(f"  {state:9s} +{us:.2f} us per call")
 

@@ -83,15 +83,19 @@ def _metadata_builder(self: Any, *args: Any, **kwargs: Any) -> None:
 
 def _batches_of(source: Any) -> tuple[Any, Any]:
     """The step's decode and prefill layouts, computed once per step and shared by all layers
-    (only in steps that are recorded call by call: replayed steps never ask)."""
+    (only in steps that are recorded call by call: replayed steps never ask). CPU copies of the
+    query starts and sequence lengths where the metadata has them: no device sync."""
     if _step["source"] is not source:
         query_start_loc = getattr(source, "query_start_loc_cpu", None)
         if query_start_loc is None:
             query_start_loc = source.query_start_loc
+        seq_lens = getattr(source, "_seq_lens_cpu", None)
+        if seq_lens is None:
+            seq_lens = source.seq_lens
         block_table = getattr(source, "block_table_tensor", None)
         if block_table is None:
             block_table = source.block_table
-        _step["batches"] = ops.paged_batches(query_start_loc, source.seq_lens, block_table, RECORDER.page_size)
+        _step["batches"] = ops.paged_batches(query_start_loc, seq_lens, block_table, RECORDER.page_size)
         _step["source"] = source
     return _step["batches"]
 

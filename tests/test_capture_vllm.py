@@ -184,3 +184,28 @@ def test_engine_killed_mid_run_leaves_the_saved_steps(tmp_path):
     assert sum(record["run"]["steps"].values()) == steps
     report = validate_paths([killed["out_dir"]])
     assert report.errors == []
+
+
+def test_tensor_parallel_ranks_each_record_their_shard(tmp_path):
+    """TP=2 on CPU: two worker processes, each recording its shard's shapes; counts add up."""
+    tp2 = capture(tmp_path, "tp2", tp=2)
+    run = tp2["record"]["run"]
+    assert run["processes"] == 2 and run["tensor_parallel"] == 2 and run["hook_errors"] == {}
+    c = counts(tp2)
+    steps = c["embedding_v1024_h256"] // 2  # each rank embeds its half of the vocabulary every step
+    assert c["embedding_v1024_h256"] == 2 * steps and c["rmsnorm_h256"] == 2 * steps
+    assert c["gemm_n256_k256"] == 2 * 2 * LAYERS * steps  # qkv ((4+2+2)/2 heads x 64) and down (512/2 in)
+    assert c["gemm_n256_k128"] == 2 * LAYERS * steps  # o: 2 heads x 64 in
+    assert c["gemm_n512_k256"] == 2 * LAYERS * steps and c["silu_and_mul_i256"] == 2 * LAYERS * steps
+    assert c["rope_llama3_neox_style_h2_kv1_d64"] == 2 * LAYERS * steps
+    assert c["gemm_n1024_k256"] == 2 * steps  # lm_head: half the vocabulary per rank
+    tokens = PROMPTS * INPUT_LEN + PROMPTS * (OUTPUT_LEN - 1)
+    assert token_total(tp2["out_dir"], "rmsnorm_h256", "batch_size") == 2 * tokens
+    assert all(len(t) == OUTPUT_LEN for t in tp2["tokens"])
+
+
+def test_cpu_thread_binding_splits_the_allowed_cores():
+    from profiler.capture.vllm_runner import cpu_thread_binding
+
+    binding = cpu_thread_binding(2).split("|")
+    assert len(binding) == 2 and all(binding)

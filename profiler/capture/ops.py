@@ -180,14 +180,18 @@ def step_shape(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, page_size:
 def paged_batches(
     query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, page_size: int
 ) -> tuple[Optional[PagedBatch], Optional[PagedBatch]]:
-    """Split a step into its decode requests (one query token) and its prefill requests."""
+    """Split a step into its decode requests (one query token) and its prefill requests.
+
+    ``query_start_loc`` and ``seq_lens`` should be the runner's CPU copies: everything but the page
+    ids is computed from them. The page ids are gathered where the block table lives and stay
+    there (on a GPU: no device sync; the recorder copies a sample to the host asynchronously)."""
     qsl = query_start_loc.detach().to("cpu", torch.int64)
     lens = seq_lens.detach().to("cpu", torch.int64)
-    table = block_table.detach().to("cpu", torch.int64)
     n = len(lens)
     q_lens = qsl[1 : n + 1] - qsl[:n]
     pages = (lens + page_size - 1) // page_size
     decode = q_lens == 1
+    zero = torch.zeros(1, dtype=torch.int64)
     parts = []
     for chosen in (decode, ~decode):
         idx = chosen.nonzero().flatten()
@@ -195,12 +199,15 @@ def paged_batches(
             parts.append(None)
             continue
         sel_pages = pages[idx]
-        kv_indices = torch.cat([table[i, : int(p)] for i, p in zip(idx.tolist(), sel_pages.tolist())])
-        zero = torch.zeros(1, dtype=torch.int64)
+        kv_indptr = torch.cat([zero, sel_pages.cumsum(0)])
+        rows = torch.repeat_interleave(idx, sel_pages)
+        cols = torch.arange(int(kv_indptr[-1])) - torch.repeat_interleave(kv_indptr[:-1], sel_pages)
+        device = block_table.device
+        kv_indices = block_table[rows.to(device, non_blocking=True), cols.to(device, non_blocking=True)]
         parts.append(
             PagedBatch(
                 qo_indptr=torch.cat([zero, q_lens[idx].cumsum(0)]).to(torch.int32),
-                kv_indptr=torch.cat([zero, sel_pages.cumsum(0)]).to(torch.int32),
+                kv_indptr=kv_indptr.to(torch.int32),
                 kv_indices=kv_indices.to(torch.int32),
                 kv_last_page_len=(lens[idx] - (sel_pages - 1) * page_size).to(torch.int32),
             )

@@ -132,7 +132,7 @@ class Recorder:
                     continue
                 self.workloads[key] += 1
                 if key not in self.samples:
-                    call.tensors = {k: v.detach().to("cpu").clone() for k, v in call.tensors.items()}
+                    call.tensors = {k: _host_copy(v) for k, v in call.tensors.items()}
                     self.samples[key] = call
             if self._learning is not None:
                 self._learning_labels.append(label)
@@ -150,6 +150,8 @@ class Recorder:
         return self._write(Path(directory), *snapshot)
 
     def _snapshot(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        if torch.cuda.is_initialized():  # samples copied to the host asynchronously have landed
+            torch.cuda.synchronize()
         """The part document and, when samples were added since the last save, the blob tensors.
 
         Blob keys are the samples' insertion order, which never changes until a reset: the blob
@@ -198,6 +200,16 @@ class Recorder:
         tmp.write_text(json.dumps(part))
         os.replace(tmp, path)
         return path
+
+
+def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A host copy that does not wait for the device: pinned memory, non-blocking (the recorder
+    synchronizes before it writes a part)."""
+    if tensor.device.type != "cuda":
+        return tensor.detach().clone()
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host.copy_(tensor.detach(), non_blocking=True)
+    return host
 
 
 RECORDER = Recorder()

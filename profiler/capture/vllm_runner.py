@@ -81,6 +81,8 @@ def build_llm(
         kwargs["kv_cache_memory_bytes"] = kv_cache_bytes or (256 << 20)
         if tp == 1:
             kwargs["distributed_executor_backend"] = "uni"
+        else:
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_thread_binding(tp))
     if attention_backend:
         kwargs["attention_backend"] = attention_backend
     if gpu_memory_utilization:
@@ -98,6 +100,15 @@ def build_llm(
         worker_extension_cls="hooks.vllm_plugin.CaptureWorkerExtension",
         **kwargs,
     )
+
+
+def cpu_thread_binding(workers: int) -> str:
+    """vLLM-CPU's ``VLLM_CPU_OMP_THREADS_BIND`` for ``workers`` ranks: the allowed cores split in
+    order (vLLM binds one NUMA node per rank by itself, and refuses when there are fewer nodes)."""
+    cores = sorted(os.sched_getaffinity(0))
+    share = max(1, len(cores) // workers)
+    groups = [cores[i * share : (i + 1) * share] or [cores[i % len(cores)]] for i in range(workers)]
+    return "|".join(f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in groups)
 
 
 def requests_for(llm: Any, scenario: Scenario) -> tuple[list[Any], Any]:
