@@ -138,5 +138,61 @@ def definitions(
     out.print(table)
 
 
+@app.command()
+def replay(
+    dataset_dir: Annotated[Path, typer.Argument(help="A capture output or a flashinfer-trace dataset folder.")],
+    solutions: Annotated[
+        list[str], typer.Option("--solutions", help="Solution JSON files or folders; 'baselines' adds the shipped ones.")
+    ] = ["baselines"],
+    results_dir: Annotated[Path, typer.Option("--out", help="Folder for results.jsonl.")] = Path("fi-profile-results"),
+    definition_names: Annotated[Optional[list[str]], typer.Option("--definitions", help="Only these Definitions.")] = None,
+    device: Annotated[Optional[str], typer.Option(help="cuda:N, or cpu (wall-clock timing). Default: cuda:0 if present.")] = None,
+    baseline: Annotated[str, typer.Option(help="Solution (name or label, e.g. torch) that 'x baseline' compares with.")] = "torch",
+    timeout: Annotated[float, typer.Option(min=1.0, help="Seconds per (workload, solution), build included.")] = 120.0,
+    max_workloads: Annotated[Optional[int], typer.Option(min=1, help="At most this many workloads per Definition (the most frequent).")] = None,
+    min_time: Annotated[float, typer.Option(min=0.0, help="Seconds of timed calls per pair.")] = 0.1,
+    cuda_graph: Annotated[bool, typer.Option("--cuda-graph", help="Time CUDA-graph replays of each call (labelled).")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Skip pairs already in results.jsonl.")] = False,
+) -> None:
+    """Benchmark candidate solutions against the references on the dataset's workloads."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from profiler.replay.dataset import DatasetError, load_dataset, load_solutions
+    from profiler.replay.projection import project
+    from profiler.replay.report import print_projection, print_results
+    from profiler.replay.runner import ReplayOptions
+    from profiler.replay.runner import replay as run_replay
+
+    with_baselines = "baselines" in solutions
+    try:
+        dataset = load_dataset(dataset_dir, definition_names)
+        given = load_solutions([Path(p) for p in solutions if p != "baselines"], dataset.definitions)
+    except DatasetError as exc:
+        err.print(str(exc), markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(code=1)
+    unknown = sorted({s.definition for s in given} - set(dataset.definitions))
+    if unknown:
+        err.print(f"{dataset_dir}: solutions name Definitions it does not have: {', '.join(unknown)}")
+        raise typer.Exit(code=1)
+    if max_workloads is not None:
+        dataset.workloads = {
+            name: sorted(ws, key=lambda w: -(w.count or 0))[:max_workloads] for name, ws in dataset.workloads.items()
+        }
+    options = ReplayOptions(timeout_s=timeout, min_time_s=min_time, cuda_graph=cuda_graph, baseline=baseline, resume=resume)
+    if device is not None:
+        options.device = device
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as bar:
+        task = bar.add_task("replay", total=None)
+        results = run_replay(
+            dataset, given, with_baselines, results_dir, options,
+            progress=lambda advance, what: bar.update(task, advance=advance, description=what[:60]),
+            plan=lambda total: bar.update(task, total=total),
+        )
+    print_results(out, results)
+    if dataset.record is not None:
+        print_projection(out, project(dataset.record, results, dataset.workloads, baseline), dataset.record.model)
+    out.print(f"results: {results_dir / 'results.jsonl'} ({len(results)} results, device {options.device})")
+
+
 def main() -> None:  # pragma: no cover - console entry
     app()

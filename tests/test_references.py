@@ -201,3 +201,14 @@ def test_moe_reference_against_dense_mixture(renormalize):
     )  # [T, E, H]
     expected = (gates.unsqueeze(-1) * expert_out).sum(1).to(torch.bfloat16)
     torch.testing.assert_close(out, expected, **BF16)
+
+
+def test_generated_silu_and_mul_keeps_its_constraint_and_computes_swiglu():
+    """A template check like ``assert gate_up_size == 2 * intermediate_size`` survives instantiation."""
+    from profiler.capture import ops
+
+    definition = ops.silu_and_mul(torch.zeros(3, 1024, dtype=torch.bfloat16)).definition
+    assert definition.name == "silu_and_mul_i512" and "== 2 * intermediate_size" in definition.reference
+    inputs = synthesize_inputs(definition, {"num_tokens": 3})
+    gate, up = inputs["input"].float().chunk(2, dim=-1)
+    torch.testing.assert_close(run_reference(definition, inputs)["output"], (F.silu(gate) * up).to(torch.bfloat16), **BF16)

@@ -96,7 +96,8 @@ def instantiate(
         if not isinstance(template.axes.get(axis), AxisConst):
             raise KeyError(f"{template.name} has no const axis {axis!r}")
         data["axes"][axis]["value"] = value
-        reference = re.sub(rf"(assert {re.escape(axis)} == )\d+", rf"\g<1>{value}", reference)
+        # only a check against a literal (``assert axis == 4096``), not ``assert axis == 2 * other``
+        reference = re.sub(rf"(assert {re.escape(axis)} == )\d+[ \t]*$", rf"\g<1>{value}", reference, flags=re.M)
         reference = re.sub(rf"^(\s*{re.escape(axis)} = )\d+", rf"\g<1>{value}", reference, flags=re.M)
     for constant, value in reference_constants.items():
         reference, n = re.subn(

@@ -1,0 +1,163 @@
+"""The shipped baseline Solutions for a Definition (``--solutions baselines``).
+
+A family's source (``profiler/replay/baselines/*.py``) fits a Definition when the Definition's
+inputs are parameters of its ``run`` and every parameter without a default is an input. Its
+``NAME = value`` constants are set from the Definition's reference (``EPS``, RoPE parameters) or
+const axes (``top_k``), so one source serves every shape of an op.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+from typing import Optional
+
+from profiler.schema.definition import Definition
+from profiler.schema.reference import entry_signature
+from profiler.schema.solution import Solution
+
+#: family source -> the reference constants and const axes it takes from the Definition
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "rmsnorm": ("EPS",),
+    "silu_and_mul": (),
+    "gemm": (),
+    "embedding": (),
+    "rope": ("ROPE_THETA", "FACTOR", "LOW_FREQ_FACTOR", "HIGH_FREQ_FACTOR", "ORIGINAL_MAX_POSITION"),
+    "paged_attention": (),
+    "ragged_attention": (),
+    "sampling": (),
+    "moe": ("top_k", "RENORMALIZE"),
+}
+#: op types a family may serve (input names alone would let a GEMM family take any (A, B) op)
+OP_TYPES: dict[str, tuple[str, ...]] = {
+    "rmsnorm": ("rmsnorm",),
+    "silu_and_mul": ("activation",),
+    "gemm": ("gemm",),
+    "embedding": ("embedding",),
+    "rope": ("rope",),
+    "paged_attention": ("gqa_paged",),
+    "ragged_attention": ("gqa_ragged",),
+    "sampling": ("sampling",),
+    "moe": ("moe",),
+}
+
+
+def family_source(family: str) -> str:
+    return (resources.files("profiler.replay.baselines") / f"{family}.py").read_text()
+
+
+def _fits(definition: Definition, source: str) -> bool:
+    signature = entry_signature(source, "run")
+    return set(signature.required) <= set(definition.inputs) <= set(signature.params)
+
+
+def _constant(definition: Definition, name: str) -> Optional[str]:
+    if name in definition.const_axes:
+        return repr(definition.const_axes[name])
+    found = re.search(rf"^\s*{re.escape(name)} = (\S+)", definition.reference, flags=re.M)
+    return found.group(1) if found else None
+
+
+def torch_source(definition: Definition) -> Optional[str]:
+    """The family source fitted to ``definition``, or None when no family fits."""
+    for family, constants in FAMILIES.items():
+        if definition.op_type not in OP_TYPES[family]:
+            continue
+        source = family_source(family)
+        if not _fits(definition, source):
+            continue
+        for name in constants:
+            value = _constant(definition, name)
+            if value is None:
+                break  # the family's defaults would be a different op: not this family
+            source = re.sub(rf"^{re.escape(name)} = .*$", f"{name} = {value}", source, count=1, flags=re.M)
+        else:
+            return source
+    return None
+
+
+def baseline_solutions(definition: Definition) -> list[Solution]:
+    source = torch_source(definition)
+    solutions = []
+    if source is not None:
+        for language in ("python", "torch_compile"):
+            label = "torch" if language == "python" else "torch_compile"
+            solutions.append(_solution(definition, label, language, source, "PyTorch baseline shipped with fi-profile"))
+    solutions += native_solutions(definition)
+    return solutions
+
+
+def _solution(definition: Definition, label: str, language: str, source: str, description: str) -> Solution:
+    return Solution.model_validate(
+        {
+            "name": f"{definition.name}__{label}",
+            "definition": definition.name,
+            "description": description,
+            "author": "fi-profile",
+            "spec": {"language": language, "target_hardware": [], "entry_point": "main.py::run"},
+            "sources": [{"path": "main.py", "content": source}],
+        }
+    )
+
+
+_NATIVE: dict[str, dict[str, str]] = {
+    # the kernels vLLM calls (torch.ops._C), destination-passing underneath
+    "vllm": {
+        "rmsnorm": (
+            "import torch\nimport vllm._custom_ops  # registers torch.ops._C\n\nEPS = {EPS}\n\n\n"
+            "def run(hidden_states, weight):\n    out = torch.empty_like(hidden_states)\n"
+            "    torch.ops._C.rms_norm(out, hidden_states, weight, EPS)\n    return out\n"
+        ),
+        "fused_add_rmsnorm": (
+            "import torch\nimport vllm._custom_ops  # registers torch.ops._C\n\nEPS = {EPS}\n\n\n"
+            "def run(hidden_states, residual, weight):\n    # in place on both: work on copies (the copy is timed too)\n"
+            "    x, r = hidden_states.clone(), residual.clone()\n"
+            "    torch.ops._C.fused_add_rms_norm(x, r, weight, EPS)\n    return x\n"
+        ),
+        "silu_and_mul": (
+            "import torch\nimport vllm._custom_ops  # registers torch.ops._C\n\n\n"
+            "def run(input):\n    out = torch.empty(input.shape[:-1] + (input.shape[-1] // 2,), dtype=input.dtype, device=input.device)\n"
+            "    torch.ops._C.silu_and_mul(out, input)\n    return out\n"
+        ),
+    },
+    "flashinfer": {
+        "rmsnorm": (
+            "import flashinfer\n\nEPS = {EPS}\n\n\ndef run(hidden_states, weight):\n"
+            "    return flashinfer.norm.rmsnorm(hidden_states, weight, eps=EPS)\n"
+        ),
+        "fused_add_rmsnorm": (
+            "import flashinfer\n\nEPS = {EPS}\n\n\ndef run(hidden_states, residual, weight):\n"
+            "    # in place on both: work on copies (the copy is timed too)\n"
+            "    x, r = hidden_states.clone(), residual.clone()\n"
+            "    flashinfer.norm.fused_add_rmsnorm(x, r, weight, eps=EPS)\n    return x\n"
+        ),
+        "silu_and_mul": "import flashinfer\n\n\ndef run(input):\n    return flashinfer.activation.silu_and_mul(input)\n",
+    },
+}
+
+
+def _native_kind(definition: Definition) -> Optional[str]:
+    if definition.op_type == "rmsnorm":
+        return "fused_add_rmsnorm" if "residual" in definition.inputs else "rmsnorm"
+    if definition.op_type == "activation" and definition.name.startswith("silu_and_mul"):
+        return "silu_and_mul"
+    return None
+
+
+def native_solutions(definition: Definition) -> list[Solution]:
+    """vLLM / FlashInfer kernels for this Definition, when the library imports here (CUDA only)."""
+    import importlib.util
+
+    import torch
+
+    kind = _native_kind(definition)
+    if kind is None or not torch.cuda.is_available():
+        return []
+    found = []
+    for library, sources in _NATIVE.items():
+        if kind not in sources or importlib.util.find_spec(library) is None:
+            continue
+        eps = _constant(definition, "EPS")
+        source = sources[kind].replace("{EPS}", eps or "1e-6")
+        found.append(_solution(definition, library, "python", source, f"{library}'s kernel, as the engine calls it"))
+    return found

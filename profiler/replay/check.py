@@ -1,0 +1,79 @@
+"""Correctness of one output against the reference: allclose per dtype, exact for integers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+#: output dtype -> (atol, rtol, fraction of elements that must match)
+TOLERANCES: dict[torch.dtype, tuple[float, float, float]] = {
+    torch.float32: (1e-4, 1e-4, 1.0),
+    torch.float64: (1e-4, 1e-4, 1.0),
+    torch.float16: (1e-2, 1e-2, 1.0),
+    torch.bfloat16: (1e-2, 1.6e-2, 1.0),
+    torch.float8_e4m3fn: (1e-1, 1e-1, 0.95),
+    torch.float8_e5m2: (1e-1, 1e-1, 0.95),
+}
+
+
+@dataclass
+class Diff:
+    max_abs: float
+    max_rel: float
+    mismatched: int
+    total: int
+    atol: float
+    rtol: float
+    required_match: float
+
+    @property
+    def ratio(self) -> float:
+        return self.mismatched / self.total if self.total else 0.0
+
+    @property
+    def ok(self) -> bool:
+        return 1.0 - self.ratio >= self.required_match - 1e-12
+
+    def merge(self, other: "Diff") -> "Diff":
+        return Diff(
+            max(self.max_abs, other.max_abs),
+            max(self.max_rel, other.max_rel),
+            self.mismatched + other.mismatched,
+            self.total + other.total,
+            self.atol,
+            self.rtol,
+            self.required_match,
+        )
+
+
+def compare(out: torch.Tensor, ref: torch.Tensor) -> Diff:
+    """Element-wise |out - ref| <= atol + rtol |ref|; NaN never matches, equal infinities do."""
+    atol, rtol, required = TOLERANCES.get(ref.dtype, (0.0, 0.0, 1.0))
+    if not ref.dtype.is_floating_point:
+        mismatch = out.to(ref.device) != ref
+        diff = (out.to(ref.device).double() - ref.double()).abs()
+        return Diff(float(diff.max()) if diff.numel() else 0.0, 0.0, int(mismatch.sum()), ref.numel(), 0.0, 0.0, 1.0)
+    o, r = out.to(ref.device).double(), ref.double()
+    same = (o == r) | (torch.isnan(o) & torch.isnan(r))  # equal infinities, NaN where the reference has NaN
+    abs_diff = torch.where(same, torch.zeros_like(o), (o - r).abs())
+    abs_diff = torch.nan_to_num(abs_diff, nan=float("inf"))
+    rel_diff = abs_diff / r.abs().clamp_min(1e-12)
+    mismatch = abs_diff > atol + rtol * r.abs().nan_to_num(posinf=0.0, neginf=0.0)
+    finite = torch.isfinite(abs_diff)
+    max_abs = float(abs_diff.max()) if abs_diff.numel() else 0.0
+    max_rel = float(torch.where(finite, rel_diff, torch.zeros_like(rel_diff)).max()) if rel_diff.numel() else 0.0
+    if not bool(finite.all()):
+        max_rel = float("inf")
+    return Diff(max_abs, max_rel, int(mismatch.sum()), ref.numel(), atol, rtol, required)
+
+
+def distribution_distance(samples: torch.Tensor, reference: torch.Tensor) -> float:
+    """Mean over rows of the total-variation distance between two sets of draws ([draws, rows])."""
+    distances = []
+    for row in range(samples.shape[1]):
+        values = torch.cat([samples[:, row], reference[:, row]]).unique()
+        ours = torch.bincount(torch.searchsorted(values, samples[:, row].contiguous()), minlength=len(values)).double()
+        theirs = torch.bincount(torch.searchsorted(values, reference[:, row].contiguous()), minlength=len(values)).double()
+        distances.append(0.5 * float((ours / ours.sum() - theirs / theirs.sum()).abs().sum()))
+    return sum(distances) / len(distances) if distances else 0.0

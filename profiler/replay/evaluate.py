@@ -1,0 +1,278 @@
+"""One (workload × solution) evaluation, run inside a worker process: build, check on several
+draws of the inputs, time, re-check the last timed output.
+
+The reference itself is evaluated the same way (``solution=None``): its time is what speedups
+are measured against.
+"""
+
+from __future__ import annotations
+
+import math
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+from profiler.entry_points import load_function, outputs_by_name
+from profiler.replay.build import BuildError, Built, build, content_hash
+from profiler.replay.check import Diff, compare, distribution_distance
+from profiler.replay.timing import measure
+from profiler.schema.definition import Definition
+from profiler.schema.solution import Solution
+from profiler.schema.workload import Workload
+from profiler.workload_inputs import workload_inputs
+
+SAMPLING_DRAWS = 256
+SAMPLING_MAX_DISTANCE = 0.5  # coarse: two sets of 256 draws over up to 64 tokens differ by ~0.3
+
+
+@dataclass
+class Task:
+    definition: dict
+    workload: dict
+    root: str
+    solution: Optional[dict]  # None: the Definition's reference
+    device: str = "cpu"
+    draws: int = 3
+    min_time_s: float = 0.1
+    cuda_graph: bool = False
+
+
+@dataclass
+class Outcome:
+    status: str
+    compiled: bool = True
+    error: Optional[str] = None
+    check: Optional[dict] = None
+    timing: Optional[dict] = None
+    #: the worker's CUDA context may be broken: start a fresh worker
+    restart: bool = False
+
+
+class Failed(Exception):
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+_BUILT: dict[str, Built] = {}
+_INPUTS: dict[tuple[str, int], tuple[dict[str, Any], dict[str, Any]]] = {}
+
+
+def evaluate(task: Task) -> Outcome:
+    definition = Definition.model_validate(task.definition)
+    workload = Workload.model_validate(task.workload)
+    device = torch.device(task.device)
+    try:
+        run, destination_passing = _entry(definition, task)
+    except BuildError as exc:
+        return Outcome("compile_error", compiled=False, error=str(exc))
+    try:
+        draws = [_inputs(definition, workload, Path(task.root), device, seed) for seed in range(task.draws)]
+        if definition.op_type == "sampling":
+            check = _check_distribution(definition, run, destination_passing, draws[0], device)
+        else:
+            check = _check_draws(definition, run, destination_passing, draws)
+        inputs, reference = draws[0]
+        call, prepare = _bound(definition, run, destination_passing, inputs, reference, device)
+        measured = measure(call, prepare, device, min_time_s=task.min_time_s, cuda_graph=task.cuda_graph)
+        if definition.op_type != "sampling":
+            last = _named(definition, measured.last_output, destination_passing)
+            diff = _diff_all(definition, last, reference)
+            if not diff.ok:
+                raise Failed(
+                    "stale_output",
+                    f"the last timed call's output differs from the reference (mismatch {diff.ratio:.1%}): "
+                    "work escaped the timed region (a side stream?) or an output was reused",
+                )
+        return Outcome("passed", check=check, timing=measured.stats())
+    except Failed as exc:
+        return Outcome(exc.status, error=str(exc), check=getattr(exc, "check", None))
+    except Exception as exc:  # the solution raised: a runtime error, maybe a broken CUDA context
+        return Outcome("runtime_error", error=_tail(exc), restart=_cuda_broken(device))
+
+
+def _entry(definition: Definition, task: Task) -> tuple[Callable[..., Any], bool]:
+    if task.solution is None:
+        fn = load_function(definition.reference, "run", label=definition.name)
+        return (lambda **kw: fn(**kw)), False
+    solution = Solution.model_validate(task.solution)
+    key = content_hash(solution)
+    if key not in _BUILT:
+        _BUILT[key] = build(solution)
+    built = _BUILT[key]
+    destination_passing = (
+        solution.is_destination_passing(list(definition.inputs), list(definition.outputs))
+        if solution.spec.language.entry_is_python
+        else bool(solution.spec.destination_passing)
+    )
+    if built.by_name:
+        return built.fn, destination_passing
+    order = list(definition.inputs) + (list(definition.outputs) if destination_passing else [])
+    return (lambda **kw: built.fn(*(kw[n] for n in order))), destination_passing
+
+
+def _inputs(definition: Definition, workload: Workload, root: Path, device: torch.device, seed: int):
+    """Inputs of one draw (captured index tensors kept, float data drawn with ``seed``) and the
+    reference's outputs on them; cached for the worker's current workload."""
+    key = (f"{definition.name}/{workload.uuid}/{device}", seed)
+    if key not in _INPUTS:
+        if len(_INPUTS) >= 8:
+            _INPUTS.clear()
+        inputs = workload_inputs(definition, workload, root, device=device, seed=seed)
+        reference = outputs_by_name(definition, load_function(definition.reference, "run", label=definition.name)(**inputs))
+        _INPUTS[key] = (inputs, reference)
+    return _INPUTS[key]
+
+
+def _outputs(definition: Definition, device: torch.device, like: dict[str, Any]) -> dict[str, torch.Tensor]:
+    return {name: torch.empty_like(like[name], device=device) for name in definition.outputs}
+
+
+def _poison(outputs: dict[str, torch.Tensor]) -> None:
+    for tensor in outputs.values():
+        if tensor.dtype.is_floating_point:
+            tensor.fill_(float("nan"))
+        else:
+            tensor.fill_(-1 if tensor.dtype.is_signed else 0)
+
+
+def _bound(definition, run, destination_passing, inputs, reference, device):
+    """A zero-argument call on these inputs, and its untimed preparation (poisoned outputs)."""
+    if not destination_passing:
+        return (lambda: run(**inputs)), (lambda: None)
+    outputs = _outputs(definition, device, reference)
+
+    def call():
+        run(**inputs, **outputs)
+        return outputs
+
+    return call, (lambda: _poison(outputs))
+
+
+def _named(definition: Definition, result: Any, destination_passing: bool) -> dict[str, Any]:
+    if destination_passing:
+        return result
+    return outputs_by_name(definition, result)
+
+
+def _check_draws(definition, run, destination_passing, draws) -> dict:
+    total: Optional[Diff] = None
+    previous: Optional[tuple[dict, dict]] = None
+    for inputs, reference in draws:
+        before = {n: v.clone() for n, v in inputs.items() if isinstance(v, torch.Tensor)}
+        call, prepare = _bound(definition, run, destination_passing, inputs, reference, _device_of(inputs))
+        prepare()
+        try:
+            result = call()
+        except Exception as exc:
+            raise Failed("runtime_error", _tail(exc)) from None
+        try:
+            outputs = _named(definition, result, destination_passing)
+        except ValueError as exc:
+            raise Failed("incorrect_shape", f"outputs: {exc}") from None
+        changed = [n for n, v in before.items() if not torch.equal(v, inputs[n])]
+        if changed:
+            raise Failed("mutates_input", f"inputs changed by the call: {', '.join(changed)}")
+        for name, ref in reference.items():
+            out = outputs[name]
+            if not isinstance(out, torch.Tensor):
+                raise Failed("incorrect_shape", f"{name}: returned {type(out).__name__}, not a tensor")
+            if tuple(out.shape) != tuple(ref.shape):
+                raise Failed("incorrect_shape", f"{name}: shape {tuple(out.shape)}, expected {tuple(ref.shape)}")
+            if out.dtype != ref.dtype:
+                raise Failed("incorrect_dtype", f"{name}: dtype {out.dtype}, expected {ref.dtype}")
+        if previous is not None and not _same(previous[1], reference) and _same(previous[0], outputs):
+            raise Failed("stale_output", "a fresh input gave the same output as the previous one (cached?)")
+        diff = _diff_all(definition, outputs, reference)
+        total = diff if total is None else total.merge(diff)
+        if not diff.ok:
+            failed = Failed(
+                "incorrect_numerical",
+                f"{diff.mismatched} of {diff.total} elements off (max abs {diff.max_abs:.3g}, max rel {diff.max_rel:.3g}; "
+                f"atol {diff.atol}, rtol {diff.rtol})",
+            )
+            failed.check = _check_dict(total, len(draws))  # type: ignore[attr-defined]
+            raise failed
+        previous = ({n: o.clone() for n, o in outputs.items()}, reference)
+    assert total is not None
+    return _check_dict(total, len(draws))
+
+
+def _device_of(inputs: dict[str, Any]) -> torch.device:
+    return next(v.device for v in inputs.values() if isinstance(v, torch.Tensor))
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return all(torch.equal(a[n], b[n]) for n in a)
+
+
+def _diff_all(definition: Definition, outputs: dict[str, Any], reference: dict[str, Any]) -> Diff:
+    total: Optional[Diff] = None
+    for name, ref in reference.items():
+        diff = compare(outputs[name], ref)
+        total = diff if total is None else total.merge(diff)
+    assert total is not None
+    return total
+
+
+def _check_dict(diff: Diff, draws: int) -> dict:
+    return {
+        "max_abs_diff": diff.max_abs if math.isfinite(diff.max_abs) else 1e308,
+        "max_rel_diff": diff.max_rel if math.isfinite(diff.max_rel) else 1e308,
+        "mismatch_ratio": diff.ratio,
+        "atol": diff.atol,
+        "rtol": diff.rtol,
+        "draws": draws,
+        "method": "allclose" if diff.atol or diff.rtol else "exact",
+    }
+
+
+def _check_distribution(definition, run, destination_passing, draw, device) -> dict:
+    """Sampling: the solution's draws and the reference's, over the same probabilities, must
+    have close empirical distributions (mean total-variation distance over rows)."""
+    inputs, reference = draw
+    name = next(iter(definition.outputs))
+    reference_fn = load_function(definition.reference, "run", label=definition.name)
+    call, prepare = _bound(definition, run, destination_passing, inputs, reference, device)
+    ours, theirs = [], []
+    for _ in range(SAMPLING_DRAWS):
+        prepare()
+        out = _named(definition, call(), destination_passing)[name]
+        if tuple(out.shape) != tuple(reference[name].shape):
+            raise Failed("incorrect_shape", f"{name}: shape {tuple(out.shape)}, expected {tuple(reference[name].shape)}")
+        if out.dtype != reference[name].dtype:
+            raise Failed("incorrect_dtype", f"{name}: dtype {out.dtype}, expected {reference[name].dtype}")
+        ours.append(out.clone())
+        theirs.append(outputs_by_name(definition, reference_fn(**inputs))[name])
+    distance = distribution_distance(torch.stack(ours).cpu(), torch.stack(theirs).cpu())
+    check = {
+        "max_abs_diff": distance,
+        "max_rel_diff": distance,
+        "mismatch_ratio": min(1.0, distance),
+        "atol": SAMPLING_MAX_DISTANCE,
+        "rtol": 0.0,
+        "draws": SAMPLING_DRAWS,
+        "method": "distribution",
+    }
+    if distance > SAMPLING_MAX_DISTANCE:
+        failed = Failed("incorrect_numerical", f"sampled distribution off: total variation {distance:.3f}")
+        failed.check = check  # type: ignore[attr-defined]
+        raise failed
+    return check
+
+
+def _cuda_broken(device: torch.device) -> bool:
+    if device.type != "cuda":
+        return False
+    try:
+        torch.cuda.synchronize(device)
+        return False
+    except Exception:
+        return True
+
+
+def _tail(exc: BaseException, limit: int = 3000) -> str:
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-limit:]

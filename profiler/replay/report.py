@@ -1,0 +1,68 @@
+"""Rich tables of a replay: per Definition, and the model-level projection."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+from rich.console import Console
+from rich.table import Table
+
+from profiler.replay.projection import KernelProjection
+from profiler.replay.runner import REFERENCE, label_of
+from profiler.schema import BenchmarkResult
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def print_results(console: Console, results: list[BenchmarkResult]) -> None:
+    by_definition: dict[str, list[BenchmarkResult]] = defaultdict(list)
+    for r in results:
+        by_definition[r.kernel_id].append(r)
+    device = results[0].device.name if results else "?"
+    for name, rows in by_definition.items():
+        table = Table(title=f"{name} on {device}")
+        for column in ("solution", "passed", "median ms", "× reference", "× baseline", "failures"):
+            table.add_column(column, justify="left" if column in ("solution", "failures") else "right")
+        by_source: dict[str, list[BenchmarkResult]] = defaultdict(list)
+        for r in rows:
+            by_source[r.source].append(r)
+        for source, rs in by_source.items():
+            passed = [r for r in rs if r.time is not None]
+            failures = sorted({r.status.value for r in rs if r.time is None and r.status is not None})
+            table.add_row(
+                label_of(source),
+                f"{len(passed)}/{len(rs)}",
+                f"{sorted(r.time for r in passed)[len(passed) // 2]:.4f}" if passed else "-",
+                f"{_geomean([r.speedup for r in passed if r.speedup]):.2f}" if passed and source != REFERENCE else "",
+                f"{_geomean([r.baseline_speedup for r in passed if r.baseline_speedup]):.2f}"
+                if any(r.baseline_speedup for r in passed)
+                else "",
+                ", ".join(failures),
+            )
+        console.print(table)
+
+
+def print_projection(console: Console, rows: list[KernelProjection], model: str) -> None:
+    table = Table(title=f"{model}: kernel time per the captured calls (ms)")
+    for column in ("kernel", "calls", "baseline", "baseline total", "best", "best total", "saved"):
+        table.add_column(column, justify="left" if column in ("kernel", "baseline", "best") else "right")
+    for row in rows:
+        table.add_row(
+            row.kernel,
+            str(row.count),
+            label_of(row.baseline) if row.baseline else "-",
+            f"{row.count * row.baseline_ms:.3f}" if row.baseline_ms is not None else "-",
+            label_of(row.best) if row.best else "-",
+            f"{row.count * row.best_ms:.3f}" if row.best_ms is not None else "-",
+            f"{row.saved_ms:.3f}",
+        )
+    base_total = sum(r.count * r.baseline_ms for r in rows if r.baseline_ms is not None)
+    saved = sum(r.saved_ms for r in rows)
+    console.print(table)
+    console.print(
+        f"model kernel time: baseline {base_total:.3f} ms, best {base_total - saved:.3f} ms, "
+        f"saved {saved:.3f} ms ({100 * saved / base_total if base_total else 0:.1f}%)"
+    )

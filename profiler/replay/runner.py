@@ -1,0 +1,190 @@
+"""Replay every (workload × solution) of a dataset and write one Benchmark Result per pair.
+
+Per workload the reference runs first (its time is what ``speedup`` divides), then each solution;
+each in the worker, with a timeout. Results are appended to ``results.jsonl`` as each workload
+finishes, so ``resume`` skips what is already there.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+import torch
+
+from profiler.replay.baseline_solutions import baseline_solutions
+from profiler.replay.dataset import Dataset
+from profiler.replay.evaluate import Outcome, Task
+from profiler.replay.worker import Worker
+from profiler.schema import BenchmarkResult, Definition, Solution, Workload
+from profiler.schema.benchmark_result import Device
+
+REFERENCE = "reference"
+LIBRARIES = ("torch", "triton", "vllm", "flashinfer-python", "sglang")
+
+
+@dataclass
+class ReplayOptions:
+    device: str = "cuda:0" if torch.cuda.is_available() else "cpu"
+    timeout_s: float = 120.0
+    draws: int = 3
+    min_time_s: float = 0.1
+    cuda_graph: bool = False
+    baseline: Optional[str] = "torch"  # solution label (after "__") or name to compare against
+    resume: bool = False
+
+
+def device_info(device: str) -> Device:
+    if not device.startswith("cuda"):
+        return Device(name="cpu")
+    index = torch.device(device).index or 0
+    clock = None
+    try:
+        clock = int(torch.cuda.clock_rate(index))
+    except Exception:  # needs pynvml; the clock is informative only
+        pass
+    return Device(name=torch.cuda.get_device_name(index), sm_clock_mhz=clock)
+
+
+def library_versions() -> dict[str, str]:
+    found = {}
+    for name in LIBRARIES:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def solutions_for(definition: Definition, given: list[Solution], with_baselines: bool) -> list[Solution]:
+    chosen = [s for s in given if s.definition == definition.name]
+    return chosen + (baseline_solutions(definition) if with_baselines else [])
+
+
+def label_of(solution_name: str) -> str:
+    """``rmsnorm_h4096__torch`` -> ``torch``; other names as they are."""
+    return solution_name.rsplit("__", 1)[-1]
+
+
+def read_results(path: Path) -> list[BenchmarkResult]:
+    if not path.is_file():
+        return []
+    return [BenchmarkResult.model_validate_json(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def replay(
+    dataset: Dataset,
+    solutions: list[Solution],
+    with_baselines: bool,
+    out_dir: Path,
+    options: ReplayOptions,
+    progress: Callable[[int, str], None] = lambda advance, what: None,
+    plan: Callable[[int], None] = lambda total: None,
+) -> list[BenchmarkResult]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results_path = out_dir / "results.jsonl"
+    previous = read_results(results_path) if options.resume else []
+    if not options.resume:
+        results_path.write_text("")
+    done = {(r.kernel_id, r.workload, r.source): r.model_dump(mode="json", exclude_none=True) for r in previous}
+    work = [
+        (definition, workload, [None, *solutions_for(definition, solutions, with_baselines)])
+        for definition in dataset.definitions.values()
+        for workload in dataset.workloads.get(definition.name, [])
+    ]
+    plan(sum(len(candidates) for _, _, candidates in work))
+    device, libs = device_info(options.device), library_versions()
+    worker = Worker()
+    results = list(previous)
+    try:
+        for definition, workload, candidates in work:
+            fresh: list[dict] = []
+            by_source = {s: r for (k, w, s), r in done.items() if k == definition.name and w == workload.uuid}
+            for solution in candidates:
+                source = REFERENCE if solution is None else solution.name
+                if source in by_source:
+                    progress(1, source)
+                    continue
+                task = Task(
+                    definition=definition.to_dict(),
+                    workload=workload.model_dump(mode="json", exclude_none=True),
+                    root=str(dataset.root),
+                    solution=None if solution is None else solution.model_dump(mode="json", exclude_none=True),
+                    device=options.device,
+                    draws=options.draws,
+                    min_time_s=options.min_time_s,
+                    cuda_graph=options.cuda_graph,
+                )
+                outcome = worker.run(task, options.timeout_s)
+                result = _result(definition, workload, solution, outcome, device, libs)
+                by_source[source] = result
+                fresh.append(result)
+                progress(1, source)
+            _speedups(fresh, by_source, options.baseline)
+            validated = [BenchmarkResult.model_validate(r) for r in fresh]
+            with results_path.open("a") as f:
+                for result in validated:
+                    f.write(result.model_dump_json(exclude_none=True) + "\n")
+            results += validated
+    finally:
+        worker.close()
+    return results
+
+
+def _result(
+    definition: Definition,
+    workload: Workload,
+    solution: Optional[Solution],
+    outcome: Outcome,
+    device: Device,
+    libs: dict[str, str],
+) -> dict:
+    """The Benchmark Result's fields; ``speedup`` is filled once the workload's reference ran."""
+    passed = outcome.status == "passed"
+    fields = {
+        "device": device.model_dump(exclude_none=True),
+        "kernel_id": definition.name,
+        "source": REFERENCE if solution is None else solution.name,
+        "compiled": outcome.compiled,
+        "compile_error": outcome.error if not outcome.compiled else None,
+        "time": outcome.timing["median_ms"] if passed and outcome.timing else None,
+        "max_diff": outcome.check["max_abs_diff"] if outcome.check else None,
+        "workload": workload.uuid,
+        "definition_op_type": definition.op_type,
+        "status": outcome.status,
+        "error": outcome.error if outcome.compiled else None,
+        "check": outcome.check,
+        "timing": outcome.timing,
+        "libs": libs,
+        "language": "reference" if solution is None else solution.spec.language.value,
+    }
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def _speedups(fresh: list[dict], by_source: dict[str, dict], baseline: Optional[str]) -> None:
+    """``speedup``: the reference's time over this one (the seed's field; 1 for the reference);
+    ``baseline_speedup``: the chosen baseline's time over this one. A passed result whose
+    reference did not pass gets no speedup and is marked so."""
+    reference = by_source.get(REFERENCE, {})
+    base = next(
+        (r for s, r in by_source.items() if baseline and (s == baseline or label_of(s) == baseline) and r.get("time")),
+        None,
+    )
+    for result in fresh:
+        time = result.get("time")
+        if not time:
+            continue
+        if reference.get("time"):
+            result["speedup"] = reference["time"] / time
+            result["reference_time"] = reference["time"]
+        else:
+            result["status"] = "runtime_error"
+            result["error"] = "passed, but the reference did not run here, so there is nothing to compare with"
+            result.pop("time")
+            continue
+        if base is not None:
+            result["baseline"] = base["source"]
+            result["baseline_speedup"] = base["time"] / time

@@ -1,0 +1,190 @@
+"""Replay end to end on CPU: a small dataset (rmsnorm, GEMM, paged decode attention, sampling),
+the shipped baselines, and adversarial solutions that must each be caught and recorded."""
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from profiler.capture.definition_factory import definition_for
+from profiler.catalog import shipped_definition
+from profiler.cli import app
+from profiler.replay.dataset import load_dataset, load_solutions
+from profiler.replay.projection import project
+from profiler.replay.runner import REFERENCE, ReplayOptions, read_results, replay
+from profiler.schema import DType
+from profiler.validate import validate_paths
+
+RMSNORM = "rmsnorm_h4096"
+GEMM = "gemm_n64_k32"
+DECODE = "gqa_paged_decode_h32_kv8_d128_ps16"
+SAMPLING = "top_k_sampling_from_probs_v64"
+
+GOOD_RMSNORM = """
+import torch
+
+def run(hidden_states, weight):
+    x = hidden_states.float()
+    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.float()).to(hidden_states.dtype)
+"""
+
+ADVERSARIAL = {
+    "wrong_shape": ("incorrect_shape", GOOD_RMSNORM + "\n_run = run\ndef run(hidden_states, weight):\n    return _run(hidden_states, weight)[:, :-1]\n"),
+    "wrong_dtype": ("incorrect_dtype", GOOD_RMSNORM + "\n_run = run\ndef run(hidden_states, weight):\n    return _run(hidden_states, weight).float()\n"),
+    "nan": ("incorrect_numerical", GOOD_RMSNORM + "\n_run = run\ndef run(hidden_states, weight):\n    out = _run(hidden_states, weight)\n    out[0, 0] = float('nan')\n    return out\n"),
+    "mutates_input": ("mutates_input", GOOD_RMSNORM + "\n_run = run\ndef run(hidden_states, weight):\n    out = _run(hidden_states, weight)\n    hidden_states.zero_()\n    return out\n"),
+    "caches_output": ("stale_output", GOOD_RMSNORM + "\n_run = run\n_cache = {}\ndef run(hidden_states, weight):\n    key = tuple(hidden_states.shape)\n    if key not in _cache:\n        _cache[key] = _run(hidden_states, weight)\n    return _cache[key]\n"),
+    # destination-passing, writes its output only the first time it sees the buffer: the poisoned
+    # output of the last timed call gives it away (on a recycled buffer, the first draw does)
+    "stale_after_warmup": ("stale_output", GOOD_RMSNORM.replace("def run(", "def _good(") + "\n_seen = set()\ndef run(hidden_states, weight, output):\n    if output.data_ptr() not in _seen:\n        _seen.add(output.data_ptr())\n        output.copy_(_good(hidden_states, weight))\n"),
+    "sleeps": ("timeout", "import time\n\ndef run(hidden_states, weight):\n    time.sleep(60)\n"),
+    "exits": ("crashed", "import os\n\ndef run(hidden_states, weight):\n    os._exit(3)\n"),
+    "raises": ("runtime_error", "def run(hidden_states, weight):\n    raise ValueError('boom')\n"),
+}
+
+
+def solution(name, definition, source, language="python", path="main.py", entry="run"):
+    return {
+        "name": name,
+        "definition": definition,
+        "author": "test",
+        "spec": {"language": language, "target_hardware": [], "entry_point": f"{path}::{entry}"},
+        "sources": [{"path": path, "content": source}],
+    }
+
+
+def write_dataset(root: Path) -> None:
+    definitions = {
+        RMSNORM: shipped_definition(RMSNORM),
+        GEMM: definition_for("gemm_n4096_k4096", GEMM, {"N": 64, "K": 32}, DType.bfloat16),
+        DECODE: shipped_definition(DECODE),
+        SAMPLING: definition_for("top_k_sampling_from_probs_v128256", SAMPLING, {"vocab_size": 64}, DType.float32),
+    }
+    axes = {
+        RMSNORM: [{"batch_size": 3}, {"batch_size": 17}],
+        GEMM: [{"M": 5}],
+        DECODE: [{"batch_size": 2, "len_indptr": 3, "num_kv_indices": 5, "num_pages": 8}],
+        SAMPLING: [{"batch_size": 2}],
+    }
+    for name, definition in definitions.items():
+        folder = root / "definitions" / definition.op_type
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{name}.json").write_text(definition.to_json())
+        lines = []
+        for i, a in enumerate(axes[name]):
+            inputs = {n: {"type": "random"} for n in definition.inputs}
+            if "sm_scale" in inputs:
+                inputs["sm_scale"] = {"type": "scalar", "value": 0.088}
+            lines.append(json.dumps({"definition": name, "workload": {"uuid": f"{name}-{i}", "axes": a, "inputs": inputs, "count": 10 * (i + 1)}}))
+        wl = root / "workloads" / definition.op_type
+        wl.mkdir(parents=True, exist_ok=True)
+        (wl / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
+    record = {"model": "test-model", "framework": "vLLM", "kernels": [{"id": RMSNORM, "count": 100}, {"id": GEMM, "count": 40}]}
+    (root / "record.json").write_text(json.dumps(record))
+
+
+@pytest.fixture(scope="module")
+def dataset_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dataset")
+    write_dataset(root)
+    return root
+
+
+def run_replay(dataset_dir, out, solutions, names=None, baselines=True, **options):
+    dataset = load_dataset(dataset_dir, names)
+    return dataset, replay(dataset, solutions, baselines, out, ReplayOptions(device="cpu", min_time_s=0.02, **options))
+
+
+@pytest.fixture(scope="module")
+def baseline_run(dataset_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("results")
+    dataset, results = run_replay(dataset_dir, out, [], timeout_s=300)
+    return dataset, results, out
+
+
+def test_baselines_pass_everywhere_and_results_are_valid(baseline_run):
+    dataset, results, out = baseline_run
+    assert {r.status.value for r in results} == {"passed"}, [(r.source, r.error) for r in results if r.error]
+    sources = {(r.kernel_id, r.source) for r in results}
+    for name in dataset.definitions:
+        assert {(name, REFERENCE), (name, f"{name}__torch"), (name, f"{name}__torch_compile")} <= sources
+    for r in results:
+        assert r.device.name == "cpu" and r.timing.method == "cpu_wall" and not r.timing.cold_l2
+        assert r.timing.repetitions >= 10 and r.timing.p10_ms <= r.timing.median_ms <= r.timing.p90_ms
+        assert r.speedup == pytest.approx(next(x.time for x in results if x.workload == r.workload and x.source == REFERENCE) / r.time)
+    sampling = [r for r in results if r.kernel_id == SAMPLING]
+    assert all(r.check.method == "distribution" for r in sampling)
+    assert all(r.check.method == "allclose" and r.check.draws == 3 for r in results if r.kernel_id == RMSNORM)
+    report = validate_paths([out / "results.jsonl"])
+    assert report.errors == [], [str(p) for p in report.errors]
+
+
+def test_projection_weights_workloads_by_their_counts(baseline_run):
+    dataset, results, _ = baseline_run
+    rows = {row.kernel: row for row in project(dataset.record, results, dataset.workloads, "torch")}
+    norm = rows[RMSNORM]
+    times = {r.workload: r.time for r in results if r.source == f"{RMSNORM}__torch"}
+    assert norm.baseline == f"{RMSNORM}__torch"
+    assert norm.baseline_ms == pytest.approx((10 * times[f"{RMSNORM}-0"] + 20 * times[f"{RMSNORM}-1"]) / 30)
+    assert norm.best_ms <= norm.baseline_ms and norm.saved_ms == pytest.approx(100 * (norm.baseline_ms - norm.best_ms))
+
+
+def test_adversarial_solutions_are_caught_and_the_run_goes_on(dataset_dir, tmp_path):
+    solutions = [solution(f"bad_{name}", RMSNORM, source) for name, (_, source) in ADVERSARIAL.items()]
+    solutions.append(solution("good", RMSNORM, GOOD_RMSNORM))
+    folder = tmp_path / "solutions"
+    folder.mkdir()
+    for s in solutions:
+        (folder / f"{s['name']}.json").write_text(json.dumps(s))
+    dataset = load_dataset(dataset_dir, [RMSNORM])
+    given = load_solutions([folder], dataset.definitions)
+    results = replay(dataset, given, False, tmp_path / "out", ReplayOptions(device="cpu", min_time_s=0.02, timeout_s=20))
+    status = {(r.source, r.workload): r.status.value for r in results}
+    also = {"stale_after_warmup": {"incorrect_numerical"}}
+    for name, (expected, _) in ADVERSARIAL.items():
+        seen = [status[(f"bad_{name}", w)] for w in (f"{RMSNORM}-0", f"{RMSNORM}-1")]
+        assert expected in seen and set(seen) <= {expected} | also.get(name, set()), (name, seen)
+    assert all(status[("good", w)] == "passed" for w in (f"{RMSNORM}-0", f"{RMSNORM}-1"))
+    crashed = next(r for r in results if r.source == "bad_exits")
+    assert "exit code 3" in crashed.error and crashed.time is None and crashed.speedup is None
+
+
+def test_compile_failure_is_a_result_with_the_compiler_message(dataset_dir, tmp_path):
+    broken = solution("broken_cpp", GEMM, "#include <torch/extension.h>\ntorch::Tensor run(torch::Tensor A, torch::Tensor B) { return A.matmul(B.t()) }\n", language="cuda", path="gemm.cpp")
+    good = solution("cpp_matmul", GEMM, "#include <torch/extension.h>\ntorch::Tensor run(torch::Tensor A, torch::Tensor B) {\n  return torch::matmul(A.to(torch::kFloat), B.to(torch::kFloat).t()).to(A.scalar_type());\n}\n", language="cuda", path="gemm.cpp")
+    dataset = load_dataset(dataset_dir, [GEMM])
+    given = load_solutions([], dataset.definitions)
+    from profiler.schema import Solution
+
+    given = [Solution.model_validate(broken), Solution.model_validate(good)]
+    results = replay(dataset, given, False, tmp_path / "out", ReplayOptions(device="cpu", min_time_s=0.02, timeout_s=600))
+    failed = next(r for r in results if r.source == "broken_cpp")
+    assert failed.status.value == "compile_error" and failed.compiled is False
+    assert "error" in failed.compile_error and failed.time is None
+    built = next(r for r in results if r.source == "cpp_matmul")
+    assert built.status.value == "passed", built.error
+
+
+def test_resume_skips_what_is_done(baseline_run, dataset_dir):
+    dataset, results, out = baseline_run
+    before = (out / "results.jsonl").read_text()
+    _, again = run_replay(dataset_dir, out, [], resume=True)
+    assert (out / "results.jsonl").read_text() == before and len(again) == len(results)
+
+
+def test_cli_replay_prints_tables_and_projection(dataset_dir, tmp_path):
+    result = CliRunner().invoke(
+        app, ["replay", str(dataset_dir), "--definitions", GEMM, "--out", str(tmp_path / "r"), "--device", "cpu", "--min-time", "0.02"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "× reference" in result.output and "test-model" in result.output and "saved" in result.output
+    assert len(read_results(tmp_path / "r" / "results.jsonl")) == 3
+
+
+def test_bad_solution_file_names_file_and_field(dataset_dir, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**solution("x", GEMM, "def run(A, B):\n    return A\n"), "spec": {"language": "cobol", "entry_point": "main.py::run"}}))
+    result = CliRunner().invoke(app, ["replay", str(dataset_dir), "--solutions", str(bad), "--out", str(tmp_path / "r")])
+    assert result.exit_code == 1
+    assert f"{bad}: spec.language" in result.output
