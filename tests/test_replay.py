@@ -188,3 +188,14 @@ def test_bad_solution_file_names_file_and_field(dataset_dir, tmp_path):
     result = CliRunner().invoke(app, ["replay", str(dataset_dir), "--solutions", str(bad), "--out", str(tmp_path / "r")])
     assert result.exit_code == 1
     assert f"{bad}: spec.language" in result.output
+
+
+def test_flashinfer_trace_dataset_replays_as_is(tmp_path):
+    from conftest import FLASHINFER_TRACE
+
+    dataset = load_dataset(FLASHINFER_TRACE, ["rmsnorm_h4096", "gqa_paged_decode_h32_kv8_d128_ps1"])
+    dataset.workloads = {name: ws[:1] for name, ws in dataset.workloads.items()}
+    assert set(dataset.workloads) == {"rmsnorm_h4096", "gqa_paged_decode_h32_kv8_d128_ps1"}
+    # its blobs are not in the copy we have: the worker warns and synthesises those inputs
+    results = replay(dataset, [], True, tmp_path, ReplayOptions(device="cpu", min_time_s=0.02, timeout_s=300))
+    assert len(results) == 6 and {r.status.value for r in results} == {"passed"}, [r.error for r in results]
