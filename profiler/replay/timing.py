@@ -72,6 +72,12 @@ def measure(
     torch.cuda.synchronize(device)
     if cuda_graph:
         return _measure_graph(call, prepare, device, min_time_s, min_reps, max_reps)
+    return _event_loop(call, prepare, device, "cuda_events", min_time_s, min_reps, max_reps)
+
+
+def _event_loop(call, prepare, device, method, min_time_s, min_reps, max_reps, result=None) -> Measured:
+    """Events around each call, the L2 flushed before each; ``result`` overrides the call's
+    return value as the output to snapshot (a graph replay returns nothing)."""
     flush = _flush_buffer(device)
     starts, ends = [], []
     output = None
@@ -88,9 +94,9 @@ def measure(
         if len(starts) % 256 == 0:
             end.synchronize()  # keep the host from running far ahead of the device
     ends[-1].synchronize()
-    last = _snapshot(output)
+    last = _snapshot(output if result is None else result)
     torch.cuda.synchronize(device)
-    return Measured("cuda_events", [s.elapsed_time(e) for s, e in zip(starts, ends)], last, True)
+    return Measured(method, [s.elapsed_time(e) for s, e in zip(starts, ends)], last, True)
 
 
 def _measure_cpu(call, prepare, min_time_s, min_reps, max_reps) -> Measured:
@@ -107,7 +113,6 @@ def _measure_cpu(call, prepare, min_time_s, min_reps, max_reps) -> Measured:
 
 def _measure_graph(call, prepare, device, min_time_s, min_reps, max_reps) -> Measured:
     """One call captured as a CUDA graph; each replay timed (launch gaps gone), L2 flushed between."""
-    flush = _flush_buffer(device)
     stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):
@@ -118,22 +123,7 @@ def _measure_graph(call, prepare, device, min_time_s, min_reps, max_reps) -> Mea
     prepare()
     with torch.cuda.graph(graph):
         output = call()
-    times, starts, ends = [], [], []
-    loop_start = time.perf_counter()
-    while len(starts) < max_reps and (len(starts) < min_reps or time.perf_counter() - loop_start < min_time_s):
-        prepare()
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        starts.append(start)
-        ends.append(end)
-    ends[-1].synchronize()
-    last = _snapshot(output)
-    torch.cuda.synchronize(device)
-    times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
-    return Measured("cuda_graph", times, last, True)
+    return _event_loop(graph.replay, prepare, device, "cuda_graph", min_time_s, min_reps, max_reps, result=output)
 
 
 def _snapshot(output: Any) -> Any:
