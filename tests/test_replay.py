@@ -19,6 +19,7 @@ from profiler.validate import validate_paths
 RMSNORM = "rmsnorm_h4096"
 GEMM = "gemm_n64_k32"
 DECODE = "gqa_paged_decode_h32_kv8_d128_ps16"
+PREFILL = "gqa_paged_prefill_causal_h32_kv8_d128_ps16"
 SAMPLING = "top_k_sampling_from_probs_v64"
 
 GOOD_RMSNORM = """
@@ -59,12 +60,14 @@ def write_dataset(root: Path) -> None:
         RMSNORM: shipped_definition(RMSNORM),
         GEMM: definition_for("gemm_n4096_k4096", GEMM, {"N": 64, "K": 32}, DType.bfloat16),
         DECODE: shipped_definition(DECODE),
+        PREFILL: shipped_definition(PREFILL),
         SAMPLING: definition_for("top_k_sampling_from_probs_v128256", SAMPLING, {"vocab_size": 64}, DType.float32),
     }
     axes = {
         RMSNORM: [{"batch_size": 3}, {"batch_size": 17}],
         GEMM: [{"M": 5}],
         DECODE: [{"batch_size": 2, "len_indptr": 3, "num_kv_indices": 5, "num_pages": 8}],
+        PREFILL: [{"batch_size": 2, "len_indptr": 3, "total_q": 19, "num_kv_indices": 4, "num_pages": 8}],
         SAMPLING: [{"batch_size": 2}],
     }
     for name, definition in definitions.items():
@@ -199,3 +202,66 @@ def test_flashinfer_trace_dataset_replays_as_is(tmp_path):
     # its blobs are not in the copy we have: the worker warns and synthesises those inputs
     results = replay(dataset, [], True, tmp_path, ReplayOptions(device="cpu", min_time_s=0.02, timeout_s=300))
     assert len(results) == 6 and {r.status.value for r in results} == {"passed"}, [r.error for r in results]
+
+
+TRITON_RMSNORM = '''
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rmsnorm(x_ptr, w_ptr, out_ptr, n_cols, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+    tl.store(out_ptr + row * n_cols + cols, (x * rstd * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def run(hidden_states, weight, output):
+    rows, cols = hidden_states.shape
+    _rmsnorm[(rows,)](hidden_states, weight, output, cols, 1e-5, BLOCK=triton.next_power_of_2(cols))
+'''
+
+SIDE_STREAM = GOOD_RMSNORM.replace("def run(", "def _good(") + '''
+_side = torch.cuda.Stream()
+
+
+def run(hidden_states, weight, output):
+    with torch.cuda.stream(_side):  # never joined back: the work escapes the caller's stream
+        torch.cuda._sleep(2_000_000)
+        output.copy_(_good(hidden_states, weight))
+'''
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_triton_solution_passes_and_side_stream_work_is_caught(dataset_dir, tmp_path):
+    from profiler.schema import Solution
+
+    given = [
+        Solution.model_validate(solution("triton_rmsnorm", RMSNORM, TRITON_RMSNORM, language="triton")),
+        Solution.model_validate(solution("side_stream", RMSNORM, SIDE_STREAM)),
+    ]
+    dataset = load_dataset(dataset_dir, [RMSNORM])
+    results = replay(dataset, given, True, tmp_path, ReplayOptions(device="cuda:0", timeout_s=300))
+    triton_results = [r for r in results if r.source == "triton_rmsnorm"]
+    assert {r.status.value for r in triton_results} == {"passed"}, [r.error for r in triton_results]
+    assert all(r.timing.method == "cuda_events" and r.timing.cold_l2 and r.speedup > 0 for r in triton_results)
+    side = [r.status.value for r in results if r.source == "side_stream"]
+    assert side and set(side) <= {"incorrect_numerical", "stale_output"}, side
+    graph = replay(dataset, given[:1], False, tmp_path / "graph", ReplayOptions(device="cuda:0", cuda_graph=True))
+    assert {r.timing.method for r in graph if r.time} == {"cuda_graph"}
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_attention_baselines_pass_flashinfer_included_where_it_imports(dataset_dir, tmp_path):
+    import importlib.util
+
+    dataset = load_dataset(dataset_dir, [DECODE, PREFILL])
+    results = replay(dataset, [], True, tmp_path, ReplayOptions(device="cuda:0", timeout_s=600))
+    assert {r.status.value for r in results} == {"passed"}, [(r.source, r.error) for r in results if r.error]
+    if importlib.util.find_spec("flashinfer") is not None:
+        assert {r.kernel_id for r in results if r.source.endswith("__flashinfer")} == {DECODE, PREFILL}

@@ -132,11 +132,14 @@ _NATIVE: dict[str, dict[str, str]] = {
             "    flashinfer.norm.fused_add_rmsnorm(x, r, weight, eps=EPS)\n    return x\n"
         ),
         "silu_and_mul": "import flashinfer\n\n\ndef run(input):\n    return flashinfer.activation.silu_and_mul(input)\n",
+        "paged_attention": "file:flashinfer_paged_attention",
     },
 }
 
 
 def _native_kind(definition: Definition) -> Optional[str]:
+    if definition.op_type == "gqa_paged" and _fits(definition, family_source("flashinfer_paged_attention")):
+        return "paged_attention"
     if definition.op_type == "rmsnorm":
         return "fused_add_rmsnorm" if "residual" in definition.inputs else "rmsnorm"
     if definition.op_type == "activation" and definition.name.startswith("silu_and_mul"):
@@ -158,6 +161,7 @@ def native_solutions(definition: Definition) -> list[Solution]:
         if kind not in sources or importlib.util.find_spec(library) is None:
             continue
         eps = _constant(definition, "EPS")
-        source = sources[kind].replace("{EPS}", eps or "1e-6")
+        source = sources[kind]
+        source = family_source(source[5:]) if source.startswith("file:") else source.replace("{EPS}", eps or "1e-6")
         found.append(_solution(definition, library, "python", source, f"{library}'s kernel, as the engine calls it"))
     return found

