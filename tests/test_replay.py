@@ -20,6 +20,7 @@ RMSNORM = "rmsnorm_h4096"
 GEMM = "gemm_n64_k32"
 DECODE = "gqa_paged_decode_h32_kv8_d128_ps16"
 PREFILL = "gqa_paged_prefill_causal_h32_kv8_d128_ps16"
+ROPE = "rope_llama3_neox_style_h32_kv8_d128"
 SAMPLING = "top_k_sampling_from_probs_v64"
 
 GOOD_RMSNORM = """
@@ -61,6 +62,7 @@ def write_dataset(root: Path) -> None:
         GEMM: definition_for("gemm_n4096_k4096", GEMM, {"N": 64, "K": 32}, DType.bfloat16),
         DECODE: shipped_definition(DECODE),
         PREFILL: shipped_definition(PREFILL),
+        ROPE: shipped_definition(ROPE),
         SAMPLING: definition_for("top_k_sampling_from_probs_v128256", SAMPLING, {"vocab_size": 64}, DType.float32),
     }
     axes = {
@@ -68,6 +70,7 @@ def write_dataset(root: Path) -> None:
         GEMM: [{"M": 5}],
         DECODE: [{"batch_size": 2, "len_indptr": 3, "num_kv_indices": 5, "num_pages": 8}],
         PREFILL: [{"batch_size": 2, "len_indptr": 3, "total_q": 19, "num_kv_indices": 4, "num_pages": 8}],
+        ROPE: [{"num_tokens": 5}],
         SAMPLING: [{"batch_size": 2}],
     }
     for name, definition in definitions.items():
@@ -257,11 +260,15 @@ def test_cuda_triton_solution_passes_and_side_stream_work_is_caught(dataset_dir,
 
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_attention_baselines_pass_flashinfer_included_where_it_imports(dataset_dir, tmp_path):
+def test_cuda_native_baselines_pass_where_their_library_imports(dataset_dir, tmp_path):
+    """Attention, RoPE and sampling with every baseline, FlashInfer's and vLLM's included."""
     import importlib.util
 
-    dataset = load_dataset(dataset_dir, [DECODE, PREFILL])
+    dataset = load_dataset(dataset_dir, [DECODE, PREFILL, ROPE, SAMPLING, RMSNORM])
     results = replay(dataset, [], True, tmp_path, ReplayOptions(device="cuda:0", timeout_s=600))
     assert {r.status.value for r in results} == {"passed"}, [(r.source, r.error) for r in results if r.error]
+    natives = {(r.kernel_id, r.source.rsplit("__", 1)[-1]) for r in results}
     if importlib.util.find_spec("flashinfer") is not None:
-        assert {r.kernel_id for r in results if r.source.endswith("__flashinfer")} == {DECODE, PREFILL}
+        assert {(k, "flashinfer") for k in (DECODE, PREFILL, ROPE, SAMPLING, RMSNORM)} <= natives
+    if importlib.util.find_spec("vllm") is not None:
+        assert {(ROPE, "vllm"), (RMSNORM, "vllm")} <= natives

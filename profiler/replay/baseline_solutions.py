@@ -119,6 +119,7 @@ _NATIVE: dict[str, dict[str, str]] = {
             "def run(input):\n    out = torch.empty(input.shape[:-1] + (input.shape[-1] // 2,), dtype=input.dtype, device=input.device)\n"
             "    torch.ops._C.silu_and_mul(out, input)\n    return out\n"
         ),
+        "rope": "file:vllm_rope",
     },
     "flashinfer": {
         "rmsnorm": (
@@ -133,6 +134,8 @@ _NATIVE: dict[str, dict[str, str]] = {
         ),
         "silu_and_mul": "import flashinfer\n\n\ndef run(input):\n    return flashinfer.activation.silu_and_mul(input)\n",
         "paged_attention": "file:flashinfer_paged_attention",
+        "rope": "file:flashinfer_rope",
+        "sampling": "file:flashinfer_sampling",
     },
 }
 
@@ -142,9 +145,24 @@ def _native_kind(definition: Definition) -> Optional[str]:
         return "paged_attention"
     if definition.op_type == "rmsnorm":
         return "fused_add_rmsnorm" if "residual" in definition.inputs else "rmsnorm"
+    if definition.op_type == "rope" and "neox" in definition.name and torch_source(definition) is not None:
+        return "rope"
+    if definition.op_type == "sampling" and _fits(definition, family_source("flashinfer_sampling")):
+        return "sampling"
     if definition.op_type == "activation" and definition.name.startswith("silu_and_mul"):
         return "silu_and_mul"
     return None
+
+
+def _native_source(definition: Definition, kind: str, source: str) -> str:
+    if not source.startswith("file:"):
+        return source.replace("{EPS}", _constant(definition, "EPS") or "1e-6")
+    source = family_source(source[len("file:") :])
+    if kind == "rope":  # on top of the torch family: its constants, inv_freq and the cos/sin cache
+        rope = torch_source(definition)
+        assert rope is not None
+        source = rope.replace("def run(", "def _torch_run(") + "\n\n" + family_source("rope_cos_sin") + "\n\n" + source
+    return source
 
 
 def native_solutions(definition: Definition) -> list[Solution]:
@@ -160,8 +178,6 @@ def native_solutions(definition: Definition) -> list[Solution]:
     for library, sources in _NATIVE.items():
         if kind not in sources or importlib.util.find_spec(library) is None:
             continue
-        eps = _constant(definition, "EPS")
-        source = sources[kind]
-        source = family_source(source[5:]) if source.startswith("file:") else source.replace("{EPS}", eps or "1e-6")
+        source = _native_source(definition, kind, sources[kind])
         found.append(_solution(definition, library, "python", source, f"{library}'s kernel, as the engine calls it"))
     return found

@@ -1,0 +1,13 @@
+# Appended to the ``rope`` family source (its constants and ``_inv_freq``): the cos/sin cache the
+# engines' RoPE kernels read, over a Llama-3.1-long context.
+MAX_POSITION = 131072
+_COS_SIN = {}
+
+
+def _cos_sin(head_dim, device, dtype):
+    key = (head_dim, device, dtype)
+    if key not in _COS_SIN:
+        t = torch.arange(MAX_POSITION, device=device, dtype=torch.float32)
+        freqs = torch.outer(t, _inv_freq(head_dim, device))
+        _COS_SIN[key] = torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(dtype)
+    return _COS_SIN[key]
