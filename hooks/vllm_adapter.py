@@ -12,50 +12,12 @@ from typing import Any, Optional
 
 import torch
 
+from hooks.layer_calls import embedding, linear, lm_head, rmsnorm, rope, silu_and_mul
 from hooks.patching import HookPoint
 from profiler.capture import ops
 from profiler.capture.ops import KernelCall
 from profiler.capture.recorder import RECORDER
 from profiler.schema.dtype import schema_dtype
-
-
-def _rmsnorm(self: Any, x: torch.Tensor, residual: Optional[torch.Tensor] = None, *_: Any, **__: Any) -> list:
-    return [ops.rmsnorm(x, residual, float(self.variance_epsilon))]
-
-
-def _silu_and_mul(self: Any, x: torch.Tensor, *_: Any, **__: Any) -> list:
-    return [ops.silu_and_mul(x)]
-
-
-def _rope(self: Any, positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor] = None, *_: Any, **__: Any) -> list:
-    if not self.is_neox_style or self.rotary_dim != self.head_size:
-        raise NotImplementedError(
-            f"{type(self).__name__}: only full-head NeoX-style RoPE has a Definition "
-            f"(is_neox_style={self.is_neox_style}, rotary_dim={self.rotary_dim}, head_size={self.head_size})"
-        )
-    tokens = positions.numel()
-    num_q_heads = query.numel() // (tokens * self.head_size)
-    num_kv_heads = key.numel() // (tokens * self.head_size) if key is not None else 0
-    params = ops.RopeParams(
-        theta=float(self.base),
-        factor=float(getattr(self, "scaling_factor", 1.0)),
-        low_freq_factor=float(getattr(self, "low_freq_factor", 1.0)),
-        high_freq_factor=float(getattr(self, "high_freq_factor", 4.0)),
-        original_max_position=int(getattr(self, "orig_max_position", 8192)),
-    )
-    return [ops.rope(positions, query, num_q_heads, num_kv_heads, self.head_size, params)]
-
-
-def _linear(self: Any, layer: Any, x: torch.Tensor, *_: Any, **__: Any) -> list:
-    return [ops.gemm(x, layer.weight)]
-
-
-def _lm_head(self: Any, lm_head: Any, hidden_states: torch.Tensor, *_: Any, **__: Any) -> list:
-    return [ops.gemm(hidden_states, lm_head.weight)]
-
-
-def _embedding(self: Any, input_: torch.Tensor, *_: Any, **__: Any) -> list:
-    return [ops.embedding(input_, self.weight)]
 
 
 #: the step's layout source and its decode/prefill split; the source object itself is held (not its
@@ -170,17 +132,17 @@ def _sampler(self: Any, logits: torch.Tensor, generators: Any, k: Optional[torch
 
 
 POINTS = [
-    HookPoint("vllm.model_executor.layers.layernorm", "RMSNorm", ("forward",), "rmsnorm", _rmsnorm),
-    HookPoint("vllm.model_executor.layers.activation", "SiluAndMul", ("forward",), "silu_and_mul", _silu_and_mul),
-    HookPoint("vllm.model_executor.layers.rotary_embedding.base", "RotaryEmbedding", ("forward",), "rope", _rope),
-    HookPoint("vllm.model_executor.layers.linear", "UnquantizedLinearMethod", ("apply",), "gemm", _linear),
+    HookPoint("vllm.model_executor.layers.layernorm", "RMSNorm", ("forward",), "rmsnorm", rmsnorm),
+    HookPoint("vllm.model_executor.layers.activation", "SiluAndMul", ("forward",), "silu_and_mul", silu_and_mul),
+    HookPoint("vllm.model_executor.layers.rotary_embedding.base", "RotaryEmbedding", ("forward",), "rope", rope),
+    HookPoint("vllm.model_executor.layers.linear", "UnquantizedLinearMethod", ("apply",), "gemm", linear),
     # lm_head: the logits projection, and the method it applies (nested calls count once)
-    HookPoint("vllm.model_executor.layers.logits_processor", "LogitsProcessor", ("_apply_head",), "gemm", _lm_head),
+    HookPoint("vllm.model_executor.layers.logits_processor", "LogitsProcessor", ("_apply_head",), "gemm", lm_head),
     HookPoint(
-        "vllm.model_executor.layers.vocab_parallel_embedding", "UnquantizedEmbeddingMethod", ("apply",), "gemm", _linear
+        "vllm.model_executor.layers.vocab_parallel_embedding", "UnquantizedEmbeddingMethod", ("apply",), "gemm", linear
     ),
     HookPoint(
-        "vllm.model_executor.layers.vocab_parallel_embedding", "VocabParallelEmbedding", ("forward",), "embedding", _embedding
+        "vllm.model_executor.layers.vocab_parallel_embedding", "VocabParallelEmbedding", ("forward",), "embedding", embedding
     ),
     HookPoint("vllm.model_executor.layers.attention.attention", "Attention", ("forward",), "attention", _attention),
     HookPoint("vllm.model_executor.layers.fused_moe.runner.moe_runner", "MoERunner", ("forward",), "moe", _moe),

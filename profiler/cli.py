@@ -63,15 +63,17 @@ def capture(
     if model is None:
         err.print("--model is required (try --model fi-profile/tiny-llama on CPU)")
         raise typer.Exit(code=2)
-    if framework is Framework.sglang:
-        err.print("SGLang capture is not built yet; use --framework vllm")
-        raise typer.Exit(code=2)
     from profiler.capture.report import print_summary
     from profiler.capture.vllm_runner import EngineFailed, Scenario, run_vllm
 
+    if framework is Framework.sglang:
+        from profiler.capture.sglang_runner import run_sglang as run_engine
+    else:
+        run_engine = run_vllm
+
     scenario = Scenario(num_prompts, input_len, output_len, batch_size, seed, temperature, top_k, top_p)
     try:
-        summary, _, run = run_vllm(
+        summary, _, run = run_engine(
             model, out_dir, scenario, load_format=load_format.value, dtype=dtype, tp=tp, eager=eager,
             max_workloads=max_workloads, single_process=single_process, attention_backend=attention_backend,
             gpu_memory_utilization=gpu_memory_utilization, autosave_s=save_every,

@@ -25,12 +25,12 @@ QKV, O, GATE_UP, DOWN, LM_HEAD = "gemm_n512_k256", "gemm_n256_k256", "gemm_n1024
 DECODE, PREFILL = "gqa_paged_decode_h4_kv2_d64_ps128", "gqa_paged_prefill_causal_h4_kv2_d64_ps128"
 
 
-def capture(tmp_path: Path, name: str, fault: str = "", **kwargs) -> dict:
+def capture(tmp_path: Path, name: str, fault: str = "", python: Path = Path(sys.executable), **kwargs) -> dict:
     out_dir = tmp_path / name
     args = {"model": "fi-profile/tiny-llama", "out_dir": str(out_dir), "scenario": SCENARIO, **kwargs}
     env = {**os.environ, "FI_PROFILE_TEST_FAULT": fault}
     proc = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("vllm_capture_script.py")), json.dumps(args)],
+        [str(python), str(Path(__file__).with_name("capture_script.py")), json.dumps(args)],
         capture_output=True, text=True, timeout=600, env=env,
     )
     lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]

