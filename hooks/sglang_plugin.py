@@ -37,6 +37,16 @@ def fi_profile_stop(self: Any, out_dir: str) -> None:
     RECORDER.flush(Path(out_dir))
 
 
+def run_scheduler_process(*args: Any, **kwargs: Any) -> Any:
+    """The scheduler process's entry with the hooks registered first: for SGLang versions whose
+    scheduler does not load ``sglang.srt.plugins`` (the runner passes it as the Engine's
+    ``run_scheduler_process_func``; where plugins load, ``register`` has nothing left to do)."""
+    from sglang.srt.managers.scheduler import run_scheduler_process as original
+
+    register()
+    return original(*args, **kwargs)
+
+
 def register() -> None:
     if os.environ.get(ENV_ENABLE) != "1" or STATUS["installed"]:
         return

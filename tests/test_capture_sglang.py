@@ -73,3 +73,21 @@ def test_greedy_tokens_identical_with_and_without_capture_and_equal_to_vllm(sgla
     assert sglang_off["record"] is None
     assert sglang["tokens"] == sglang_off["tokens"]
     assert sglang["tokens"] == vllm["tokens"]  # both engines agree on this dummy-weight model (seed 0)
+
+
+def test_the_command_as_the_user_wrote_it(tmp_path):
+    """``fi-profile --model M --framework sglang`` from the SGLang venv (tiny Llama on CPU)."""
+    import json
+    import subprocess
+
+    out = tmp_path / "cli"
+    cli = SGLANG_PYTHON.with_name("fi-profile")
+    proc = subprocess.run(
+        [str(cli), "--model", "fi-profile/tiny-llama", "--framework", "sglang", "--out", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((out / "record.json").read_text())
+    assert record["framework"] == "SGLang" and record["run"]["engine"].startswith("sglang")
+    assert "gqa_paged_decode_h4_kv2_d64_ps1" in {k["id"] for k in record["kernels"]}
+    assert "on SGLang" in proc.stdout

@@ -27,8 +27,6 @@ def build_engine(model: str, scenario: Scenario, *, load_format: str = "dummy", 
     cpu = not torch.cuda.is_available()
     if cpu:
         os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
-    import sglang
-
     kwargs: dict[str, Any] = dict(
         model_path=source.path, load_format=load_format, skip_tokenizer_init=True, dtype=dtype, tp_size=tp,
         random_seed=scenario.seed, context_length=scenario.input_len + scenario.output_len + 16,
@@ -40,7 +38,16 @@ def build_engine(model: str, scenario: Scenario, *, load_format: str = "dummy", 
         kwargs.update(device="cpu", attention_backend="torch_native", grammar_backend="none",
                       mem_fraction_static=0.1, max_total_tokens=max(4096, 2 * scenario.num_prompts * (scenario.input_len + scenario.output_len)),
                       disable_overlap_schedule=True)
-    return sglang.Engine(**{k: v for k, v in kwargs.items() if v is not None})
+    from sglang.srt.entrypoints.engine import Engine as engine_class  # sglang.Engine is a lazy proxy
+
+    if capture and hasattr(engine_class, "run_scheduler_process_func"):
+        from hooks.sglang_plugin import run_scheduler_process
+
+        class _Engine(engine_class):  # type: ignore[misc, valid-type]
+            run_scheduler_process_func = staticmethod(run_scheduler_process)
+
+        engine_class = _Engine
+    return engine_class(**{k: v for k, v in kwargs.items() if v is not None})
 
 
 def run_sglang(model: str, out_dir: Path, scenario: Scenario, *, max_workloads: int = 32, capture: bool = True,
