@@ -19,7 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from profiler.capture.vllm_runner import Scenario, build_llm, requests_for
+from profiler.capture.engine_run import Scenario
+from profiler.capture.vllm_runner import build_llm, requests_for
 
 MODES = ("off", "count", "full")
 

@@ -64,7 +64,8 @@ def capture(
         err.print("--model is required (try --model fi-profile/tiny-llama on CPU)")
         raise typer.Exit(code=2)
     from profiler.capture.report import print_summary
-    from profiler.capture.vllm_runner import EngineFailed, Scenario, run_vllm
+    from profiler.capture.engine_run import EngineFailed, Scenario
+    from profiler.capture.vllm_runner import run_vllm
 
     if framework is Framework.sglang:
         from profiler.capture.sglang_runner import run_sglang as run_engine

@@ -38,7 +38,8 @@ def main() -> None:
             raise RuntimeError(f"injected fault in {fault}")
 
         setattr(ops, fault, broken)
-    from profiler.capture.vllm_runner import EngineFailed, Scenario, run_vllm
+    from profiler.capture.engine_run import EngineFailed, Scenario
+    from profiler.capture.vllm_runner import run_vllm
 
     scenario = Scenario(**args.pop("scenario"))
     run_engine = run_vllm

@@ -4,13 +4,18 @@ the vLLM runner). On CPU it needs ``SGLANG_USE_CPU_ENGINE=1``, which it sets."""
 from __future__ import annotations
 
 import os
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from profiler.capture.engine_run import (
+    Scenario,
+    clear_output,
+    fail_with_saved_parts,
+    prompts_for,
+    resolve_model,
+    run_info,
+)
 from profiler.capture.output import CaptureSummary, merge_parts
-from profiler.capture.recorder import PARTS_DIR
-from profiler.capture.vllm_runner import EngineFailed, Scenario, clear_output, prompts_for, resolve_model
 
 
 def build_engine(model: str, scenario: Scenario, *, load_format: str = "dummy", dtype: str = "bfloat16",
@@ -70,27 +75,13 @@ def run_sglang(model: str, out_dir: Path, scenario: Scenario, *, max_workloads: 
             outputs, failure = [], f"{type(exc).__name__}: {exc}"
         import sglang
 
-        eager = engine.get("eager", True)
-        load_format = engine.get("load_format", "dummy")
-        missing = sorted({line.removeprefix("missing ") for f in (out_dir / ".fi-profile").glob("hooks-*.txt")
-                          for line in f.read_text().splitlines() if line})
-        run = {
-            "engine": f"sglang {sglang.__version__}",
-            "eager": eager,
-            "cuda_graphs_and_torch_compile": not eager,
-            "weights": "dummy (random)" if load_format == "dummy" else load_format,
-            "dtype": engine.get("dtype", "bfloat16"),
-            "tensor_parallel": engine.get("tp", 1),
-            "attention_backend": "torch_native" if not _cuda() else engine.get("attention_backend") or "default",
-            "scenario": asdict(scenario),
-            "hooks_missing": missing,
-        }
+        missing = [line.removeprefix("missing ") for f in (out_dir / ".fi-profile").glob("hooks-*.txt")
+                   for line in f.read_text().splitlines() if line]
+        backend = "torch_native" if not _cuda() else engine.get("attention_backend") or "default"
+        run = run_info(f"sglang {sglang.__version__}", scenario, engine, backend, list(set(missing)))
         summary = None
         if failure is not None:
-            run["incomplete"] = f"engine failed mid-run ({failure[:500]}); the record holds the steps saved before"
-            has_parts = any((out_dir / PARTS_DIR).glob("*.json"))
-            summary = merge_parts(out_dir, model, "SGLang", max_workloads, run) if has_parts else None
-            raise EngineFailed(failure, summary, run)
+            fail_with_saved_parts(out_dir, model, "SGLang", max_workloads, run, failure)
         if capture:
             llm.collective_rpc("fi_profile_stop", out_dir=str(out_dir))
             summary = merge_parts(out_dir, model, "SGLang", max_workloads, run)

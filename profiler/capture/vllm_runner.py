@@ -3,51 +3,18 @@
 from __future__ import annotations
 
 import os
-import random
-import shutil
-from dataclasses import asdict, dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any, Optional
 
+from profiler.capture.engine_run import (
+    Scenario,
+    clear_output,
+    fail_with_saved_parts,
+    prompts_for,
+    resolve_model,
+    run_info,
+)
 from profiler.capture.output import CaptureSummary, merge_parts
-from profiler.capture.recorder import PARTS_DIR
-
-TINY_MODEL = "fi-profile/tiny-llama"
-
-
-@dataclass(frozen=True)
-class Scenario:
-    num_prompts: int = 4
-    input_len: int = 32
-    output_len: int = 8
-    batch_size: int = 256
-    seed: int = 0
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-
-
-@dataclass
-class ModelSource:
-    path: str  # what the engine loads: a local folder or a hub id
-    shipped: bool  # a config shipped with fi-profile (no weights, no tokenizer)
-
-
-def resolve_model(model: str) -> ModelSource:
-    """A local folder, a model whose config fi-profile ships, or a hub id left to the engine."""
-    if Path(model).is_dir():
-        return ModelSource(str(Path(model).resolve()), shipped=False)
-    shipped = resources.files("profiler") / "model_configs" / model / "config.json"
-    if shipped.is_file():
-        return ModelSource(str(Path(str(shipped)).parent), shipped=True)
-    return ModelSource(model, shipped=False)
-
-
-def prompts_for(scenario: Scenario, vocab_size: int) -> list[list[int]]:
-    rng = random.Random(scenario.seed)
-    return [[rng.randrange(vocab_size) for _ in range(scenario.input_len)] for _ in range(scenario.num_prompts)]
-
 
 def build_llm(
     model: str,
@@ -130,14 +97,6 @@ def requests_for(llm: Any, scenario: Scenario) -> tuple[list[Any], Any]:
     return prompts, params
 
 
-class EngineFailed(RuntimeError):
-    """The engine failed mid-run; ``summary`` merges what its processes had saved."""
-
-    def __init__(self, message: str, summary: CaptureSummary | None, run: dict[str, Any]) -> None:
-        super().__init__(message)
-        self.summary, self.run = summary, run
-
-
 def run_vllm(
     model: str,
     out_dir: Path,
@@ -165,24 +124,11 @@ def run_vllm(
         outputs, failure = [], f"{type(exc).__name__}: {exc}"
     import vllm
 
-    eager = engine.get("eager", True)
-    load_format = engine.get("load_format", "dummy")
-    run = {
-        "engine": f"vllm {vllm.__version__}",
-        "eager": eager,
-        "cuda_graphs_and_torch_compile": not eager,
-        "weights": "dummy (random)" if load_format == "dummy" else load_format,
-        "dtype": engine.get("dtype", "bfloat16"),
-        "tensor_parallel": engine.get("tp", 1),
-        "attention_backend": engine.get("attention_backend") or "default",
-        "scenario": asdict(scenario),
-        "hooks_missing": sorted({m for h in hooks for m in h["missing"]}),
-    }
+    missing = list({m for h in hooks for m in h["missing"]})
+    run = run_info(f"vllm {vllm.__version__}", scenario, engine, engine.get("attention_backend") or "default", missing)
     summary = None
     if failure is not None:
-        run["incomplete"] = f"engine failed mid-run ({failure[:500]}); the record holds the steps saved before"
-        summary = merge_parts(out_dir, model, "vLLM", max_workloads, run) if _has_parts(out_dir) else None
-        raise EngineFailed(failure, summary, run)
+        fail_with_saved_parts(out_dir, model, "vLLM", max_workloads, run, failure)
     if capture:
         llm.collective_rpc("fi_profile_stop", args=(str(out_dir),))
         summary = merge_parts(out_dir, model, "vLLM", max_workloads, run)
@@ -191,12 +137,3 @@ def run_vllm(
     return summary, tokens, run
 
 
-def _has_parts(out_dir: Path) -> bool:
-    return any((out_dir / PARTS_DIR).glob("*.json"))
-
-
-def clear_output(out_dir: Path) -> None:
-    """Remove what an earlier capture left in ``out_dir`` (only the parts fi-profile writes)."""
-    for sub in (".fi-profile", "workloads", "definitions", "blob"):
-        shutil.rmtree(out_dir / sub, ignore_errors=True)
-    (out_dir / "record.json").unlink(missing_ok=True)

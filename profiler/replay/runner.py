@@ -8,10 +8,9 @@ finishes, so ``resume`` skips what is already there.
 from __future__ import annotations
 
 import importlib.metadata
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Callable, Optional
 
 import torch
 

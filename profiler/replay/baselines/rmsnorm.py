@@ -1,4 +1,3 @@
-import torch
 import torch.nn.functional as F
 
 EPS = 1e-6
