@@ -44,7 +44,7 @@ def _model_step(self: Any, forward_batch: Any, *_: Any, **__: Any) -> None:
     _step.update(runner=self, source=None, batches=None)
     layout = _layout(forward_batch)
     if layout is not None:
-        RECORDER.begin_step(ops.step_shape(*layout, 1))
+        RECORDER.begin_step(ops.step_shape(*layout, 1, with_pages=not RECORDER.count_only))
 
 
 def _batches(batch: Any) -> tuple[Any, Any]:

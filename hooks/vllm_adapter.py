@@ -40,7 +40,9 @@ def _metadata_builder(self: Any, *args: Any, **kwargs: Any) -> None:
     seq_lens = getattr(common, "_seq_lens_cpu", None)  # the runner's CPU copy: no device sync
     if seq_lens is None:
         seq_lens = common.seq_lens.to("cpu")
-    RECORDER.begin_step(ops.step_shape(common.query_start_loc_cpu, seq_lens, RECORDER.page_size))
+    RECORDER.begin_step(
+        ops.step_shape(common.query_start_loc_cpu, seq_lens, RECORDER.page_size, with_pages=not RECORDER.count_only)
+    )
 
 
 def _batches_of(source: Any) -> tuple[Any, Any]:

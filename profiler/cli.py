@@ -55,6 +55,7 @@ def capture(
     single_process: Annotated[bool, typer.Option("--single-process", help="Engine core in this process.")] = False,
     attention_backend: Annotated[Optional[str], typer.Option(help="vLLM attention backend, e.g. TRITON_ATTN, FLASHINFER.")] = None,
     gpu_memory_utilization: Annotated[Optional[float], typer.Option(min=0.05, max=1.0)] = None,
+    count_only: Annotated[bool, typer.Option("--count-only", help="Calls per Definition only, no workloads (cheapest).")] = False,
     save_every: Annotated[float, typer.Option(min=0.0, help="Seconds between saves of each engine process's part (kept if the engine dies).")] = 10.0,
 ) -> None:
     """Run MODEL in a real engine and record every kernel-level call it makes."""
@@ -77,7 +78,7 @@ def capture(
         summary, _, run = run_engine(
             model, out_dir, scenario, load_format=load_format.value, dtype=dtype, tp=tp, eager=eager,
             max_workloads=max_workloads, single_process=single_process, attention_backend=attention_backend,
-            gpu_memory_utilization=gpu_memory_utilization, autosave_s=save_every,
+            gpu_memory_utilization=gpu_memory_utilization, autosave_s=save_every, count_only=count_only,
         )
     except EngineFailed as failed:
         if failed.summary is not None:

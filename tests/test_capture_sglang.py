@@ -91,3 +91,11 @@ def test_the_command_as_the_user_wrote_it(tmp_path):
     assert record["framework"] == "SGLang" and record["run"]["engine"].startswith("sglang")
     assert "gqa_paged_decode_h4_kv2_d64_ps1" in {k["id"] for k in record["kernels"]}
     assert "on SGLang" in proc.stdout
+
+
+def test_count_only_replays_steps_that_full_capture_must_learn(tmp_path, sglang):
+    """With page size 1 the KV pages change every decode step; counting does not depend on them."""
+    counted = capture(tmp_path, "count", python=SGLANG_PYTHON, framework="sglang", count_only=True)
+    assert counts(counted) == counts(sglang)
+    assert sglang["record"]["run"]["steps"] == {"learned": OUTPUT_LEN}
+    assert counted["record"]["run"]["steps"] == {"learned": 2, "replayed": OUTPUT_LEN - 2}

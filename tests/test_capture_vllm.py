@@ -209,3 +209,10 @@ def test_cpu_thread_binding_splits_the_allowed_cores():
 
     binding = cpu_thread_binding(2).split("|")
     assert len(binding) == 2 and all(binding)
+
+
+def test_count_only_counts_the_same_and_keeps_no_workloads(tmp_path, single):
+    counted = capture(tmp_path, "count", single_process=True, count_only=True)
+    assert counts(counted) == counts(single)
+    assert counted["record"]["run"]["count_only"] is True
+    assert not list((counted["out_dir"] / "workloads").rglob("*.jsonl"))

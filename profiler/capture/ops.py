@@ -159,20 +159,27 @@ class PagedBatch:
         return int(self.qo_indptr[-1])
 
 
-def step_shape(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, page_size: int) -> tuple:
+def step_shape(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, page_size: int, with_pages: bool = True) -> tuple:
     """What fixes a step's var axes: tokens, requests, and per part (decode, prefill) the request
     count, query tokens and KV pages. From CPU tensors (via numpy: this runs every step, and numpy
-    is several times cheaper than torch on a few dozen numbers) it needs no device sync."""
+    is several times cheaper than torch on a few dozen numbers) it needs no device sync.
+
+    ``with_pages=False`` leaves the KV pages out: counting calls per Definition does not depend on
+    them, and they change every few decode steps (every step with page size 1), so count-only
+    capture replays far more steps without them."""
     n = len(seq_lens)
     qsl = query_start_loc.numpy()
     q_lens = qsl[1 : n + 1] - qsl[:n]
-    pages = (seq_lens.numpy().astype(np.int64) + page_size - 1) // page_size
     decode = q_lens == 1
     decodes = int(decode.sum())
-    decode_pages = int(pages[decode].sum())
+    decode_pages = prefill_pages = 0
+    if with_pages:
+        pages = (seq_lens.numpy().astype(np.int64) + page_size - 1) // page_size
+        decode_pages = int(pages[decode].sum())
+        prefill_pages = int(pages.sum()) - decode_pages
     parts = (
         (decodes, decodes, decode_pages),
-        (n - decodes, int(qsl[n]) - int(qsl[0]) - decodes, int(pages.sum()) - decode_pages),
+        (n - decodes, int(qsl[n]) - int(qsl[0]) - decodes, prefill_pages),
     )
     return (int(qsl[n]), n) + parts
 

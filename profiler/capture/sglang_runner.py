@@ -56,13 +56,13 @@ def build_engine(model: str, scenario: Scenario, *, load_format: str = "dummy", 
 
 
 def run_sglang(model: str, out_dir: Path, scenario: Scenario, *, max_workloads: int = 32, capture: bool = True,
-               autosave_s: float = 10.0, **engine: Any) -> tuple[CaptureSummary | None, list[list[int]], dict[str, Any]]:
+               count_only: bool = False, autosave_s: float = 10.0, **engine: Any) -> tuple[CaptureSummary | None, list[list[int]], dict[str, Any]]:
     """Generate with capture on; returns the merged summary, the generated token ids and run info."""
     llm = build_engine(model, scenario, capture=capture, **engine)
     try:
         clear_output(out_dir)
         if capture:
-            llm.collective_rpc("fi_profile_start", count_only=False, out_dir=str(out_dir), autosave_s=autosave_s)
+            llm.collective_rpc("fi_profile_start", count_only=count_only, out_dir=str(out_dir), autosave_s=autosave_s)
         params = {"max_new_tokens": scenario.output_len, "ignore_eos": True, "temperature": scenario.temperature,
                   "top_k": scenario.top_k if scenario.top_k > 0 else -1, "top_p": scenario.top_p}
         vocab = _vocab_size(resolve_model(model).path)
@@ -79,6 +79,7 @@ def run_sglang(model: str, out_dir: Path, scenario: Scenario, *, max_workloads: 
                    for line in f.read_text().splitlines() if line]
         backend = "torch_native" if not _cuda() else engine.get("attention_backend") or "default"
         run = run_info(f"sglang {sglang.__version__}", scenario, engine, backend, list(set(missing)))
+        run["count_only"] = count_only
         summary = None
         if failure is not None:
             fail_with_saved_parts(out_dir, model, "SGLang", max_workloads, run, failure)

@@ -104,17 +104,19 @@ def run_vllm(
     *,
     max_workloads: int = 32,
     capture: bool = True,
+    count_only: bool = False,
     autosave_s: float = 10.0,
     **engine: Any,
 ) -> tuple[CaptureSummary | None, list[list[int]], dict[str, Any]]:
     """Generate with capture on; returns the merged summary, the generated token ids and run info.
+    ``count_only``: calls per Definition only, no workloads (the cheapest capture).
 
     Each engine process saves its part every ``autosave_s`` seconds; if the engine dies, the parts
     saved so far are merged and :class:`EngineFailed` carries them."""
     llm = build_llm(model, scenario, capture=capture, **engine)
     prompts, params = requests_for(llm, scenario)
     clear_output(out_dir)
-    hooks = llm.collective_rpc("fi_profile_start", args=(False, str(out_dir), autosave_s)) if capture else []
+    hooks = llm.collective_rpc("fi_profile_start", args=(count_only, str(out_dir), autosave_s)) if capture else []
     try:
         outputs = llm.generate(prompts, params, use_tqdm=False)
         failure = None
@@ -126,6 +128,7 @@ def run_vllm(
 
     missing = list({m for h in hooks for m in h["missing"]})
     run = run_info(f"vllm {vllm.__version__}", scenario, engine, engine.get("attention_backend") or "default", missing)
+    run["count_only"] = count_only
     summary = None
     if failure is not None:
         fail_with_saved_parts(out_dir, model, "vLLM", max_workloads, run, failure)
