@@ -144,7 +144,7 @@ def test_adversarial_solutions_are_caught_and_the_run_goes_on(dataset_dir, tmp_p
     for s in solutions:
         (folder / f"{s['name']}.json").write_text(json.dumps(s))
     dataset = load_dataset(dataset_dir, [RMSNORM])
-    given = load_solutions([folder], dataset.definitions)
+    given = load_solutions([folder])
     results = replay(dataset, given, False, tmp_path / "out", ReplayOptions(device="cpu", min_time_s=0.02, timeout_s=20))
     status = {(r.source, r.workload): r.status.value for r in results}
     also = {"stale_after_warmup": {"incorrect_numerical"}}
@@ -160,7 +160,6 @@ def test_compile_failure_is_a_result_with_the_compiler_message(dataset_dir, tmp_
     broken = solution("broken_cpp", GEMM, "#include <torch/extension.h>\ntorch::Tensor run(torch::Tensor A, torch::Tensor B) { return A.matmul(B.t()) }\n", language="cuda", path="gemm.cpp")
     good = solution("cpp_matmul", GEMM, "#include <torch/extension.h>\ntorch::Tensor run(torch::Tensor A, torch::Tensor B) {\n  return torch::matmul(A.to(torch::kFloat), B.to(torch::kFloat).t()).to(A.scalar_type());\n}\n", language="cuda", path="gemm.cpp")
     dataset = load_dataset(dataset_dir, [GEMM])
-    given = load_solutions([], dataset.definitions)
     from profiler.schema import Solution
 
     given = [Solution.model_validate(broken), Solution.model_validate(good)]

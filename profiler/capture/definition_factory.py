@@ -14,6 +14,7 @@ from typing import Mapping, Union
 from profiler.catalog import shipped_definition
 from profiler.schema.definition import AxisConst, Definition
 from profiler.schema.dtype import DType
+from profiler.schema.reference import reference_constant
 
 _TEMPLATE_DTYPE = DType.bfloat16
 #: input dtypes a shipped Definition may keep whatever the call's dtype (indices, scales, probabilities)
@@ -77,8 +78,11 @@ def _matches(
 
 
 def _constant_in(reference: str, name: str, value: Number) -> bool:
-    found = re.search(rf"^\s*{re.escape(name)} = ([0-9.eE+-]+)\s*$", reference, flags=re.M)
-    return found is not None and float(found.group(1)) == float(value)
+    literal = reference_constant(reference, name)
+    try:
+        return literal is not None and float(literal) == float(value)
+    except ValueError:  # not a number (e.g. ``RENORMALIZE = True``)
+        return False
 
 
 def instantiate(

@@ -13,7 +13,7 @@ from importlib import resources
 from typing import Optional
 
 from profiler.schema.definition import Definition
-from profiler.schema.reference import entry_signature
+from profiler.schema.reference import entry_signature, reference_constant
 from profiler.schema.solution import Solution
 
 #: family source -> the reference constants and const axes it takes from the Definition
@@ -54,8 +54,7 @@ def _fits(definition: Definition, source: str) -> bool:
 def _constant(definition: Definition, name: str) -> Optional[str]:
     if name in definition.const_axes:
         return repr(definition.const_axes[name])
-    found = re.search(rf"^\s*{re.escape(name)} = (\S+)", definition.reference, flags=re.M)
-    return found.group(1) if found else None
+    return reference_constant(definition.reference, name)
 
 
 def torch_source(definition: Definition) -> Optional[str]:

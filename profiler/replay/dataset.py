@@ -65,8 +65,8 @@ def load_dataset(root: Path, names: Optional[list[str]] = None) -> Dataset:
     return dataset
 
 
-def load_solutions(paths: list[Path], definitions: dict[str, Definition]) -> list[Solution]:
-    """Solution JSON files, or folders of them; each must name a Definition of the dataset."""
+def load_solutions(paths: list[Path]) -> list[Solution]:
+    """Solution JSON files, or folders of them (the caller checks the Definitions they name)."""
     files: list[Path] = []
     for path in paths:
         if path.is_dir():

@@ -52,9 +52,9 @@ class Outcome:
 
 
 class Failed(Exception):
-    def __init__(self, status: str, message: str) -> None:
+    def __init__(self, status: str, message: str, check: Optional[dict] = None) -> None:
         super().__init__(message)
-        self.status = status
+        self.status, self.check = status, check
 
 
 _BUILT: dict[str, Built] = {}
@@ -89,15 +89,14 @@ def evaluate(task: Task) -> Outcome:
                 )
         return Outcome("passed", check=check, timing=measured.stats())
     except Failed as exc:
-        return Outcome(exc.status, error=str(exc), check=getattr(exc, "check", None))
+        return Outcome(exc.status, error=str(exc), check=exc.check)
     except Exception as exc:  # the solution raised: a runtime error, maybe a broken CUDA context
         return Outcome("runtime_error", error=_tail(exc), restart=_cuda_broken(device))
 
 
 def _entry(definition: Definition, task: Task) -> tuple[Callable[..., Any], bool]:
     if task.solution is None:
-        fn = load_function(definition.reference, "run", label=definition.name)
-        return (lambda **kw: fn(**kw)), False
+        return load_function(definition.reference, "run", label=definition.name), False
     solution = Solution.model_validate(task.solution)
     key = content_hash(solution)
     if key not in _BUILT:
@@ -189,13 +188,12 @@ def _check_draws(definition, run, destination_passing, draws) -> dict:
         diff = _diff_all(definition, outputs, reference)
         total = diff if total is None else total.merge(diff)
         if not diff.ok:
-            failed = Failed(
+            raise Failed(
                 "incorrect_numerical",
                 f"{diff.mismatched} of {diff.total} elements off (max abs {diff.max_abs:.3g}, max rel {diff.max_rel:.3g}; "
                 f"atol {diff.atol}, rtol {diff.rtol})",
+                _check_dict(total, len(draws)),
             )
-            failed.check = _check_dict(total, len(draws))  # type: ignore[attr-defined]
-            raise failed
         previous = ({n: o.clone() for n, o in outputs.items()}, reference)
     assert total is not None
     return _check_dict(total, len(draws))
@@ -258,9 +256,7 @@ def _check_distribution(definition, run, destination_passing, draw, device) -> d
         "method": "distribution",
     }
     if distance > SAMPLING_MAX_DISTANCE:
-        failed = Failed("incorrect_numerical", f"sampled distribution off: total variation {distance:.3f}")
-        failed.check = check  # type: ignore[attr-defined]
-        raise failed
+        raise Failed("incorrect_numerical", f"sampled distribution off: total variation {distance:.3f}", check)
     return check
 
 

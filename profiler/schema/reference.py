@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
+from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -48,3 +50,9 @@ def entry_signature(source: str, function: str = "run") -> EntrySignature:
             # e.g. ``run = torch.compile(_impl)``: callable, parameters unknown statically.
             return EntrySignature((), (), True)
     raise ValueError(f"defines no top-level function {function!r}")
+
+
+def reference_constant(source: str, name: str) -> Optional[str]:
+    """The literal of a top-level-looking ``NAME = value`` line in ``source`` (e.g. ``EPS = 1e-5``)."""
+    found = re.search(rf"^\s*{re.escape(name)} = (\S+)\s*$", source, flags=re.M)
+    return found.group(1) if found else None
