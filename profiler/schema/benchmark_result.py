@@ -60,6 +60,8 @@ class Timing(StrictModel):
     p90_ms: NonNegativeFloat
     cv: NonNegativeFloat
     cold_l2: bool
+    #: device time spun before each timed call so the host's enqueueing is not timed (CUDA)
+    host_lead_us: NonNegativeFloat = 0.0
 
 
 class BenchmarkResult(StrictModel):
