@@ -60,24 +60,28 @@ class HookPoint:
     optional: bool = False
     #: a step boundary (``to_calls`` reports the step's signature to the recorder), not a kernel
     boundary: bool = False
+    #: its var axes change between steps of one signature (attention: the KV pages), so it is
+    #: recorded in every step, replayed ones too (but for count-only capture: its ids do not change)
+    live: bool = False
 
 
-def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls) -> Callable[..., Any]:
+def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls, live: bool = False) -> Callable[..., Any]:
     @functools.wraps(fn)
     def hooked(*args: Any, **kwargs: Any) -> Any:
         if not RECORDER.active or getattr(_depth, op, 0) or _is_compiling():
             return fn(*args, **kwargs)
         replay = RECORDER.replay
-        if replay is not None:  # a known step: count only (the hot path, kept to a few operations)
+        learned = not (live and not RECORDER.count_only)  # part of the learned step, or recorded live
+        if replay is not None and learned:  # a known step: count only (the hot path, a few operations)
             index = RECORDER.replayed
             RECORDER.replayed = index + 1
             label = replay[index] if index < len(replay) else op
         else:
             try:
-                label = RECORDER.record(to_calls(*args, **kwargs), op)
+                label = RECORDER.record(to_calls(*args, **kwargs), op, learned)
             except Exception as exc:  # a hook must never break the engine
                 RECORDER.error(op, exc)
-                label = RECORDER.record((), op)  # keeps the step's invocation count right
+                label = RECORDER.record((), op, learned)  # keeps the step's invocation count right
         # the real call inside an NVTX range, marked so nested calls of the same op are not counted
         setattr(_depth, op, 1)
         if _push is not None:
@@ -131,8 +135,11 @@ def install(points: Sequence[HookPoint]) -> tuple[list[str], list[str]]:
             if getattr(raw, "__fi_profile_original__", None) is not None:
                 found = True
                 continue
-            wrapper = wrap_boundary if point.boundary else wrap
-            setattr(cls, method, wrapper(raw, point.op, point.to_calls))
+            if point.boundary:
+                hooked = wrap_boundary(raw, point.op, point.to_calls)
+            else:
+                hooked = wrap(raw, point.op, point.to_calls, point.live)
+            setattr(cls, method, hooked)
             installed.append(f"{point.cls}.{method}")
             found = True
         if not found:

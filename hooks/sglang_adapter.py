@@ -22,7 +22,7 @@ from profiler.schema.dtype import schema_dtype
 #: the model runner of the current step, and the decode/prefill layouts of the batch last asked
 #: about (the attention layers of one step share one ForwardBatch, which may not be the object
 #: ``ModelRunner.forward`` received)
-_step: dict[str, Any] = {"runner": None, "source": None, "batches": None}
+_step: dict[str, Any] = {"runner": None, "source": None, "batches": None, "calls": {}}
 
 
 def _layout(batch: Any) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
@@ -41,10 +41,10 @@ def _layout(batch: Any) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def _model_step(self: Any, forward_batch: Any, *_: Any, **__: Any) -> None:
-    _step.update(runner=self, source=None, batches=None)
+    _step.update(runner=self, source=None, batches=None, calls={})
     layout = _layout(forward_batch)
     if layout is not None:
-        RECORDER.begin_step(ops.step_shape(*layout, 1, with_pages=not RECORDER.count_only))
+        RECORDER.begin_step(ops.step_shape(*layout))
 
 
 def _batches(batch: Any) -> tuple[Any, Any]:
@@ -53,7 +53,7 @@ def _batches(batch: Any) -> tuple[Any, Any]:
         if layout is None or _step["runner"] is None:
             return None, None
         table = _step["runner"].req_to_token_pool.req_to_token[batch.req_pool_indices]
-        _step.update(source=batch, batches=ops.paged_batches(*layout, table, 1))
+        _step.update(source=batch, batches=ops.paged_batches(*layout, table, 1), calls={})
     return _step["batches"]
 
 
@@ -63,11 +63,9 @@ def _attention(self: Any, q: torch.Tensor, k: Any, v: Any, forward_batch: Any, *
         self.tp_q_head_num, self.tp_k_head_num, self.head_dim, 1, RECORDER.num_pages or 0,
         schema_dtype(q.dtype), float(self.scaling),
     )
-    calls = []
-    if decode is not None:
-        calls.append(ops.paged_attention(decode, "decode", *shape))
-    if prefill is not None:
-        calls.append(ops.paged_attention(prefill, "prefill", *shape))
+    calls = _step["calls"].get(shape)  # the step's layers share their calls
+    if calls is None:
+        calls = _step["calls"][shape] = ops.paged_attention_calls(decode, prefill, *shape)
     return calls
 
 
@@ -88,7 +86,7 @@ POINTS = [
     HookPoint("sglang.srt.layers.logits_processor", "LogitsProcessor", ("_compute_lm_head",), "gemm", lm_head),
     HookPoint("sglang.srt.layers.quantization.unquant", "UnquantizedEmbeddingMethod", ("apply",), "gemm", linear),
     HookPoint("sglang.srt.layers.vocab_parallel_embedding", "VocabParallelEmbedding", ("forward",), "embedding", embedding),
-    HookPoint("sglang.srt.layers.radix_attention", "RadixAttention", ("forward",), "attention", _attention),
+    HookPoint("sglang.srt.layers.radix_attention", "RadixAttention", ("forward",), "attention", _attention, live=True),
     HookPoint("sglang.srt.layers.sampler", "Sampler", ("forward",), "sampling", _sampler),
     HookPoint("sglang.srt.model_executor.model_runner", "ModelRunner", ("forward",), "step", _model_step, boundary=True),
 ]

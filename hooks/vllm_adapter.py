@@ -22,7 +22,7 @@ from profiler.schema.dtype import schema_dtype
 
 #: the step's layout source and its decode/prefill split; the source object itself is held (not its
 #: id), so a later step's metadata can never be mistaken for it at a recycled address
-_step: dict[str, Any] = {"common": None, "source": None, "batches": (None, None)}
+_step: dict[str, Any] = {"common": None, "source": None, "batches": (None, None), "calls": {}}
 
 
 def _metadata_builder(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -40,15 +40,13 @@ def _metadata_builder(self: Any, *args: Any, **kwargs: Any) -> None:
     seq_lens = getattr(common, "_seq_lens_cpu", None)  # the runner's CPU copy: no device sync
     if seq_lens is None:
         seq_lens = common.seq_lens.to("cpu")
-    RECORDER.begin_step(
-        ops.step_shape(common.query_start_loc_cpu, seq_lens, RECORDER.page_size, with_pages=not RECORDER.count_only)
-    )
+    RECORDER.begin_step(ops.step_shape(common.query_start_loc_cpu, seq_lens))
 
 
 def _batches_of(source: Any) -> tuple[Any, Any]:
-    """The step's decode and prefill layouts, computed once per step and shared by all layers
-    (only in steps that are recorded call by call: replayed steps never ask). CPU copies of the
-    query starts and sequence lengths where the metadata has them: no device sync."""
+    """The step's decode and prefill layouts, computed once per step and shared by all layers.
+    CPU copies of the query starts and sequence lengths where the metadata has them: no device
+    sync."""
     if _step["source"] is not source:
         query_start_loc = getattr(source, "query_start_loc_cpu", None)
         if query_start_loc is None:
@@ -61,6 +59,7 @@ def _batches_of(source: Any) -> tuple[Any, Any]:
             block_table = source.block_table
         _step["batches"] = ops.paged_batches(query_start_loc, seq_lens, block_table, RECORDER.page_size)
         _step["source"] = source
+        _step["calls"] = {}
     return _step["batches"]
 
 
@@ -87,11 +86,9 @@ def _attention(self: Any, query: torch.Tensor, *_: Any, **__: Any) -> list[Kerne
     decode, prefill = _batches_of(_layout_source(metadata))
     dtype = schema_dtype(query.dtype)
     shape = (self.num_heads, self.num_kv_heads, self.head_size, page_size, RECORDER.num_pages or 0, dtype, float(self.impl.scale))
-    calls = []
-    if decode is not None:
-        calls.append(ops.paged_attention(decode, "decode", *shape))
-    if prefill is not None:
-        calls.append(ops.paged_attention(prefill, "prefill", *shape))
+    calls = _step["calls"].get(shape)  # the step's layers share their calls
+    if calls is None:
+        calls = _step["calls"][shape] = ops.paged_attention_calls(decode, prefill, *shape)
     return calls
 
 
@@ -146,7 +143,7 @@ POINTS = [
     HookPoint(
         "vllm.model_executor.layers.vocab_parallel_embedding", "VocabParallelEmbedding", ("forward",), "embedding", embedding
     ),
-    HookPoint("vllm.model_executor.layers.attention.attention", "Attention", ("forward",), "attention", _attention),
+    HookPoint("vllm.model_executor.layers.attention.attention", "Attention", ("forward",), "attention", _attention, live=True),
     HookPoint("vllm.model_executor.layers.fused_moe.runner.moe_runner", "MoERunner", ("forward",), "moe", _moe),
     *(
         HookPoint(

@@ -159,29 +159,16 @@ class PagedBatch:
         return int(self.qo_indptr[-1])
 
 
-def step_shape(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, page_size: int, with_pages: bool = True) -> tuple:
-    """What fixes a step's var axes: tokens, requests, and per part (decode, prefill) the request
-    count, query tokens and KV pages. From CPU tensors (via numpy: this runs every step, and numpy
-    is several times cheaper than torch on a few dozen numbers) it needs no device sync.
-
-    ``with_pages=False`` leaves the KV pages out: counting calls per Definition does not depend on
-    them, and they change every few decode steps (every step with page size 1), so count-only
-    capture replays far more steps without them."""
+def step_shape(query_start_loc: torch.Tensor, seq_lens: torch.Tensor) -> tuple:
+    """What fixes a step's calls but attention's: tokens, requests, and per part (decode, prefill)
+    the request count and query tokens. The KV pages are left out: they change every few decode
+    steps (every step with page size 1) while nothing else does, so attention is recorded live in
+    every step instead (``HookPoint.live``). From CPU tensors (via numpy: this runs every step, and
+    numpy is several times cheaper than torch on a few dozen numbers) it needs no device sync."""
     n = len(seq_lens)
     qsl = query_start_loc.numpy()
-    q_lens = qsl[1 : n + 1] - qsl[:n]
-    decode = q_lens == 1
-    decodes = int(decode.sum())
-    decode_pages = prefill_pages = 0
-    if with_pages:
-        pages = (seq_lens.numpy().astype(np.int64) + page_size - 1) // page_size
-        decode_pages = int(pages[decode].sum())
-        prefill_pages = int(pages.sum()) - decode_pages
-    parts = (
-        (decodes, decodes, decode_pages),
-        (n - decodes, int(qsl[n]) - int(qsl[0]) - decodes, prefill_pages),
-    )
-    return (int(qsl[n]), n) + parts
+    decodes = int((qsl[1 : n + 1] - qsl[:n] == 1).sum())
+    return (int(qsl[n]) - int(qsl[0]), n, decodes, n - decodes)
 
 
 def paged_batches(
@@ -190,33 +177,35 @@ def paged_batches(
     """Split a step into its decode requests (one query token) and its prefill requests.
 
     ``query_start_loc`` and ``seq_lens`` should be the runner's CPU copies: everything but the page
-    ids is computed from them. The page ids are gathered where the block table lives and stay
-    there (on a GPU: no device sync; the recorder copies a sample to the host asynchronously)."""
-    qsl = query_start_loc.detach().to("cpu", torch.int64)
-    lens = seq_lens.detach().to("cpu", torch.int64)
+    ids is computed from them (numpy: this runs every step). The page ids are gathered where the
+    block table lives and stay there; on a GPU the gather's coordinates go up through pinned memory,
+    because a copy from pageable memory would wait for the device to drain its stream."""
+    qsl = query_start_loc.detach().to("cpu", torch.int64).numpy()
+    lens = seq_lens.detach().to("cpu", torch.int64).numpy()
     n = len(lens)
     q_lens = qsl[1 : n + 1] - qsl[:n]
     pages = (lens + page_size - 1) // page_size
     decode = q_lens == 1
-    zero = torch.zeros(1, dtype=torch.int64)
     parts = []
     for chosen in (decode, ~decode):
-        idx = chosen.nonzero().flatten()
-        if idx.numel() == 0:
+        idx = chosen.nonzero()[0]
+        if idx.size == 0:
             parts.append(None)
             continue
         sel_pages = pages[idx]
-        kv_indptr = torch.cat([zero, sel_pages.cumsum(0)])
-        rows = torch.repeat_interleave(idx, sel_pages)
-        cols = torch.arange(int(kv_indptr[-1])) - torch.repeat_interleave(kv_indptr[:-1], sel_pages)
-        device = block_table.device
-        kv_indices = block_table[rows.to(device, non_blocking=True), cols.to(device, non_blocking=True)]
+        kv_indptr = np.concatenate([[0], sel_pages.cumsum()])
+        coords = np.stack([np.repeat(idx, sel_pages), np.arange(kv_indptr[-1]) - np.repeat(kv_indptr[:-1], sel_pages)])
+        coords = torch.from_numpy(coords)
+        if block_table.device.type == "cuda":
+            # empty(pin_memory=True) takes a cached pinned block (~2 us); .pin_memory() costs 10-120 us
+            pinned = torch.empty(coords.shape, dtype=coords.dtype, pin_memory=True)
+            coords = pinned.copy_(coords).to(block_table.device, non_blocking=True)
         parts.append(
             PagedBatch(
-                qo_indptr=torch.cat([zero, q_lens[idx].cumsum(0)]).to(torch.int32),
-                kv_indptr=kv_indptr.to(torch.int32),
-                kv_indices=kv_indices.to(torch.int32),
-                kv_last_page_len=(lens[idx] - (sel_pages - 1) * page_size).to(torch.int32),
+                qo_indptr=torch.from_numpy(np.concatenate([[0], q_lens[idx].cumsum()]).astype(np.int32)),
+                kv_indptr=torch.from_numpy(kv_indptr.astype(np.int32)),
+                kv_indices=block_table[coords[0], coords[1]].to(torch.int32),
+                kv_last_page_len=torch.from_numpy((lens[idx] - (sel_pages - 1) * page_size).astype(np.int32)),
             )
         )
     return parts[0], parts[1]
@@ -233,17 +222,17 @@ def paged_attention(
     dtype: DType,
     sm_scale: float,
 ) -> KernelCall:
-    consts = {"num_qo_heads": num_q_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim, "page_size": page_size}
-    shape = f"h{num_q_heads}_kv{num_kv_heads}_d{head_dim}_ps{page_size}{_suffix(dtype)}"
+    def build() -> Definition:
+        consts = {"num_qo_heads": num_q_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim, "page_size": page_size}
+        shape = f"h{num_q_heads}_kv{num_kv_heads}_d{head_dim}_ps{page_size}{_suffix(dtype)}"
+        kind = "decode" if stage == "decode" else "prefill_causal"
+        template = f"gqa_paged_{kind}_h32_kv8_d128_ps{1 if page_size == 1 else 16}"
+        return definition_for(template, f"gqa_paged_{kind}_{shape}", consts, dtype)
+
+    definition = _cached(("paged_attention", stage, num_q_heads, num_kv_heads, head_dim, page_size, dtype), build)
     if stage == "decode":
-        template = "gqa_paged_decode_h32_kv8_d128_ps1" if page_size == 1 else "gqa_paged_decode_h32_kv8_d128_ps16"
-        definition = definition_for(template, f"gqa_paged_decode_{shape}", consts, dtype)
         axes = {"batch_size": batch.batch_size, "len_indptr": batch.batch_size + 1}
     else:
-        template = (
-            "gqa_paged_prefill_causal_h32_kv8_d128_ps1" if page_size == 1 else "gqa_paged_prefill_causal_h32_kv8_d128_ps16"
-        )
-        definition = definition_for(template, f"gqa_paged_prefill_causal_{shape}", consts, dtype)
         axes = {"len_indptr": batch.batch_size + 1, "total_q": batch.total_q}
         if "batch_size" in definition.var_axes:
             axes["batch_size"] = batch.batch_size
@@ -254,6 +243,12 @@ def paged_attention(
     if "kv_last_page_len" in definition.inputs:
         tensors["kv_last_page_len"] = batch.kv_last_page_len
     return KernelCall(definition, axes, tensors, {"sm_scale": sm_scale})
+
+
+def paged_attention_calls(decode: Optional[PagedBatch], prefill: Optional[PagedBatch], *shape: object) -> list[KernelCall]:
+    """One attention layer's calls in a step: its decode part and its prefill part, where present."""
+    parts = (("decode", decode), ("prefill", prefill))
+    return [paged_attention(batch, stage, *shape) for stage, batch in parts if batch is not None]
 
 
 #: MoE routing -> the shipped Definition whose reference routes that way (instantiated per shape)

@@ -7,13 +7,14 @@ Steps repeat: an engine step's calls are a function of its shape (token counts a
 layout), which the adapter reports at each step boundary as a signature. The first step of a
 signature is recorded call by call and its call list learned; a later step with the same
 signature is replayed: each hook then only counts (and opens its NVTX range), and the learned
-list is added at the step's end. A replayed step whose hooked-call count differs from the learned
-one is reported in ``errors``. Without step boundaries every call is recorded in full. Nothing
-is recorded until the driver starts the model phase, so engine start-up (memory profiling,
-warm-up, graph capture) stays out of the record. ``flush`` writes this process's part file
-atomically; ``profiler.capture.output`` merges the parts of all processes. With ``autosave`` the
-part is also rewritten at a step boundary every few seconds, so an engine process that dies
-leaves its record up to its last whole saved step.
+list is added at the step's end. Live hooks (attention, whose KV pages are not in the signature)
+are recorded in every step and are not part of the learned list. A replayed step whose
+hooked-call count differs from the learned one is reported in ``errors``. Without step
+boundaries every call is recorded in full. Nothing is recorded until the driver starts the model
+phase, so engine start-up (memory profiling, warm-up, graph capture) stays out of the record.
+``flush`` writes this process's part file atomically; ``profiler.capture.output`` merges the
+parts of all processes. With ``autosave`` the part is also rewritten at a step boundary every few
+seconds, so an engine process that dies leaves its record up to its last whole saved step.
 """
 
 from __future__ import annotations
@@ -112,8 +113,9 @@ class Recorder:
             self.step_stats["learned"] += 1
         self.replay, self._replay_keys, self._learning, self._signature = None, (), None, None
 
-    def record(self, calls: Iterable[Optional[KernelCall]], op: str) -> str:
-        """Record one hooked invocation's calls; returns its NVTX label (first Definition, or op)."""
+    def record(self, calls: Iterable[Optional[KernelCall]], op: str, learned: bool = True) -> str:
+        """Record one hooked invocation's calls; returns its NVTX label (first Definition, or op).
+        ``learned=False``: a live invocation, recorded in every step, not part of the step's list."""
         label = op
         with self._lock:
             for call in calls:
@@ -126,7 +128,7 @@ class Recorder:
                 if name not in self.definitions:
                     self.definitions[name] = call.definition
                 key = (name, tuple(call.axes.items()))  # op functions build axes in a fixed order
-                if self._learning is not None:
+                if self._learning is not None and learned:
                     self._learning.append(key)
                 if self.count_only:
                     continue
@@ -134,7 +136,7 @@ class Recorder:
                 if key not in self.samples:
                     call.tensors = {k: _host_copy(v) for k, v in call.tensors.items()}
                     self.samples[key] = call
-            if self._learning is not None:
+            if self._learning is not None and learned:
                 self._learning_labels.append(label)
         return label
 
@@ -150,13 +152,13 @@ class Recorder:
         return self._write(Path(directory), *snapshot)
 
     def _snapshot(self) -> tuple[dict, dict[str, torch.Tensor]]:
-        if torch.cuda.is_initialized():  # samples copied to the host asynchronously have landed
-            torch.cuda.synchronize()
         """The part document and, when samples were added since the last save, the blob tensors.
 
         Blob keys are the samples' insertion order, which never changes until a reset: the blob
         is rewritten only when samples were added, always before the JSON that names its keys,
         so a part file on disk never names a tensor its blob lacks. Called under the lock."""
+        if torch.cuda.is_initialized():  # samples copied to the host asynchronously have landed
+            torch.cuda.synchronize()
         sample_ids = {key: i for i, key in enumerate(self.samples)}
         blob_tensors: dict[str, torch.Tensor] = {}
         if len(self.samples) > self._saved_samples:
