@@ -2,7 +2,9 @@
 global state, and on some failures kill their parent. argv[1]: JSON of the runner's arguments.
 Prints ``RESULT <json>`` as its last line.
 
-Test-only fault injection: FI_PROFILE_TEST_FAULT=<op function> makes that op-table function raise;
+Test-only fault injection: FI_PROFILE_TEST_FAULT=<op function> makes that op-table function raise,
+in this process and in every process spawned from it (a spawned child runs this module's top level
+as ``__mp_main__``: that is how the fault reaches SGLang's scheduler);
 FI_PROFILE_TEST_FAULT=kill-engine SIGKILLs the engine process once its part has 3 steps saved.
 """
 
@@ -26,18 +28,24 @@ def kill_engine_once_saved(out_dir: Path) -> None:
         time.sleep(0.01)
 
 
+def break_op(name: str) -> None:
+    from profiler.capture import ops
+
+    def broken(*_, **__):
+        raise RuntimeError(f"injected fault in {name}")
+
+    setattr(ops, name, broken)
+
+
+FAULT = os.environ.get("FI_PROFILE_TEST_FAULT", "")
+if FAULT and FAULT != "kill-engine":
+    break_op(FAULT)
+
+
 def main() -> None:
     args = json.loads(sys.argv[1])
-    fault = os.environ.get("FI_PROFILE_TEST_FAULT")
-    if fault == "kill-engine":
+    if FAULT == "kill-engine":
         threading.Thread(target=kill_engine_once_saved, args=(Path(args["out_dir"]),), daemon=True).start()
-    elif fault:
-        from profiler.capture import ops
-
-        def broken(*_, **__):
-            raise RuntimeError(f"injected fault in {fault}")
-
-        setattr(ops, fault, broken)
     from profiler.capture.engine_run import EngineFailed, Scenario
     from profiler.capture.vllm_runner import run_vllm
 

@@ -93,9 +93,22 @@ def test_the_command_as_the_user_wrote_it(tmp_path):
     assert "on SGLang" in proc.stdout
 
 
-def test_count_only_replays_steps_that_full_capture_must_learn(tmp_path, sglang):
-    """With page size 1 the KV pages change every decode step; counting does not depend on them."""
+def test_decode_steps_replay_though_their_kv_pages_change(tmp_path, sglang):
+    """With page size 1 the KV pages change every decode step: attention is recorded live (its
+    workloads are all there: see the page-size-1 test), the rest of the step replays."""
     counted = capture(tmp_path, "count", python=SGLANG_PYTHON, framework="sglang", count_only=True)
     assert counts(counted) == counts(sglang)
-    assert sglang["record"]["run"]["steps"] == {"learned": OUTPUT_LEN}
+    assert sglang["record"]["run"]["steps"] == {"learned": 2, "replayed": OUTPUT_LEN - 2}
     assert counted["record"]["run"]["steps"] == {"learned": 2, "replayed": OUTPUT_LEN - 2}
+
+
+def test_failing_hook_in_the_scheduler_does_not_break_generation(tmp_path, sglang, sglang_off):
+    """The fault is injected in the spawned scheduler process, where SGLang runs the model."""
+    broken = capture(tmp_path, "broken", fault="silu_and_mul", python=SGLANG_PYTHON, framework="sglang")
+    assert broken["tokens"] == sglang_off["tokens"]
+    run = broken["record"]["run"]
+    ((error, times),) = run["hook_errors"].items()
+    assert "injected fault in silu_and_mul" in error and times == LAYERS * run["steps"]["learned"]
+    expected = counts(sglang)
+    del expected["silu_and_mul_i512"]
+    assert counts(broken) == expected
