@@ -1,6 +1,6 @@
 """Capture overhead in one engine: generate tokens/s with capture off, count-only and full.
 
-One vLLM engine is built with fi-profile's hooks installed. Each round runs the same generate three
+One engine (vLLM, or SGLang with ``--framework sglang``) is built with fi-profile's hooks installed. Each round runs the same generate three
 times: capture off (hooks installed, recorder inactive: each hook costs a flag test), count-only
 (calls counted per Definition) and full (plus distinct var-axis values and index tensors). The
 order rotates each round so that drift does not favour one mode. Medians are reported.
@@ -8,6 +8,8 @@ order rotates each round so that drift does not favour one mode. Medians are rep
   python benchmarks/capture_overhead.py --model fi-profile/tiny-llama --rounds 3
   python benchmarks/capture_overhead.py --model meta-llama/Llama-3.1-8B --attention-backend TRITON_ATTN \\
       --num-prompts 32 --input-len 256 --output-len 64 --json overhead.json
+  python benchmarks/capture_overhead.py --framework sglang --model meta-llama/Llama-3.1-8B \\
+      --attention-backend triton --json overhead-sglang.json
 """
 
 from __future__ import annotations
@@ -18,15 +20,54 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
-from profiler.capture.engine_run import Scenario
-from profiler.capture.vllm_runner import build_llm, requests_for
+from profiler.capture.engine_run import Scenario, prompts_for
 
 MODES = ("off", "count", "full")
+
+#: generate() -> tokens generated; start(count_only); stop(out_dir); engine version
+Engine = tuple[Callable[[], int], Callable[[bool], None], Callable[[str], None], str]
+
+
+def vllm_engine(args: argparse.Namespace, scenario: Scenario) -> Engine:
+    import vllm
+
+    from profiler.capture.vllm_runner import build_llm, requests_for
+
+    llm = build_llm(
+        args.model, scenario, attention_backend=args.attention_backend, eager=not args.no_eager,
+        single_process=args.single_process,
+    )
+    prompts, params = requests_for(llm, scenario)
+
+    def generate() -> int:
+        return sum(len(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False))
+
+    return (generate, lambda count: llm.collective_rpc("fi_profile_start", args=(count,)),
+            lambda out: llm.collective_rpc("fi_profile_stop", args=(out,)), f"vllm {vllm.__version__}")
+
+
+def sglang_engine(args: argparse.Namespace, scenario: Scenario) -> Engine:
+    import sglang
+
+    from profiler.capture.engine_run import resolve_model
+    from profiler.capture.sglang_runner import build_engine, sampling_params, vocab_size
+
+    engine = build_engine(args.model, scenario, attention_backend=args.attention_backend, eager=not args.no_eager)
+    prompts = prompts_for(scenario, vocab_size(resolve_model(args.model).path))
+    params = sampling_params(scenario)
+
+    def generate() -> int:
+        return sum(len(o["output_ids"]) for o in engine.generate(input_ids=prompts, sampling_params=params))
+
+    return (generate, lambda count: engine.collective_rpc("fi_profile_start", count_only=count),
+            lambda out: engine.collective_rpc("fi_profile_stop", out_dir=out), f"sglang {sglang.__version__}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--framework", choices=("vllm", "sglang"), default="vllm")
     parser.add_argument("--model", default="fi-profile/tiny-llama")
     parser.add_argument("--num-prompts", type=int, default=32)
     parser.add_argument("--input-len", type=int, default=256)
@@ -37,18 +78,14 @@ def main() -> None:
     parser.add_argument(
         "--single-process", action="store_true",
         help="engine core in this process: every request is queued before the first step, so each "
-        "generate schedules the same steps (multi-process vLLM receives them one by one over ZMQ)",
+        "generate schedules the same steps (multi-process vLLM receives them one by one over ZMQ); vLLM only",
     )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
     scenario = Scenario(num_prompts=args.num_prompts, input_len=args.input_len, output_len=args.output_len)
-    llm = build_llm(
-        args.model, scenario, attention_backend=args.attention_backend, eager=not args.no_eager,
-        single_process=args.single_process,
-    )
-    prompts, params = requests_for(llm, scenario)
-    llm.generate(prompts, params, use_tqdm=False)  # warm-up: JIT, allocator
+    generate, start, stop, engine = (sglang_engine if args.framework == "sglang" else vllm_engine)(args, scenario)
+    generate()  # warm-up: JIT, allocator
     times: dict[str, list[float]] = {m: [] for m in MODES}
     calls: dict[str, int] = {}
     steps: dict[str, dict[str, int]] = {}
@@ -58,25 +95,23 @@ def main() -> None:
             order = MODES[round_index % 3 :] + MODES[: round_index % 3]
             for mode in order:
                 if mode != "off":
-                    llm.collective_rpc("fi_profile_start", args=(mode == "count",))
-                start = time.perf_counter()
-                outputs = llm.generate(prompts, params, use_tqdm=False)
-                times[mode].append(time.perf_counter() - start)
-                generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+                    start(mode == "count")
+                began = time.perf_counter()
+                generated = generate()
+                times[mode].append(time.perf_counter() - began)
                 if mode != "off":
-                    llm.collective_rpc("fi_profile_stop", args=(tmp,))
+                    stop(tmp)
                     part = json.loads(next((Path(tmp) / ".fi-profile" / "parts").glob("*.json")).read_text())
                     calls[mode] = sum(part["calls"].values())
                     steps[mode] = part["steps"]
     import torch
-    import vllm
 
     import hooks.patching
 
     tokens_per_s = {m: generated / statistics.median(t) for m, t in times.items()}
     result = {
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-        "engine": f"vllm {vllm.__version__}",
+        "engine": engine,
         "model": args.model,
         "attention_backend": args.attention_backend or "default",
         "eager": not args.no_eager,

@@ -63,11 +63,9 @@ def run_sglang(model: str, out_dir: Path, scenario: Scenario, *, max_workloads: 
         clear_output(out_dir)
         if capture:
             llm.collective_rpc("fi_profile_start", count_only=count_only, out_dir=str(out_dir), autosave_s=autosave_s)
-        params = {"max_new_tokens": scenario.output_len, "ignore_eos": True, "temperature": scenario.temperature,
-                  "top_k": scenario.top_k if scenario.top_k > 0 else -1, "top_p": scenario.top_p}
-        vocab = _vocab_size(resolve_model(model).path)
+        vocab = vocab_size(resolve_model(model).path)
         try:
-            outputs = llm.generate(input_ids=prompts_for(scenario, vocab), sampling_params=params)
+            outputs = llm.generate(input_ids=prompts_for(scenario, vocab), sampling_params=sampling_params(scenario))
             failure = None
         except Exception as exc:  # the engine died: keep what was saved
             if not capture:
@@ -98,7 +96,13 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def _vocab_size(model_path: str) -> int:
+def sampling_params(scenario: Scenario) -> dict[str, Any]:
+    """SGLang's sampling parameters for the scenario (every request generates ``output_len`` tokens)."""
+    return {"max_new_tokens": scenario.output_len, "ignore_eos": True, "temperature": scenario.temperature,
+            "top_k": scenario.top_k if scenario.top_k > 0 else -1, "top_p": scenario.top_p}
+
+
+def vocab_size(model_path: str) -> int:
     import json
 
     config = Path(model_path) / "config.json"
