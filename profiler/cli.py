@@ -198,5 +198,58 @@ def replay(
     out.print(f"results: {results_dir / 'results.jsonl'} ({len(results)} results, device {options.device})")
 
 
+@app.command()
+def inspect(
+    traces: Annotated[list[Path], typer.Argument(help="Agent traces: typed list, conversation, or request/response log (JSONL).")],
+    page: Annotated[Path, typer.Option("--out", help="The HTML page to write.")] = Path("agent-traces.html"),
+    results: Annotated[
+        Optional[list[Path]], typer.Option("--results", help="Benchmark Results (results.jsonl) of solutions the traces name.")
+    ] = None,
+) -> None:
+    """Write one self-contained HTML page showing agent traces as timelines."""
+    from profiler.agent_traces.load import TraceError, load_trace
+    from profiler.agent_traces.page import render_page
+    from profiler.agent_traces.results import load_results, summarize
+
+    loaded, problems = [], []
+    for path in traces:
+        try:
+            loaded.append(load_trace(path))
+        except TraceError as exc:
+            problems += exc.problems
+    found = []
+    for path in results or []:
+        rs, bad = load_results(path)
+        found += rs
+        problems += bad
+    if problems:
+        for problem in problems:
+            err.print(str(problem), markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(code=1)
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text(render_page(loaded, summarize(found)), encoding="utf-8")
+    entries = sum(len(t.trace.root) for t in loaded)
+    out.print(f"{page}: {len(loaded)} trace(s), {entries} entries" + (f", {len(found)} benchmark results" if results else ""))
+
+
+@app.command("convert-trace")
+def convert_trace(
+    trace: Annotated[Path, typer.Argument(help="A conversation object or a request/response log (JSONL).")],
+    converted: Annotated[Path, typer.Option("--out", help="Where to write the typed list (JSON).")],
+) -> None:
+    """Convert an agent trace to the seed's typed list of llm_request / tool_call entries."""
+    from profiler.agent_traces.load import TraceError, load_trace
+
+    try:
+        loaded = load_trace(trace)
+    except TraceError as exc:
+        for problem in exc.problems:
+            err.print(str(problem), markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(code=1)
+    converted.parent.mkdir(parents=True, exist_ok=True)
+    converted.write_text(loaded.trace.model_dump_json(indent=2, exclude_none=True) + "\n", encoding="utf-8")
+    out.print(f"{converted}: {len(loaded.trace.root)} entries from a {loaded.form}")
+
+
 def main() -> None:  # pragma: no cover - console entry
     app()
