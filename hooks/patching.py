@@ -63,9 +63,12 @@ class HookPoint:
     #: its var axes change between steps of one signature (attention: the KV pages), so it is
     #: recorded in every step, replayed ones too (but for count-only capture: its ids do not change)
     live: bool = False
+    #: ops that run inside this one as part of it (a MoE layer's experts on some backends run
+    #: their activation through the hooked SiluAndMul): not counted on their own while it runs
+    nested: tuple[str, ...] = ()
 
 
-def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls, live: bool = False) -> Callable[..., Any]:
+def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls, live: bool = False, nested: tuple[str, ...] = ()) -> Callable[..., Any]:
     @functools.wraps(fn)
     def hooked(*args: Any, **kwargs: Any) -> Any:
         if not RECORDER.active or getattr(_depth, op, 0) or _is_compiling():
@@ -83,7 +86,10 @@ def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls, live: bool = False)
                 RECORDER.error(op, exc)
                 label = RECORDER.record((), op, learned)  # keeps the step's invocation count right
         # the real call inside an NVTX range, marked so nested calls of the same op are not counted
+        outer = [getattr(_depth, m, 0) for m in nested]
         setattr(_depth, op, 1)
+        for m in nested:
+            setattr(_depth, m, 1)
         if _push is not None:
             _push(label)
         try:
@@ -92,6 +98,8 @@ def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls, live: bool = False)
             if _pop is not None:
                 _pop()
             setattr(_depth, op, 0)
+            for m, was in zip(nested, outer):
+                setattr(_depth, m, was)
 
     hooked.__fi_profile_original__ = fn  # type: ignore[attr-defined]
     return hooked
@@ -138,7 +146,7 @@ def install(points: Sequence[HookPoint]) -> tuple[list[str], list[str]]:
             if point.boundary:
                 hooked = wrap_boundary(raw, point.op, point.to_calls)
             else:
-                hooked = wrap(raw, point.op, point.to_calls, point.live)
+                hooked = wrap(raw, point.op, point.to_calls, point.live, point.nested)
             setattr(cls, method, hooked)
             installed.append(f"{point.cls}.{method}")
             found = True

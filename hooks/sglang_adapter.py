@@ -69,6 +69,49 @@ def _attention(self: Any, q: torch.Tensor, k: Any, v: Any, forward_batch: Any, *
     return calls
 
 
+def _moe_routing(self: Any, hidden_states: torch.Tensor, router_logits: torch.Tensor, *_: Any, **__: Any) -> list:
+    """``TopK``: no kernel of its own here; the routing it does is part of the MoE call that the
+    experts layer right after it records (one fused MoE call, as for vLLM)."""
+    _step["moe_routing"] = (router_logits, self.topk_config)
+    return []
+
+
+def _moe(self: Any, hidden_states: torch.Tensor, topk_output: Any, *_: Any, **__: Any) -> list:
+    """``FusedMoE``: routing (from the ``TopK`` call before it) and SwiGLU experts as one call."""
+    routing = _step.pop("moe_routing", None)
+    if routing is None:
+        raise RuntimeError("MoE experts called without a TopK call before them: routing unknown")
+    router_logits, config = routing
+    runner = self.moe_runner_config
+    scaling = getattr(config, "routed_scaling_factor", None) or getattr(runner, "routed_scaling_factor", None)
+    scoring = getattr(config, "scoring_func", "softmax")
+    unsupported = {
+        f"scoring {scoring}": scoring != "softmax",
+        "grouped top-k": bool(getattr(config, "use_grouped_topk", False)),
+        "custom routing": getattr(config, "custom_routing_function", None) is not None,
+        "correction bias": getattr(config, "correction_bias", None) is not None,
+        "fused shared experts": bool(getattr(config, "num_fused_shared_experts", 0)),
+        "routed scaling": scaling not in (None, 1.0),
+        f"quantization {type(self.quant_method).__name__}": type(self.quant_method).__name__ != "UnquantizedFusedMoEMethod",
+        f"activation {runner.activation}": runner.activation != "silu" or not getattr(runner, "is_gated", True),
+        "router weight on input": bool(getattr(runner, "apply_router_weight_on_input", False)),
+        "expert parallelism": self.num_local_experts != self.num_experts,
+    }
+    problems = [what for what, applies in unsupported.items() if applies]
+    if problems:
+        raise NotImplementedError(f"MoE layer without a Definition: {', '.join(problems)}")
+    return [
+        ops.moe(
+            hidden_states,
+            router_logits,
+            num_experts=self.num_experts,
+            top_k=config.top_k,
+            intermediate_size=self.intermediate_size_per_partition,
+            renormalize=bool(config.renormalize),
+        )
+    ]
+
+
 def _sampler(self: Any, logits_output: Any, sampling_info: Any, *_: Any, **__: Any) -> list:
     if sampling_info.is_all_greedy:
         return []
@@ -87,6 +130,9 @@ POINTS = [
     HookPoint("sglang.srt.layers.quantization.unquant", "UnquantizedEmbeddingMethod", ("apply",), "gemm", linear),
     HookPoint("sglang.srt.layers.vocab_parallel_embedding", "VocabParallelEmbedding", ("forward",), "embedding", embedding),
     HookPoint("sglang.srt.layers.radix_attention", "RadixAttention", ("forward",), "attention", _attention, live=True),
+    HookPoint("sglang.srt.layers.moe.topk", "TopK", ("forward",), "moe_routing", _moe_routing),
+    HookPoint("sglang.srt.layers.moe.fused_moe_triton.layer", "FusedMoE", ("forward",), "moe", _moe,
+              nested=("silu_and_mul", "gemm")),
     HookPoint("sglang.srt.layers.sampler", "Sampler", ("forward",), "sampling", _sampler),
     HookPoint("sglang.srt.model_executor.model_runner", "ModelRunner", ("forward",), "step", _model_step, boundary=True),
 ]

@@ -112,3 +112,20 @@ def test_failing_hook_in_the_scheduler_does_not_break_generation(tmp_path, sglan
     expected = counts(sglang)
     del expected["silu_and_mul_i512"]
     assert counts(broken) == expected
+
+
+def test_moe_layer_is_one_call_as_in_vllm(tmp_path):
+    """Mixtral-style MoE (TopK then FusedMoE): one fused MoE call per layer and step, the router
+    GEMM beside it, no SwiGLU of the experts counted on its own; the same record as vLLM's."""
+    moe = capture(tmp_path, "moe", python=SGLANG_PYTHON, framework="sglang", model="fi-profile/tiny-mixtral")
+    c = counts(moe)
+    steps = c["embedding_v2048_h256"]
+    assert c["moe_bf16_renorm_topk2_e8_h256_i512"] == LAYERS * steps and c["gemm_n8_k256"] == LAYERS * steps
+    assert not [k for k in c if k.startswith("silu_and_mul")]
+    assert moe["record"]["run"]["hook_errors"] == {}
+    tokens = sum(dict(axes)["seq_len"] * n for axes, n in workloads(moe["out_dir"], "moe_bf16_renorm_topk2_e8_h256_i512").items())
+    assert tokens == LAYERS * PROMPTS * (INPUT_LEN + OUTPUT_LEN - 1)
+    pytest.importorskip("vllm")
+    theirs = capture(tmp_path, "moe-vllm", model="fi-profile/tiny-mixtral", single_process=True)
+    assert Counter({k.replace("_ps1", "_psN"): v for k, v in c.items()}) == Counter(
+        {k.replace("_ps128", "_psN"): v for k, v in counts(theirs).items()})
