@@ -25,7 +25,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     args = parser.parse_args()
     n, device = args.requests, torch.device("cuda")
-    req_to_token = torch.arange(n * 2 * (args.context + args.steps), dtype=torch.int32, device=device).reshape(2 * n, -1)
+    columns = args.context + args.steps + 5  # the longest request of the run
+    req_to_token = torch.arange(2 * n * columns, dtype=torch.int32, device=device).reshape(2 * n, columns)
     pool = torch.arange(n, device=device)
     query_start_loc = torch.arange(n + 1, dtype=torch.int64)  # decode: one query token per request
     RECORDER.reset()

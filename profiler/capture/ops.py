@@ -178,8 +178,7 @@ def paged_batches(
 
     ``query_start_loc`` and ``seq_lens`` should be the runner's CPU copies: everything but the page
     ids is computed from them (numpy: this runs every step). The page ids are gathered where the
-    block table lives and stay there; on a GPU the gather's coordinates go up through pinned memory,
-    because a copy from pageable memory would wait for the device to drain its stream."""
+    block table lives and stay there (see :func:`_gather_pages`)."""
     qsl = query_start_loc.detach().to("cpu", torch.int64).numpy()
     lens = seq_lens.detach().to("cpu", torch.int64).numpy()
     n = len(lens)
@@ -194,21 +193,36 @@ def paged_batches(
             continue
         sel_pages = pages[idx]
         kv_indptr = np.concatenate([[0], sel_pages.cumsum()])
-        coords = np.stack([np.repeat(idx, sel_pages), np.arange(kv_indptr[-1]) - np.repeat(kv_indptr[:-1], sel_pages)])
-        coords = torch.from_numpy(coords)
-        if block_table.device.type == "cuda":
-            # empty(pin_memory=True) takes a cached pinned block (~2 us); .pin_memory() costs 10-120 us
-            pinned = torch.empty(coords.shape, dtype=coords.dtype, pin_memory=True)
-            coords = pinned.copy_(coords).to(block_table.device, non_blocking=True)
+        kv_indices = _gather_pages(block_table, idx, sel_pages, kv_indptr)
         parts.append(
             PagedBatch(
                 qo_indptr=torch.from_numpy(np.concatenate([[0], q_lens[idx].cumsum()]).astype(np.int32)),
                 kv_indptr=torch.from_numpy(kv_indptr.astype(np.int32)),
-                kv_indices=block_table[coords[0], coords[1]].to(torch.int32),
+                kv_indices=kv_indices,
                 kv_last_page_len=torch.from_numpy((lens[idx] - (sel_pages - 1) * page_size).astype(np.int32)),
             )
         )
     return parts[0], parts[1]
+
+
+def _gather_pages(block_table: torch.Tensor, rows: np.ndarray, pages: np.ndarray, indptr: np.ndarray) -> torch.Tensor:
+    """``block_table[r, :pages[r]]`` for each chosen row, concatenated (``indptr`` their offsets),
+    as int32, where the table is.
+
+    On a GPU only the rows, page counts and start offsets go up (a few numbers per request, through
+    a cached pinned block: a copy from pageable memory would wait for the device to drain its
+    stream); the per-page coordinates are expanded there, with the total known on the host so that
+    nothing synchronizes."""
+    total = int(indptr[-1])
+    if block_table.device.type != "cuda":
+        cols = np.arange(total) - np.repeat(indptr[:-1], pages)
+        return block_table[torch.from_numpy(np.repeat(rows, pages)), torch.from_numpy(cols)].to(torch.int32)
+    small = torch.from_numpy(np.stack([rows, pages, indptr[:-1]]).astype(np.int64))
+    pinned = torch.empty(small.shape, dtype=torch.int64, pin_memory=True).copy_(small)
+    rows_d, pages_d, starts_d = pinned.to(block_table.device, non_blocking=True)
+    row_of_page = torch.repeat_interleave(rows_d, pages_d, output_size=total)
+    cols = torch.arange(total, device=block_table.device) - torch.repeat_interleave(starts_d, pages_d, output_size=total)
+    return block_table[row_of_page, cols].to(torch.int32)
 
 
 def paged_attention(
