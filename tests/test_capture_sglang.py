@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from test_capture_vllm import INPUT_LEN, LAYERS, OUTPUT_LEN, PROMPTS, capture, counts, token_total, workloads
+from test_capture_vllm import INPUT_LEN, LAYERS, OUTPUT_LEN, PROMPTS, capture, check_tp2_record, counts, token_total, workloads
 
 SGLANG_PYTHON = Path(os.environ.get("FI_PROFILE_SGLANG_PYTHON", Path(__file__).parents[1] / ".venv-sglang/bin/python"))
 
@@ -129,3 +129,11 @@ def test_moe_layer_is_one_call_as_in_vllm(tmp_path):
     theirs = capture(tmp_path, "moe-vllm", model="fi-profile/tiny-mixtral", single_process=True)
     assert Counter({k.replace("_ps1", "_psN"): v for k, v in c.items()}) == Counter(
         {k.replace("_ps128", "_psN"): v for k, v in counts(theirs).items()})
+
+
+def test_tensor_parallel_ranks_each_record_their_shard(tmp_path):
+    """TP=2 on CPU (fi-profile sets SGLANG_CPU_OMP_THREADS_BIND when unset): two scheduler
+    processes, each recording its shard's shapes, the same as vLLM's ranks; counts add up."""
+    tp2 = capture(tmp_path, "tp2", python=SGLANG_PYTHON, framework="sglang", tp=2)
+    check_tp2_record(tp2)
+    assert tp2["record"]["run"]["steps"]["learned"] + tp2["record"]["run"]["steps"]["replayed"] == 2 * OUTPUT_LEN

@@ -188,7 +188,11 @@ def test_engine_killed_mid_run_leaves_the_saved_steps(tmp_path):
 
 def test_tensor_parallel_ranks_each_record_their_shard(tmp_path):
     """TP=2 on CPU: two worker processes, each recording its shard's shapes; counts add up."""
-    tp2 = capture(tmp_path, "tp2", tp=2)
+    check_tp2_record(capture(tmp_path, "tp2", tp=2))
+
+
+def check_tp2_record(tp2: dict) -> None:
+    """The tiny Llama's record with TP=2 (shared with the SGLang test)."""
     run = tp2["record"]["run"]
     assert run["processes"] == 2 and run["tensor_parallel"] == 2 and run["hook_errors"] == {}
     c = counts(tp2)
@@ -205,7 +209,7 @@ def test_tensor_parallel_ranks_each_record_their_shard(tmp_path):
 
 
 def test_cpu_thread_binding_splits_the_allowed_cores():
-    from profiler.capture.vllm_runner import cpu_thread_binding
+    from profiler.capture.engine_run import cpu_thread_binding
 
     binding = cpu_thread_binding(2).split("|")
     assert len(binding) == 2 and all(binding)

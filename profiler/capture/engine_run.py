@@ -3,6 +3,7 @@ the record, and how a run ends (merged parts, or what was saved when the engine 
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 from dataclasses import asdict, dataclass
@@ -87,3 +88,13 @@ def clear_output(out_dir: Path) -> None:
     for sub in (".fi-profile", "workloads", "definitions", "blob"):
         shutil.rmtree(out_dir / sub, ignore_errors=True)
     (out_dir / "record.json").unlink(missing_ok=True)
+
+
+def cpu_thread_binding(workers: int) -> str:
+    """The CPU engines' thread binding (``VLLM_CPU_OMP_THREADS_BIND``,
+    ``SGLANG_CPU_OMP_THREADS_BIND``) for ``workers`` ranks: the allowed cores split in order (both
+    bind one NUMA node per rank by themselves, and refuse when there are fewer nodes)."""
+    cores = sorted(os.sched_getaffinity(0))
+    share = max(1, len(cores) // workers)
+    groups = [cores[i * share : (i + 1) * share] or [cores[i % len(cores)]] for i in range(workers)]
+    return "|".join(f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in groups)

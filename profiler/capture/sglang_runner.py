@@ -10,6 +10,7 @@ from typing import Any
 from profiler.capture.engine_run import (
     Scenario,
     clear_output,
+    cpu_thread_binding,
     fail_with_saved_parts,
     prompts_for,
     resolve_model,
@@ -32,6 +33,8 @@ def build_engine(model: str, scenario: Scenario, *, load_format: str = "dummy", 
     cpu = not torch.cuda.is_available()
     if cpu:
         os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+        if tp > 1:
+            os.environ.setdefault("SGLANG_CPU_OMP_THREADS_BIND", cpu_thread_binding(tp))
     kwargs: dict[str, Any] = dict(
         model_path=source.path, load_format=load_format, skip_tokenizer_init=True, dtype=dtype, tp_size=tp,
         random_seed=scenario.seed, context_length=scenario.input_len + scenario.output_len + 16,

@@ -9,6 +9,7 @@ from typing import Any, Optional
 from profiler.capture.engine_run import (
     Scenario,
     clear_output,
+    cpu_thread_binding,
     fail_with_saved_parts,
     prompts_for,
     resolve_model,
@@ -67,15 +68,6 @@ def build_llm(
         worker_extension_cls="hooks.vllm_plugin.CaptureWorkerExtension",
         **kwargs,
     )
-
-
-def cpu_thread_binding(workers: int) -> str:
-    """vLLM-CPU's ``VLLM_CPU_OMP_THREADS_BIND`` for ``workers`` ranks: the allowed cores split in
-    order (vLLM binds one NUMA node per rank by itself, and refuses when there are fewer nodes)."""
-    cores = sorted(os.sched_getaffinity(0))
-    share = max(1, len(cores) // workers)
-    groups = [cores[i * share : (i + 1) * share] or [cores[i % len(cores)]] for i in range(workers)]
-    return "|".join(f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in groups)
 
 
 def requests_for(llm: Any, scenario: Scenario) -> tuple[list[Any], Any]:
