@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from test_capture_vllm import INPUT_LEN, LAYERS, OUTPUT_LEN, PROMPTS, capture, check_tp2_record, counts, token_total, workloads
+from test_capture_vllm import INPUT_LEN, LAYERS, OUTPUT_LEN, PROMPTS, SCENARIO, capture, check_tp2_record, counts, token_total, workloads
 
 SGLANG_PYTHON = Path(os.environ.get("FI_PROFILE_SGLANG_PYTHON", Path(__file__).parents[1] / ".venv-sglang/bin/python"))
 
@@ -137,3 +137,14 @@ def test_tensor_parallel_ranks_each_record_their_shard(tmp_path):
     tp2 = capture(tmp_path, "tp2", python=SGLANG_PYTHON, framework="sglang", tp=2)
     check_tp2_record(tp2)
     assert tp2["record"]["run"]["steps"]["learned"] + tp2["record"]["run"]["steps"]["replayed"] == 2 * OUTPUT_LEN
+
+
+def test_sampling_kernel_when_requests_sample(tmp_path):
+    """SGLang's Sampler (pytorch backend on CPU) with top-k and top-p: one sampling call per step."""
+    sampled = capture(tmp_path, "sampled", python=SGLANG_PYTHON, framework="sglang",
+                      scenario={**SCENARIO, "temperature": 0.8, "top_k": 20, "top_p": 0.9})
+    c = counts(sampled)
+    steps = c["embedding_v2048_h256"]
+    assert c["top_k_top_p_sampling_from_probs_v2048"] == steps
+    assert workloads(sampled["out_dir"], "top_k_top_p_sampling_from_probs_v2048") == {(("batch_size", PROMPTS),): steps}
+    assert all(len(t) == OUTPUT_LEN for t in sampled["tokens"])
