@@ -20,6 +20,8 @@ RMSNORM = "rmsnorm_h4096"
 GEMM = "gemm_n64_k32"
 DECODE = "gqa_paged_decode_h32_kv8_d128_ps16"
 PREFILL = "gqa_paged_prefill_causal_h32_kv8_d128_ps16"
+RAGGED = "gqa_ragged_prefill_causal_h32_kv8_d128"
+MOE = "moe_bf16_renorm_topk2_e8_h256_i512"
 ROPE = "rope_llama3_neox_style_h32_kv8_d128"
 SAMPLING = "top_k_sampling_from_probs_v64"
 
@@ -62,6 +64,9 @@ def write_dataset(root: Path) -> None:
         GEMM: definition_for("gemm_n4096_k4096", GEMM, {"N": 64, "K": 32}, DType.bfloat16),
         DECODE: shipped_definition(DECODE),
         PREFILL: shipped_definition(PREFILL),
+        RAGGED: shipped_definition(RAGGED),
+        MOE: definition_for("moe_bf16_renorm_topk2_e8_h4096_i14336", MOE, {"num_experts": 8, "top_k": 2, "hidden_size": 256,
+                                                                             "intermediate_size": 512, "gemm1_out_size": 1024}, DType.bfloat16),
         ROPE: shipped_definition(ROPE),
         SAMPLING: definition_for("top_k_sampling_from_probs_v128256", SAMPLING, {"vocab_size": 64}, DType.float32),
     }
@@ -70,6 +75,8 @@ def write_dataset(root: Path) -> None:
         GEMM: [{"M": 5}],
         DECODE: [{"batch_size": 2, "len_indptr": 3, "num_kv_indices": 5, "num_pages": 8}],
         PREFILL: [{"batch_size": 2, "len_indptr": 3, "total_q": 19, "num_kv_indices": 4, "num_pages": 8}],
+        RAGGED: [{"len_indptr": 3, "total_q": 9, "total_kv": 14}],
+        MOE: [{"seq_len": 6}],
         ROPE: [{"num_tokens": 5}],
         SAMPLING: [{"batch_size": 2}],
     }
@@ -260,14 +267,17 @@ def test_cuda_triton_solution_passes_and_side_stream_work_is_caught(dataset_dir,
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_native_baselines_pass_where_their_library_imports(dataset_dir, tmp_path):
-    """Attention, RoPE and sampling with every baseline, FlashInfer's and vLLM's included."""
+    """Attention (paged and ragged), RoPE, sampling and MoE with every baseline, FlashInfer's and
+    vLLM's included."""
     import importlib.util
 
-    dataset = load_dataset(dataset_dir, [DECODE, PREFILL, ROPE, SAMPLING, RMSNORM])
+    dataset = load_dataset(dataset_dir, [DECODE, PREFILL, RAGGED, ROPE, SAMPLING, RMSNORM, MOE])
     results = replay(dataset, [], True, tmp_path, ReplayOptions(device="cuda:0", timeout_s=600))
     assert {r.status.value for r in results} == {"passed"}, [(r.source, r.error) for r in results if r.error]
     natives = {(r.kernel_id, r.source.rsplit("__", 1)[-1]) for r in results}
     if importlib.util.find_spec("flashinfer") is not None:
-        assert {(k, "flashinfer") for k in (DECODE, PREFILL, ROPE, SAMPLING, RMSNORM)} <= natives
+        assert {(k, "flashinfer") for k in (DECODE, PREFILL, RAGGED, ROPE, SAMPLING, RMSNORM)} <= natives
     if importlib.util.find_spec("vllm") is not None:
         assert {(ROPE, "vllm"), (RMSNORM, "vllm")} <= natives
+        if importlib.util.find_spec("vllm._moe_C") is not None:
+            assert (MOE, "vllm") in natives

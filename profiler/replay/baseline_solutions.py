@@ -119,6 +119,7 @@ _NATIVE: dict[str, dict[str, str]] = {
             "    torch.ops._C.silu_and_mul(out, input)\n    return out\n"
         ),
         "rope": "file:vllm_rope",
+        "moe": "file:vllm_moe",
     },
     "flashinfer": {
         "rmsnorm": (
@@ -133,15 +134,22 @@ _NATIVE: dict[str, dict[str, str]] = {
         ),
         "silu_and_mul": "import flashinfer\n\n\ndef run(input):\n    return flashinfer.activation.silu_and_mul(input)\n",
         "paged_attention": "file:flashinfer_paged_attention",
+        "ragged_attention": "file:flashinfer_ragged_attention",
         "rope": "file:flashinfer_rope",
         "sampling": "file:flashinfer_sampling",
     },
 }
 
 
+#: (library, kind) -> the compiled module the kernel lives in, when not the library's main one
+_NATIVE_MODULES = {("vllm", "moe"): "vllm._moe_C"}
+
+
 def _native_kind(definition: Definition) -> Optional[str]:
     if definition.op_type == "gqa_paged" and _fits(definition, family_source("flashinfer_paged_attention")):
         return "paged_attention"
+    if definition.op_type == "gqa_ragged" and _fits(definition, family_source("flashinfer_ragged_attention")):
+        return "ragged_attention"
     if definition.op_type == "rmsnorm":
         return "fused_add_rmsnorm" if "residual" in definition.inputs else "rmsnorm"
     if definition.op_type == "rope" and "neox" in definition.name and torch_source(definition) is not None:
@@ -150,6 +158,8 @@ def _native_kind(definition: Definition) -> Optional[str]:
         return "sampling"
     if definition.op_type == "activation" and definition.name.startswith("silu_and_mul"):
         return "silu_and_mul"
+    if definition.op_type == "moe" and torch_source(definition) is not None:  # softmax top-k routing
+        return "moe"
     return None
 
 
@@ -161,6 +171,8 @@ def _native_source(definition: Definition, kind: str, source: str) -> str:
         rope = torch_source(definition)
         assert rope is not None
         source = rope.replace("def run(", "def _torch_run(") + "\n\n" + family_source("rope_cos_sin") + "\n\n" + source
+    for name in FAMILIES.get(kind, ()):  # the same constants as the torch family (top_k, RENORMALIZE)
+        source = re.sub(rf"^{re.escape(name)} = .*$", f"{name} = {_constant(definition, name)}", source, count=1, flags=re.M)
     return source
 
 
@@ -177,6 +189,9 @@ def native_solutions(definition: Definition) -> list[Solution]:
     for library, sources in _NATIVE.items():
         if kind not in sources or importlib.util.find_spec(library) is None:
             continue
+        module = _NATIVE_MODULES.get((library, kind))
+        if module is not None and importlib.util.find_spec(module) is None:
+            continue  # e.g. a vLLM build without its MoE kernels
         source = _native_source(definition, kind, sources[kind])
         found.append(_solution(definition, library, "python", source, f"{library}'s kernel, as the engine calls it"))
     return found

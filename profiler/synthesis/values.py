@@ -66,6 +66,10 @@ def tensor_value(
         return torch.full(shape, fill, dtype=dtype, device=device)
     if "scale" in name:  # scale factors are positive and near 1
         return (0.5 + torch.rand(shape, generator=gen, device=device)).to(dtype)
+    if name.endswith(("weight", "weights")) and len(shape) >= 2 and shape[-1] > 0:
+        # weight matrices as models initialise them (std 1/sqrt(fan-in)): activations stay O(1)
+        # through chained GEMMs (MoE experts), so low-precision rounding stays within tolerance
+        return (torch.randn(shape, generator=gen, device=device) / math.sqrt(shape[-1])).to(dtype)
     return torch.randn(shape, generator=gen, device=device).to(dtype)
 
 
