@@ -151,6 +151,16 @@ def test_inspect_rejects_bad_traces_and_results_naming_file_line_and_field(tmp_p
     assert not (tmp_path / "p.html").exists() and "Traceback" not in proc.stderr
 
 
+def test_page_folds_what_it_already_showed():
+    """Each request repeats the history: the previous response and the tool results already on the
+    page as entries are folded, only what is new stays open."""
+    from profiler.agent_traces.page import render_page
+
+    html = render_page([load_trace(VLLM_LOG)])
+    assert html.count("2 message(s) shown above (response, tool results)") == 2  # requests #2 and #4
+    assert html.count("earlier message(s)") == 2 and html.count('class="entry ') == 5
+
+
 def browser_or_skip():
     if not CHROMIUM.is_file() or not _playwright():
         if os.environ.get("CI") == "true":

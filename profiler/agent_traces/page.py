@@ -3,7 +3,8 @@
 Server-side rendered: every entry is in the HTML, so the page reads without JavaScript; a small
 script adds the search box (filters entries, opens the folded parts that match) and counts.
 Conversations repeat their whole history on every request, so an ``llm_request`` shows only the
-messages new since the previous request, the rest folded. Long contents are folded too. A
+messages new since the previous request, the rest folded, and folds too the new ones the page
+already showed (the previous response, tool results shown as ``tool_call`` entries). Long contents are folded too. A
 response's tool calls link to the ``tool_call`` entries that ran them (the following ones, by
 tool name, in order) and back.
 """
@@ -34,14 +35,16 @@ def _trace(t: int, loaded: LoadedTrace, solutions: dict[str, SolutionSummary]) -
     annotations = sorted({e.annotation for e in entries if isinstance(e, LLMRequestEntry) and e.annotation})
     links = _tool_links(entries)
     back = {target: source for source, targets in links.items() for target in targets}
-    items, seen = [], 0
+    items, seen, shown = [], 0, set()
     for i, entry in enumerate(entries):
         anchor = f"t{t}-e{i}"
         if isinstance(entry, LLMRequestEntry):
-            body = _llm_request(entry, seen, [f"t{t}-e{j}" for j in links.get(i, [])])
+            body = _llm_request(entry, seen, shown, [f"t{t}-e{j}" for j in links.get(i, [])])
             seen = len(entry.conversation)
+            shown.update(_said(c.message) for c in entry.response.choices)
             kind, title = "llm", f"LLM request · {escape(entry.model)}" + (f" · <i>{escape(entry.annotation)}</i>" if entry.annotation else "")
         elif isinstance(entry, ToolCallEntry):
+            shown.add(("tool", entry.result))
             caller = f' <a class="link" href="#t{t}-e{back[i]}">← called in #{back[i]}</a>' if i in back else ""
             body = _tool_call(entry)
             kind, title = "tool", f"tool call · <b>{escape(entry.tool_name)}</b>{caller}"
@@ -73,14 +76,25 @@ def _tool_links(entries: list[Any]) -> dict[int, list[int]]:
     return links
 
 
-def _llm_request(entry: LLMRequestEntry, seen: int, tool_targets: list[str]) -> str:
+def _said(message: Message) -> tuple:
+    """What identifies a message the page already showed: its role, text and the calls it made."""
+    if message.role == "tool":
+        return ("tool", message.content)
+    return (message.role, message.content or "", tuple((c.function.name, c.function.arguments) for c in message.tool_calls or []))
+
+
+def _llm_request(entry: LLMRequestEntry, seen: int, shown: set, tool_targets: list[str]) -> str:
     conversation = entry.conversation
     earlier, new = conversation[: min(seen, len(conversation))], conversation[min(seen, len(conversation)) :]
+    repeated = [m for m in new if _said(m) in shown]
     out = ""
     if earlier:
         out += (f'<details class="history"><summary>{len(earlier)} earlier message(s)</summary>'
                 f'{"".join(_message(m) for m in earlier)}</details>')
-    out += "".join(_message(m) for m in new)
+    if repeated:
+        out += (f'<details class="history"><summary>{len(repeated)} message(s) shown above (response, tool results)'
+                f'</summary>{"".join(_message(m) for m in repeated)}</details>')
+    out += "".join(_message(m) for m in new if _said(m) not in shown)
     for choice in entry.response.choices:
         finish = f" · finish: {escape(choice.finish_reason)}" if choice.finish_reason else ""
         out += f'<div class="response"><div class="label">response · {escape(entry.response.model)}{finish}</div>'
