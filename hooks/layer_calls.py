@@ -1,9 +1,9 @@
 """How layers that vLLM and SGLang share in shape (same class names, same attributes) turn into
-op-table calls: norms, SwiGLU, RoPE, linear layers, lm_head, token embedding."""
+op-table calls: norms, SwiGLU, RoPE, linear layers, lm_head, token embedding, the fused MoE call."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import torch
 
@@ -49,3 +49,15 @@ def lm_head(self: Any, first: Any, second: Any, *_: Any, **__: Any) -> list:
 
 def embedding(self: Any, input_: torch.Tensor, *_: Any, **__: Any) -> list:
     return [ops.embedding(input_, self.weight)]
+
+
+def moe(hidden_states: torch.Tensor, router_logits: torch.Tensor, unsupported: Mapping[str, bool], *,
+        num_experts: int, top_k: int, intermediate_size: int, renormalize: bool) -> list:
+    """A MoE layer (routing + SwiGLU experts) as one fused call; ``unsupported`` names the
+    features an engine's layer may have that no MoE Definition computes (raised, so the hook
+    error says which)."""
+    problems = [what for what, applies in unsupported.items() if applies]
+    if problems:
+        raise NotImplementedError(f"MoE layer without a Definition: {', '.join(problems)}")
+    return [ops.moe(hidden_states, router_logits, num_experts=num_experts, top_k=top_k,
+                    intermediate_size=intermediate_size, renormalize=renormalize)]

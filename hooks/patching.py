@@ -86,7 +86,7 @@ def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls, live: bool = False,
                 RECORDER.error(op, exc)
                 label = RECORDER.record((), op, learned)  # keeps the step's invocation count right
         # the real call inside an NVTX range, marked so nested calls of the same op are not counted
-        outer = [getattr(_depth, m, 0) for m in nested]
+        outer = [getattr(_depth, m, 0) for m in nested] if nested else ()
         setattr(_depth, op, 1)
         for m in nested:
             setattr(_depth, m, 1)

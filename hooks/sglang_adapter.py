@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import torch
 
-from hooks.layer_calls import embedding, linear, lm_head, rmsnorm, rope, silu_and_mul
+from hooks.layer_calls import embedding, linear, lm_head, moe, rmsnorm, rope, silu_and_mul
 from hooks.patching import HookPoint
 from profiler.capture import ops
 from profiler.capture.ops import KernelCall
@@ -97,19 +97,8 @@ def _moe(self: Any, hidden_states: torch.Tensor, topk_output: Any, *_: Any, **__
         "router weight on input": bool(getattr(runner, "apply_router_weight_on_input", False)),
         "expert parallelism": self.num_local_experts != self.num_experts,
     }
-    problems = [what for what, applies in unsupported.items() if applies]
-    if problems:
-        raise NotImplementedError(f"MoE layer without a Definition: {', '.join(problems)}")
-    return [
-        ops.moe(
-            hidden_states,
-            router_logits,
-            num_experts=self.num_experts,
-            top_k=config.top_k,
-            intermediate_size=self.intermediate_size_per_partition,
-            renormalize=bool(config.renormalize),
-        )
-    ]
+    return moe(hidden_states, router_logits, unsupported, num_experts=self.num_experts, top_k=config.top_k,
+               intermediate_size=self.intermediate_size_per_partition, renormalize=bool(config.renormalize))
 
 
 def _sampler(self: Any, logits_output: Any, sampling_info: Any, *_: Any, **__: Any) -> list:

@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import torch
 
-from hooks.layer_calls import embedding, linear, lm_head, rmsnorm, rope, silu_and_mul
+from hooks.layer_calls import embedding, linear, lm_head, moe, rmsnorm, rope, silu_and_mul
 from hooks.patching import HookPoint
 from profiler.capture import ops
 from profiler.capture.ops import KernelCall
@@ -111,19 +111,8 @@ def _moe(self: Any, hidden_states: torch.Tensor, router_logits: torch.Tensor, *_
         "expert bias": bool(getattr(config, "has_bias", False)),
         "expert parallelism": config.num_local_experts != router.global_num_experts,
     }
-    problems = [what for what, applies in unsupported.items() if applies]
-    if problems:
-        raise NotImplementedError(f"MoE layer without a Definition: {', '.join(problems)}")
-    return [
-        ops.moe(
-            hidden_states,
-            router_logits,
-            num_experts=config.num_local_experts,
-            top_k=router.top_k,
-            intermediate_size=config.intermediate_size_per_partition,
-            renormalize=bool(router.renormalize),
-        )
-    ]
+    return moe(hidden_states, router_logits, unsupported, num_experts=config.num_local_experts, top_k=router.top_k,
+               intermediate_size=config.intermediate_size_per_partition, renormalize=bool(router.renormalize))
 
 
 def _sampler(self: Any, logits: torch.Tensor, generators: Any, k: Optional[torch.Tensor], p: Optional[torch.Tensor], *_: Any, **__: Any) -> list:

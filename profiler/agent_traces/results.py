@@ -8,8 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional
 
+from pydantic import ValidationError
+
 from profiler.documents import iter_objects
-from profiler.errors import Problem
+from profiler.errors import Problem, problems_from_validation_error
 from profiler.schema.benchmark_result import BenchmarkResult, Status
 
 
@@ -27,10 +29,6 @@ class SolutionSummary:
 
 
 def load_results(path: Path) -> tuple[list[BenchmarkResult], list[Problem]]:
-    from pydantic import ValidationError
-
-    from profiler.errors import problems_from_validation_error
-
     results, problems = [], []
     for item in iter_objects(path):
         if isinstance(item, Problem):
