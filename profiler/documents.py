@@ -114,6 +114,8 @@ def _decode(label: str, text: str) -> Iterator[Union[tuple[str, Any], Problem]]:
         yield label, json.loads(text)
     except json.JSONDecodeError as exc:
         yield Problem(label, f"line {exc.lineno} column {exc.colno}", f"invalid JSON: {exc.msg}")
+    except RecursionError:
+        yield Problem(label, "", "invalid JSON: nested too deeply to read")
 
 
 def dataset_root(file: Path, folder: str) -> Path:

@@ -6,6 +6,8 @@ import hashlib
 import types
 from typing import Any, Callable, Mapping, Sequence
 
+import torch
+
 from profiler.schema.definition import Definition
 
 _MODULES: dict[str, types.ModuleType] = {}
@@ -42,6 +44,34 @@ def outputs_by_name(definition: Definition, result: Any) -> dict[str, Any]:
 
 
 def run_reference(definition: Definition, inputs: Mapping[str, Any]) -> dict[str, Any]:
-    """Run the Definition's reference on ``inputs`` (by name) and name its outputs."""
+    """Run the Definition's reference on ``inputs`` (by name) and name its outputs.
+
+    Either form of reference works: one that returns its outputs (seed 002), or one that takes the
+    pre-allocated outputs after the inputs and fills them (seed 001's code schema); the outputs
+    are then allocated here, their shapes bound from the inputs."""
     fn = load_function(definition.reference, "run", label=definition.name)
-    return outputs_by_name(definition, fn(**inputs))
+    if not definition.reference_destination_passing:
+        return outputs_by_name(definition, fn(**inputs))
+    outputs = allocate_outputs(definition, inputs)
+    fn(**inputs, **outputs)
+    return outputs
+
+
+def allocate_outputs(definition: Definition, inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """Empty output tensors for these inputs: var axes bound from the inputs' shapes, on the
+    inputs' device."""
+    from profiler.binding import BindingError, bind_axes
+    from profiler.schema.dtype import torch_dtype
+
+    axes = definition.axis_values(bind_axes(definition, inputs, check_dtype=False))
+    device = next((v.device for v in inputs.values() if isinstance(v, torch.Tensor)), torch.device("cpu"))
+    outputs = {}
+    for name, spec in definition.outputs.items():
+        unbound = [a for a in spec.shape or [] if a not in axes]
+        if unbound:
+            raise BindingError(f"{definition.name}: output {name} has axes {unbound} that no input fixes")
+        shape = definition.shape_of(spec, axes)
+        if spec.dtype.is_packed and shape:  # two fp4 values per stored element
+            shape = shape[:-1] + (shape[-1] // 2,)
+        outputs[name] = torch.empty(shape, dtype=torch_dtype(spec.dtype), device=device)
+    return outputs

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from safetensors import safe_open
 
@@ -43,7 +43,7 @@ def validate_paths(paths: Sequence[Path]) -> ValidationReport:
             if isinstance(item, Problem):
                 report.problems.append(item)
                 continue
-            document, problems = parse_object(*item)
+            document, problems = _guarded(item[0], parse_object, *item)
             report.problems.extend(problems)
             if document is not None:
                 report.documents.append(document)
@@ -107,13 +107,13 @@ def _cross_check(report: ValidationReport, definitions: DefinitionScope) -> None
     for doc in report.documents:
         model = doc.model
         if isinstance(model, Trace):
-            report.problems.extend(_check_trace(doc, model, definitions, missing_blobs))
+            report.problems.extend(_guarded(doc.label, _check_trace, doc, model, definitions, missing_blobs))
             uuid = model.workload.uuid
             if uuid in seen_uuids:
                 report.problems.append(Problem(doc.label, "workload.uuid", f"{uuid} repeats {seen_uuids[uuid]}"))
             seen_uuids.setdefault(uuid, doc.label)
         elif isinstance(model, Solution):
-            report.problems.extend(_check_solution(doc, model, definitions))
+            report.problems.extend(_guarded(doc.label, _check_solution, doc, model, definitions))
         elif isinstance(model, KernelCallingRecord):
             for i, kernel in enumerate(model.kernels):
                 if definitions.lookup(kernel.id, _definition_root(Path(doc.label))) is None:
@@ -124,6 +124,16 @@ def _cross_check(report: ValidationReport, definitions: DefinitionScope) -> None
         report.problems.append(
             Problem(file, "", f"{count} captured-tensor file(s) missing; replay synthesises those inputs", warning=True)
         )
+
+
+def _guarded(label: str, check: Callable[..., Any], *args: Any) -> Any:
+    """``check(*args)``; a check that fails in a way nobody foresaw is one problem of the file it
+    was checking, never a traceback (validate reads any file it is given)."""
+    try:
+        return check(*args)
+    except Exception as exc:  # noqa: BLE001 - reported as a problem of this file
+        problem = [Problem(label, "", f"could not be checked: {type(exc).__name__}: {exc}"[:500])]
+        return (None, problem) if check is parse_object else problem
 
 
 def _check_trace(
@@ -145,11 +155,16 @@ def _check_trace(
         if not blob.is_file():
             missing_blobs[file] += 1
             continue
-        with safe_open(str(blob), framework="pt") as handle:
-            if source.tensor_key not in handle.keys():
-                problems.append(
-                    Problem(doc.label, f"workload.inputs.{name}.tensor_key", f"{blob} holds no tensor {source.tensor_key!r}")
-                )
+        try:
+            with safe_open(str(blob), framework="pt") as handle:
+                keys = set(handle.keys())
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error type
+            problems.append(Problem(doc.label, f"workload.inputs.{name}.path", f"{blob} is not a readable safetensors file: {exc}"))
+            continue
+        if source.tensor_key not in keys:
+            problems.append(
+                Problem(doc.label, f"workload.inputs.{name}.tensor_key", f"{blob} holds no tensor {source.tensor_key!r}")
+            )
     return problems
 
 

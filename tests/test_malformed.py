@@ -27,6 +27,8 @@ def with_changes(base, **changes):
 
 
 DELETE = object()
+#: seed 001's code schema: ``run`` takes the inputs, then the pre-allocated outputs, returns nothing
+LEGACY_DP = json.loads((Path(__file__).parent / "fixtures/seed_fragments/001_kernel_destination_passing.json").read_text())
 TRACE = {
     "definition": "rmsnorm_h4096", "solution": None, "evaluation": None,
     "workload": {"uuid": "a", "axes": {"batch_size": 3},
@@ -48,12 +50,16 @@ CASES = [
     ("definition missing reference", with_changes(RMSNORM, reference=DELETE), "reference: field required"),
     ("definition reference without run", with_changes(RMSNORM, reference="import torch\n"), "reference: defines no top-level function 'run'"),
     ("definition reference syntax", with_changes(RMSNORM, reference="def run(:\n"), "reference: does not parse: line 1"),
-    ("definition run params", with_changes(RMSNORM, reference="def run(x, weight):\n    pass\n"), "reference: run('x', 'weight') does not take exactly the inputs"),
+    ("definition run params", with_changes(RMSNORM, reference="def run(x, weight):\n    pass\n"), "reference: run('x', 'weight') takes neither the inputs ('hidden_states', 'weight') (returning the outputs) nor the inputs then the outputs"),
     ("definition name clash", with_changes(RMSNORM, outputs__weight={"shape": ["hidden_size"], "dtype": "bfloat16"}), "outputs.weight: 'weight' is also an input name"),
     ("definition constraint code", with_changes(RMSNORM, constraints=["__import__('os')"]), "constraints.0: call of '__import__' is not allowed"),
     ("definition constraint unknown", with_changes(RMSNORM, constraints=["batch == 1"]), "constraints.0: unknown names ['batch']"),
     ("definition const value", with_changes(RMSNORM, axes__hidden_size__value=-1), "axes.hidden_size.value: Input should be greater than or equal to 0"),
     ("definition typo field", with_changes(RMSNORM, refrence="x"), "refrence: unknown field"),
+    ("legacy run params", with_changes(LEGACY_DP, reference_code="def run(x, eps, out):\n    pass\n"), "reference_code: run('x', 'eps', 'out') takes neither"),
+    ("legacy code run params", with_changes(LEGACY_DP, reference_code=DELETE, code="def run(x):\n    pass\n"), "code: run('x',) takes neither"),
+    ("legacy assumption", with_changes(LEGACY_DP, assumptions=["batch > 0"]), "assumptions.0: unknown names ['batch']"),
+    ("legacy fills a scalar", with_changes(LEGACY_DP, outputs__result__shape=[]), "reference_code: run('x', 'eps', 'result') fills its outputs in place, but result is a Python scalar"),
     ("legacy both ids", {"id": "a", "name": "b", "axes": {}, "inputs": {}, "outputs": {}, "code": "def run():\n    pass\n"}, "give either 'id' or 'name', not both"),
     ("solution entry format", with_changes(SOLUTION, spec__entry_point="main.py:run"), "spec.entry_point: Value error, must be 'file_path::function_name'".replace("Value error, ", "")),
     ("solution entry file", with_changes(SOLUTION, spec__entry_point="kernel.py::run"), "spec.entry_point: no source file 'kernel.py'"),
@@ -134,3 +140,22 @@ def test_cli_exit_codes_and_no_traceback(tmp_path):
     assert f"{bad}: reference: field required" in result.output
     assert f"{tmp_path / 'missing.json'}: no such file or folder" in result.output
     assert "Traceback" not in result.output
+
+
+def test_seed_001_destination_passing_description_is_valid(tmp_path):
+    path = tmp_path / "legacy.json"
+    path.write_text(json.dumps(LEGACY_DP))
+    report = validate_paths([path])
+    assert report.problems == [] and [d.kind.value for d in report.documents] == ["legacy kernel description"]
+    result = CliRunner().invoke(app, ["validate", str(path)])
+    assert result.exit_code == 0 and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("content", [b"[" * 100000 + b"]" * 100000, b"\xff\xfe\x00", b"", b"NaN", b'{"id": 1}'],
+                         ids=["nested too deep", "binary", "empty", "NaN", "legacy wrong types"])
+def test_any_file_gives_problems_not_a_traceback(tmp_path, content):
+    path = tmp_path / "odd.json"
+    path.write_bytes(content)
+    result = CliRunner().invoke(app, ["validate", str(path)])
+    assert result.exit_code == 1 and result.exception is None or isinstance(result.exception, SystemExit)
+    assert f"{path}: " in result.output and "Traceback" not in result.output

@@ -13,7 +13,7 @@ from profiler.cli import app
 from profiler.replay.dataset import load_dataset, load_solutions
 from profiler.replay.projection import project
 from profiler.replay.runner import REFERENCE, ReplayOptions, read_results, replay
-from profiler.schema import DType
+from profiler.schema import DType, Solution
 from profiler.validate import validate_paths
 
 RMSNORM = "rmsnorm_h4096"
@@ -281,3 +281,21 @@ def test_cuda_native_baselines_pass_where_their_library_imports(dataset_dir, tmp
         assert {(ROPE, "vllm"), (RMSNORM, "vllm")} <= natives
         if importlib.util.find_spec("vllm._moe_C") is not None:
             assert (MOE, "vllm") in natives
+
+
+def test_seed_001_reference_that_fills_its_outputs_replays(tmp_path):
+    """Seed 001's code schema: the reference takes the inputs then the pre-allocated outputs and
+    returns nothing. Replay allocates its outputs; solutions are checked against what it wrote."""
+    legacy = Path(__file__).parent / "fixtures/seed_fragments/001_kernel_destination_passing.json"
+    (tmp_path / "definitions" / "rmsnorm").mkdir(parents=True)
+    (tmp_path / "definitions" / "rmsnorm" / "rmsnorm_dp.json").write_text(legacy.read_text())
+    (tmp_path / "workloads" / "rmsnorm").mkdir(parents=True)
+    line = {"definition": "rmsnorm_dp", "workload": {"uuid": "w0", "axes": {"batch_size": 5},
+            "inputs": {"x": {"type": "random"}, "eps": {"type": "scalar", "value": 1e-6}}}}
+    (tmp_path / "workloads" / "rmsnorm" / "rmsnorm_dp.jsonl").write_text(json.dumps(line) + "\n")
+    good = "import torch\n\ndef run(x, eps):\n    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)\n"
+    wrong = "def run(x, eps, result):\n    result.copy_(x)\n"
+    solutions = [Solution.model_validate(solution(n, "rmsnorm_dp", s)) for n, s in (("good", good), ("wrong", wrong))]
+    _, results = run_replay(tmp_path, tmp_path / "out", solutions, baselines=False, timeout_s=120)
+    status = {r.source: r.status for r in results}
+    assert status == {REFERENCE: "passed", "good": "passed", "wrong": "incorrect_numerical"}, results

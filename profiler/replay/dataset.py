@@ -10,8 +10,9 @@ from typing import Optional
 
 from pydantic import ValidationError
 
+from profiler.documents import Kind, detect_kind
 from profiler.errors import problems_from_validation_error
-from profiler.schema import Definition, KernelCallingRecord, Solution, Trace, Workload
+from profiler.schema import Definition, KernelCallingRecord, LegacyKernelDescription, Solution, Trace, Workload
 
 
 class DatasetError(Exception):
@@ -35,10 +36,9 @@ def load_dataset(root: Path, names: Optional[list[str]] = None) -> Dataset:
         raise DatasetError(f"{root}: no definitions/ folder (expected a capture output or a flashinfer-trace dataset)")
     definitions: dict[str, Definition] = {}
     for path in sorted((root / "definitions").rglob("*.json")):
-        try:
-            definition = Definition.model_validate_json(path.read_text())
-        except ValidationError as exc:
-            raise _fail(path, exc) from None
+        definition = _read_definition(path)
+        if definition.name in definitions:
+            raise DatasetError(f"{path}: name: {definition.name!r} is also defined in another file of {root / 'definitions'}")
         definitions[definition.name] = definition
     if names:
         unknown = sorted(set(names) - set(definitions))
@@ -63,6 +63,22 @@ def load_dataset(root: Path, names: Optional[list[str]] = None) -> Dataset:
         except ValidationError as exc:
             raise _fail(record, exc) from None
     return dataset
+
+
+def _read_definition(path: Path) -> Definition:
+    """A Definition (seed 002) or a seed-001 kernel description, converted."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DatasetError(f"{path}: cannot read: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise DatasetError(f"{path}: line {exc.lineno} column {exc.colno}: invalid JSON: {exc.msg}") from None
+    model = LegacyKernelDescription if detect_kind(data) is Kind.legacy_definition else Definition
+    try:
+        parsed = model.model_validate(data)
+    except ValidationError as exc:
+        raise _fail(path, exc) from None
+    return parsed.to_definition() if isinstance(parsed, LegacyKernelDescription) else parsed
 
 
 def load_solutions(paths: list[Path]) -> list[Solution]:

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from profiler.entry_points import load_function, outputs_by_name
+from profiler.entry_points import load_function, outputs_by_name, run_reference
 from profiler.replay.build import BuildError, Built, build, content_hash
 from profiler.replay.check import Diff, compare, distribution_distance
 from profiler.replay.timing import measure
@@ -96,7 +96,8 @@ def evaluate(task: Task) -> Outcome:
 
 def _entry(definition: Definition, task: Task) -> tuple[Callable[..., Any], bool]:
     if task.solution is None:
-        return load_function(definition.reference, "run", label=definition.name), False
+        fn = load_function(definition.reference, "run", label=definition.name)
+        return fn, definition.reference_destination_passing
     solution = Solution.model_validate(task.solution)
     key = content_hash(solution)
     if key not in _BUILT:
@@ -121,7 +122,7 @@ def _inputs(definition: Definition, workload: Workload, root: Path, device: torc
         if len(_INPUTS) >= 8:
             _INPUTS.clear()
         inputs = workload_inputs(definition, workload, root, device=device, seed=seed)
-        reference = outputs_by_name(definition, load_function(definition.reference, "run", label=definition.name)(**inputs))
+        reference = run_reference(definition, inputs)
         _INPUTS[key] = (inputs, reference)
     return _INPUTS[key]
 
@@ -233,7 +234,6 @@ def _check_distribution(definition, run, destination_passing, draw, device) -> d
     have close empirical distributions (mean total-variation distance over rows)."""
     inputs, reference = draw
     name = next(iter(definition.outputs))
-    reference_fn = load_function(definition.reference, "run", label=definition.name)
     call, prepare = _bound(definition, run, destination_passing, inputs, reference, device)
     ours, theirs = [], []
     for _ in range(SAMPLING_DRAWS):
@@ -244,7 +244,7 @@ def _check_distribution(definition, run, destination_passing, draw, device) -> d
         if out.dtype != reference[name].dtype:
             raise Failed("incorrect_dtype", f"{name}: dtype {out.dtype}, expected {reference[name].dtype}")
         ours.append(out.clone())
-        theirs.append(outputs_by_name(definition, reference_fn(**inputs))[name])
+        theirs.append(run_reference(definition, inputs)[name])
     distance = distribution_distance(torch.stack(ours).cpu(), torch.stack(theirs).cpu())
     check = {
         "max_abs_diff": distance,

@@ -88,19 +88,34 @@ class Definition(StrictModel):
         return self
 
     def _check_reference(self) -> list[tuple[Loc, str]]:
+        """``run`` takes the inputs and returns the outputs (seed 002), or takes the inputs then
+        the pre-allocated outputs and fills them (seed 001's code schema)."""
         try:
             signature = entry_signature(self.reference)
         except ValueError as exc:
             return [(("reference",), str(exc))]
-        if not signature.accepts(list(self.inputs)):
-            return [
-                (
-                    ("reference",),
-                    f"run{signature.params} does not take exactly the inputs "
-                    f"{tuple(self.inputs)} (by name)",
-                )
-            ]
-        return []
+        inputs, outputs = list(self.inputs), list(self.outputs)
+        if signature.accepts(inputs) and not self.reference_destination_passing:
+            return []
+        if signature.accepts(inputs + outputs):
+            scalars = [n for n, spec in self.outputs.items() if spec.is_scalar]
+            if scalars:
+                return [(("reference",), f"run{signature.params} fills its outputs in place, but "
+                         f"{', '.join(scalars)} is a Python scalar (shape null) that cannot be pre-allocated")]
+            return []
+        return [
+            (
+                ("reference",),
+                f"run{signature.params} takes neither the inputs {tuple(inputs)} (returning the outputs) "
+                f"nor the inputs then the outputs {tuple(inputs + outputs)} (filling them), by name",
+            )
+        ]
+
+    @cached_property
+    def reference_destination_passing(self) -> bool:
+        """Whether the reference's ``run`` takes the outputs (pre-allocated) after the inputs."""
+        params = set(entry_signature(self.reference).params)
+        return bool(self.outputs) and set(self.outputs) <= params
 
     def _check_constraints(self) -> list[tuple[Loc, str]]:
         errors: list[tuple[Loc, str]] = []

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Optional
 
-from pydantic import AliasChoices, BeforeValidator, Field, model_validator
+from pydantic import AliasChoices, BeforeValidator, Field, PrivateAttr, ValidationError, model_validator
+
+from profiler.errors import FieldErrors, Loc, problems_from_validation_error
 
 from profiler.schema.base import StrictModel
 from profiler.schema.definition import Axis, AxisConst, AxisVar, Definition, TensorSpec
@@ -44,15 +46,33 @@ class LegacyKernelDescription(StrictModel):
     outputs: dict[str, LegacyTensorSpec]
     reference_code: str = Field(validation_alias=AliasChoices("reference_code", "code"))
     assumptions: Optional[list[str]] = None
+    _definition: Optional[Definition] = PrivateAttr(default=None)
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _one_spelling_each(cls, data: Any) -> Any:
+    def _converts(cls, data: Any, handler: Any) -> "LegacyKernelDescription":
+        """One spelling of each field; and the description must convert to a valid Definition,
+        whose problems are reported under the fields of this file (``reference_code`` or
+        ``code``, ``assumptions``, ``id`` or ``name``)."""
+        spelled: dict[str, str] = {}
         if isinstance(data, dict):
             for a, b in (("id", "name"), ("reference_code", "code")):
                 if a in data and b in data:
                     raise ValueError(f"give either {a!r} or {b!r}, not both")
-        return data
+                spelled[a] = b if b in data else a
+        model = handler(data)
+        try:
+            model._definition = model.to_definition()
+        except ValidationError as exc:
+            ours = {"name": spelled.get("id", "id"), "reference": spelled.get("reference_code", "reference_code"),
+                    "constraints": "assumptions"}
+            errors: list[tuple[Loc, str]] = []
+            for problem in problems_from_validation_error("", exc):
+                head, _, rest = problem.path.partition(".")
+                loc: Loc = tuple(p for p in (ours.get(head, head), rest) if p)
+                errors.append((loc, problem.message))
+            raise FieldErrors(errors) from None
+        return model
 
     def op_type(self) -> str:
         lowered = self.id.lower()
@@ -63,6 +83,8 @@ class LegacyKernelDescription(StrictModel):
 
     def to_definition(self) -> Definition:
         """Convert to a seed-002 Definition (validated like any other)."""
+        if self._definition is not None:
+            return self._definition
 
         def convert(spec: LegacyTensorSpec) -> TensorSpec:
             return TensorSpec(shape=spec.shape or None, dtype=spec.dtype)
