@@ -10,15 +10,15 @@ import torch
 from profiler.capture import ops
 
 
-def rmsnorm(self: Any, x: torch.Tensor, residual: Optional[torch.Tensor] = None, *_: Any, **__: Any) -> list:
+def rmsnorm(self: Any, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> list:
     return [ops.rmsnorm(x, residual, float(self.variance_epsilon))]
 
 
-def silu_and_mul(self: Any, x: torch.Tensor, *_: Any, **__: Any) -> list:
+def silu_and_mul(self: Any, x: torch.Tensor) -> list:
     return [ops.silu_and_mul(x)]
 
 
-def rope(self: Any, positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor] = None, *_: Any, **__: Any) -> list:
+def rope(self: Any, positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor] = None) -> list:
     if not self.is_neox_style or self.rotary_dim != self.head_size:
         raise NotImplementedError(
             f"{type(self).__name__}: only full-head NeoX-style RoPE has a Definition "
@@ -37,18 +37,38 @@ def rope(self: Any, positions: torch.Tensor, query: torch.Tensor, key: Optional[
     return [ops.rope(positions, query, num_q_heads, num_kv_heads, self.head_size, params)]
 
 
-def linear(self: Any, layer: Any, x: torch.Tensor, *_: Any, **__: Any) -> list:
-    return [ops.gemm(x, layer.weight)]
+def gemm_size(layer: Any) -> tuple[int, int]:
+    """A linear layer's logical ``(N, K)`` on this rank, from the sizes the layer declares.
+
+    Never from ``layer.weight``: backends repack it (vLLM on CPUs with AVX-512 BF16 hands it to
+    oneDNN or its own kernel and leaves an empty tensor; SGLang packs it for AMX), quantized
+    methods store it packed or transposed, and its shape then says nothing about the GEMM."""
+    if hasattr(layer, "num_embeddings_per_partition") and hasattr(layer, "embedding_dim"):  # lm_head
+        return int(layer.num_embeddings_per_partition), int(layer.embedding_dim)
+    n = getattr(layer, "output_size_per_partition", None)
+    if n is None:
+        sizes = getattr(layer, "output_partition_sizes", None)
+        n = sum(sizes) if sizes else getattr(layer, "output_size", None)
+    k = getattr(layer, "input_size_per_partition", None) or getattr(layer, "input_size", None)
+    if n is None or k is None:
+        raise NotImplementedError(f"{type(layer).__name__}: declares no logical sizes (output_size[_per_partition], input_size[_per_partition])")
+    return int(n), int(k)
 
 
-def lm_head(self: Any, first: Any, second: Any, *_: Any, **__: Any) -> list:
-    """The logits projection: vLLM passes (lm_head, hidden_states), SGLang (hidden_states, lm_head)."""
-    head, hidden_states = (first, second) if hasattr(first, "weight") else (second, first)
-    return [ops.gemm(hidden_states, head.weight)]
+def linear(self: Any, layer: Any, x: torch.Tensor) -> list:
+    return [ops.gemm(x, *gemm_size(layer))]
 
 
-def embedding(self: Any, input_: torch.Tensor, *_: Any, **__: Any) -> list:
-    return [ops.embedding(input_, self.weight)]
+def lm_head(self: Any, lm_head: Any, hidden_states: torch.Tensor) -> list:
+    """The logits projection (vLLM and SGLang name these arguments alike, in different orders)."""
+    return [ops.gemm(hidden_states, *gemm_size(lm_head))]
+
+
+def embedding(self: Any, input_: torch.Tensor) -> list:
+    dtype = self.weight.dtype  # an emptied or repacked table keeps its dtype; a quantized one would not
+    if not dtype.is_floating_point:
+        raise NotImplementedError(f"{type(self).__name__}: {dtype} embedding table (quantized): no Definition")
+    return [ops.embedding(input_, int(self.num_embeddings_per_partition), int(self.embedding_dim), dtype)]
 
 
 def moe(hidden_states: torch.Tensor, router_logits: torch.Tensor, unsupported: Mapping[str, bool], *,
@@ -61,3 +81,17 @@ def moe(hidden_states: torch.Tensor, router_logits: torch.Tensor, unsupported: M
         raise NotImplementedError(f"MoE layer without a Definition: {', '.join(problems)}")
     return [ops.moe(hidden_states, router_logits, num_experts=num_experts, top_k=top_k,
                     intermediate_size=intermediate_size, renormalize=renormalize)]
+
+
+def uncovered_layers(model: Any) -> dict[str, int]:
+    """Layers whose kernels no hook records, by kind: a quantized linear, embedding or MoE method
+    (the hooks see the unquantized methods only; quantized weights have no Definition here). Read
+    once from the built model, so the record can say what it misses instead of dropping it."""
+    found: dict[str, int] = {}
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if method is None or type(method).__name__.startswith("Unquantized"):
+            continue
+        kind = f"{type(module).__name__} with {type(method).__name__}"
+        found[kind] = found.get(kind, 0) + 1
+    return found

@@ -17,6 +17,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
+from hooks.arguments import SignatureMismatch, argument_reader
 from profiler.capture.ops import KernelCall
 from profiler.capture.recorder import RECORDER
 
@@ -49,7 +50,8 @@ _depth = threading.local()
 
 @dataclass(frozen=True)
 class HookPoint:
-    """``module.cls.method`` is turned into kernel calls by ``to_calls(self, *args, **kwargs)``."""
+    """``module.cls.method`` is turned into kernel calls by ``to_calls``, which takes the
+    method's arguments it needs under the method's own parameter names (``self`` included)."""
 
     module: str
     cls: str
@@ -68,7 +70,12 @@ class HookPoint:
     nested: tuple[str, ...] = ()
 
 
-def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls, live: bool = False, nested: tuple[str, ...] = ()) -> Callable[..., Any]:
+def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls, live: bool = False, nested: tuple[str, ...] = (),
+         cls: Optional[type] = None) -> Callable[..., Any]:
+    """``fn`` hooked: ``to_calls`` gets the arguments it names, read by name from ``fn``'s
+    signature (or, for a dispatcher on ``cls``, from the method it dispatches to)."""
+    read = argument_reader(fn, to_calls, cls)
+
     @functools.wraps(fn)
     def hooked(*args: Any, **kwargs: Any) -> Any:
         if not RECORDER.active or getattr(_depth, op, 0) or _is_compiling():
@@ -81,10 +88,9 @@ def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls, live: bool = False,
             label = replay[index] if index < len(replay) else op
         else:
             try:
-                label = RECORDER.record(to_calls(*args, **kwargs), op, learned)
+                label = RECORDER.record(to_calls(**read(args, kwargs)), op, learned)
             except Exception as exc:  # a hook must never break the engine
-                RECORDER.error(op, exc)
-                label = RECORDER.record((), op, learned)  # keeps the step's invocation count right
+                label = RECORDER.lost(op, exc, learned)  # counted, and the step's invocation count kept right
         # the real call inside an NVTX range, marked so nested calls of the same op are not counted
         outer = [getattr(_depth, m, 0) for m in nested] if nested else ()
         setattr(_depth, op, 1)
@@ -105,12 +111,14 @@ def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls, live: bool = False,
     return hooked
 
 
-def wrap_boundary(fn: Callable[..., Any], op: str, on_boundary: Callable[..., Any]) -> Callable[..., Any]:
+def wrap_boundary(fn: Callable[..., Any], op: str, on_boundary: Callable[..., Any], cls: Optional[type] = None) -> Callable[..., Any]:
+    read = argument_reader(fn, on_boundary, cls)
+
     @functools.wraps(fn)
     def hooked(*args: Any, **kwargs: Any) -> Any:
         if RECORDER.active:
             try:
-                on_boundary(*args, **kwargs)
+                on_boundary(**read(args, kwargs))
             except Exception as exc:  # a hook must never break the engine
                 RECORDER.error(op, exc)
         return fn(*args, **kwargs)
@@ -143,10 +151,15 @@ def install(points: Sequence[HookPoint]) -> tuple[list[str], list[str]]:
             if getattr(raw, "__fi_profile_original__", None) is not None:
                 found = True
                 continue
-            if point.boundary:
-                hooked = wrap_boundary(raw, point.op, point.to_calls)
-            else:
-                hooked = wrap(raw, point.op, point.to_calls, point.live, point.nested)
+            try:
+                if point.boundary:
+                    hooked = wrap_boundary(raw, point.op, point.to_calls, cls)
+                else:
+                    hooked = wrap(raw, point.op, point.to_calls, point.live, point.nested, cls)
+            except SignatureMismatch as exc:  # the engine's method changed: not hooked, and said so
+                missing.append(f"{point.cls}.{method}: {exc}"[:300])
+                found = True
+                continue
             setattr(cls, method, hooked)
             installed.append(f"{point.cls}.{method}")
             found = True

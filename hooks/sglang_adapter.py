@@ -40,11 +40,12 @@ def _layout(batch: Any) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
     return torch.cat([torch.zeros(1, dtype=torch.int64), q_lens.cumsum(0)]), seq_lens.to(torch.int64)
 
 
-def _model_step(self: Any, forward_batch: Any, *_: Any, **__: Any) -> None:
+def _model_step(self: Any, forward_batch: Any) -> None:
     _step.update(runner=self, source=None, batches=None, calls={})
     layout = _layout(forward_batch)
     if layout is not None:
-        RECORDER.begin_step(ops.step_shape(*layout))
+        shape = ops.step_shape(*layout)
+        RECORDER.begin_step(shape, tokens=shape[0])
 
 
 def _batches(batch: Any) -> tuple[Any, Any]:
@@ -57,7 +58,7 @@ def _batches(batch: Any) -> tuple[Any, Any]:
     return _step["batches"]
 
 
-def _attention(self: Any, q: torch.Tensor, k: Any, v: Any, forward_batch: Any, *_: Any, **__: Any) -> list[KernelCall]:
+def _attention(self: Any, q: torch.Tensor, forward_batch: Any) -> list[KernelCall]:
     decode, prefill = _batches(forward_batch)
     shape = (
         self.tp_q_head_num, self.tp_k_head_num, self.head_dim, 1, RECORDER.num_pages or 0,
@@ -69,14 +70,14 @@ def _attention(self: Any, q: torch.Tensor, k: Any, v: Any, forward_batch: Any, *
     return calls
 
 
-def _moe_routing(self: Any, hidden_states: torch.Tensor, router_logits: torch.Tensor, *_: Any, **__: Any) -> list:
+def _moe_routing(self: Any, router_logits: torch.Tensor) -> list:
     """``TopK``: no kernel of its own here; the routing it does is part of the MoE call that the
     experts layer right after it records (one fused MoE call, as for vLLM)."""
     _step["moe_routing"] = (router_logits, self.topk_config)
     return []
 
 
-def _moe(self: Any, hidden_states: torch.Tensor, topk_output: Any, *_: Any, **__: Any) -> list:
+def _moe(self: Any, hidden_states: torch.Tensor) -> list:
     """``FusedMoE``: routing (from the ``TopK`` call before it) and SwiGLU experts as one call."""
     routing = _step.pop("moe_routing", None)
     if routing is None:
@@ -101,7 +102,7 @@ def _moe(self: Any, hidden_states: torch.Tensor, topk_output: Any, *_: Any, **__
                intermediate_size=self.intermediate_size_per_partition, renormalize=bool(config.renormalize))
 
 
-def _sampler(self: Any, logits_output: Any, sampling_info: Any, *_: Any, **__: Any) -> list:
+def _sampler(self: Any, logits_output: Any, sampling_info: Any) -> list:
     if sampling_info.is_all_greedy:
         return []
     top_k = sampling_info.top_ks if sampling_info.need_top_k_sampling else None

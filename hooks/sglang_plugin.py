@@ -11,30 +11,36 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from hooks.patching import install
-from profiler.capture.recorder import RECORDER
-
 ENV_ENABLE = "FI_PROFILE_CAPTURE"
 STATUS: dict[str, list[str]] = {"installed": [], "missing": []}
 
 
 def fi_profile_start(self: Any, count_only: bool = False, out_dir: Optional[str] = None, autosave_s: float = 10.0) -> None:
-    RECORDER.autosave = (Path(out_dir), autosave_s) if out_dir is not None else None
-    RECORDER.reset()
-    RECORDER.count_only = count_only
-    RECORDER.page_size = 1
-    RECORDER.num_pages = int(getattr(self, "max_total_num_tokens", 0) or 0)
-    RECORDER.active = True
+    from profiler.capture.recorder import start_recording
+
+    start_recording(count_only=count_only, out_dir=out_dir, autosave_s=autosave_s, page_size=1,
+                    num_pages=int(getattr(self, "max_total_num_tokens", 0) or 0))
     if out_dir is not None:  # what was installed, for the driver (collective_rpc returns no value)
         status = Path(out_dir) / ".fi-profile" / f"hooks-{os.getpid()}.txt"
         status.parent.mkdir(parents=True, exist_ok=True)
-        status.write_text("\n".join(f"missing {m}" for m in STATUS["missing"]))
+        lines = [f"missing {m}" for m in STATUS["missing"]]
+        lines += [f"not_covered {count} {kind}" for kind, count in _not_covered(self).items()]
+        status.write_text("\n".join(lines))
+
+
+def _not_covered(scheduler: Any) -> dict[str, int]:
+    from hooks.layer_calls import uncovered_layers
+
+    try:
+        return uncovered_layers(scheduler.tp_worker.model_runner.model)
+    except Exception as exc:  # noqa: BLE001 - reported, never fatal
+        return {f"model not inspected ({type(exc).__name__}: {exc})"[:200].replace("\n", " "): 0}
 
 
 def fi_profile_stop(self: Any, out_dir: str) -> None:
-    RECORDER.active = False
-    RECORDER.autosave = None
-    RECORDER.flush(Path(out_dir))
+    from profiler.capture.recorder import stop_recording
+
+    stop_recording(out_dir)
 
 
 def run_scheduler_process(*args: Any, **kwargs: Any) -> Any:
@@ -50,6 +56,7 @@ def run_scheduler_process(*args: Any, **kwargs: Any) -> Any:
 def register() -> None:
     if os.environ.get(ENV_ENABLE) != "1" or STATUS["installed"]:
         return
+    from hooks.patching import install
     from hooks.sglang_adapter import POINTS
 
     STATUS["installed"], STATUS["missing"] = install(POINTS)

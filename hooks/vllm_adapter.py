@@ -25,14 +25,12 @@ from profiler.schema.dtype import schema_dtype
 _step: dict[str, Any] = {"common": None, "source": None, "batches": (None, None), "calls": {}}
 
 
-def _metadata_builder(self: Any, *args: Any, **kwargs: Any) -> None:
+def _metadata_builder(self: Any, common_attn_metadata: Any) -> None:
     """Step boundary. Keeps the step's CommonAttentionMetadata: every backend is built from it,
     and it has the layout (query_start_loc, seq_lens, block_table_tensor) even where the
     backend's own metadata holds only planned wrappers (FlashInfer). The step's signature is
     what fixes every var axis of the step: token count, request count, decode/prefill layout."""
-    common = kwargs.get("common_attn_metadata")
-    if common is None:
-        common = next((a for a in args if hasattr(a, "block_table_tensor")), None)
+    common = common_attn_metadata
     _step["common"] = common
     _step["source"] = None
     if common is None or RECORDER.page_size is None:
@@ -40,7 +38,8 @@ def _metadata_builder(self: Any, *args: Any, **kwargs: Any) -> None:
     seq_lens = getattr(common, "_seq_lens_cpu", None)  # the runner's CPU copy: no device sync
     if seq_lens is None:
         seq_lens = common.seq_lens.to("cpu")
-    RECORDER.begin_step(ops.step_shape(common.query_start_loc_cpu, seq_lens))
+    shape = ops.step_shape(common.query_start_loc_cpu, seq_lens)
+    RECORDER.begin_step(shape, tokens=shape[0])
 
 
 def _batches_of(source: Any) -> tuple[Any, Any]:
@@ -70,7 +69,7 @@ def _layout_source(metadata: Any) -> Any:
     return metadata
 
 
-def _attention(self: Any, query: torch.Tensor, *_: Any, **__: Any) -> list[KernelCall]:
+def _attention(self: Any, query: torch.Tensor) -> list[KernelCall]:
     from vllm.forward_context import get_forward_context
 
     metadata = get_forward_context().attn_metadata
@@ -96,7 +95,7 @@ def _attention(self: Any, query: torch.Tensor, *_: Any, **__: Any) -> list[Kerne
 _SOFTMAX_TOPK_ROUTERS = ("FusedTopKRouter", "CPURouter")
 
 
-def _moe(self: Any, hidden_states: torch.Tensor, router_logits: torch.Tensor, *_: Any, **__: Any) -> list:
+def _moe(self: Any, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> list:
     """A MoE layer (``MoERunner``): routing and experts as one fused MoE call."""
     router, config, experts = self.router, self.moe_config, self.routed_experts
     activation = getattr(getattr(experts, "activation", None), "value", getattr(experts, "activation", "silu"))
@@ -115,7 +114,7 @@ def _moe(self: Any, hidden_states: torch.Tensor, router_logits: torch.Tensor, *_
                intermediate_size=config.intermediate_size_per_partition, renormalize=bool(router.renormalize))
 
 
-def _sampler(self: Any, logits: torch.Tensor, generators: Any, k: Optional[torch.Tensor], p: Optional[torch.Tensor], *_: Any, **__: Any) -> list:
+def _sampler(self: Any, logits: torch.Tensor, k: Optional[torch.Tensor], p: Optional[torch.Tensor]) -> list:
     return [ops.sampling(logits, k, p)]
 
 

@@ -2,7 +2,8 @@
 
 ``register`` runs in every vLLM process through the ``vllm.general_plugins`` entry point, before
 any model is built. It patches only when ``FI_PROFILE_CAPTURE=1`` (set by ``fi-profile``), so an
-installed fi-profile costs nothing to other vLLM users. The driver then talks to the recorder in
+installed fi-profile costs other vLLM users nothing: this module imports only ``os`` and
+``typing`` until capture is on (``benchmarks/plugin_import_cost.py`` measures it). The driver then talks to the recorder in
 each worker through :class:`CaptureWorkerExtension` (``worker_extension_cls``) with
 ``collective_rpc``: start the model phase, stop and flush.
 """
@@ -10,11 +11,7 @@ each worker through :class:`CaptureWorkerExtension` (``worker_extension_cls``) w
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any, Optional
-
-from hooks.patching import install
-from profiler.capture.recorder import RECORDER
 
 ENV_ENABLE = "FI_PROFILE_CAPTURE"
 STATUS: dict[str, list[str]] = {"installed": [], "missing": []}
@@ -23,9 +20,19 @@ STATUS: dict[str, list[str]] = {"installed": [], "missing": []}
 def register() -> None:
     if os.environ.get(ENV_ENABLE) != "1" or STATUS["installed"]:
         return
+    from hooks.patching import install
     from hooks.vllm_adapter import POINTS
 
     STATUS["installed"], STATUS["missing"] = install(POINTS)
+
+
+def _not_covered(worker: Any) -> dict[str, int]:
+    from hooks.layer_calls import uncovered_layers
+
+    try:
+        return uncovered_layers(worker.model_runner.get_model())
+    except Exception as exc:  # noqa: BLE001 - reported, never fatal
+        return {f"model not inspected ({type(exc).__name__}: {exc})"[:200]: 0}
 
 
 class CaptureWorkerExtension:
@@ -37,16 +44,14 @@ class CaptureWorkerExtension:
         self, count_only: bool = False, out_dir: Optional[str] = None, autosave_s: float = 10.0
     ) -> dict[str, Any]:
         """Start recording; with ``out_dir`` the part is also saved every ``autosave_s`` seconds."""
+        from profiler.capture.recorder import start_recording
+
         cache = self.vllm_config.cache_config
-        RECORDER.autosave = (Path(out_dir), autosave_s) if out_dir is not None else None
-        RECORDER.reset()
-        RECORDER.count_only = count_only
-        RECORDER.page_size = int(cache.block_size)
-        RECORDER.num_pages = int(getattr(cache, "num_gpu_blocks", None) or 0)
-        RECORDER.active = True
-        return {"pid": os.getpid(), **STATUS}
+        start_recording(count_only=count_only, out_dir=out_dir, autosave_s=autosave_s, page_size=int(cache.block_size),
+                        num_pages=int(getattr(cache, "num_gpu_blocks", None) or 0))
+        return {"pid": os.getpid(), **STATUS, "not_covered": _not_covered(self)}
 
     def fi_profile_stop(self, out_dir: str) -> str:
-        RECORDER.active = False
-        RECORDER.autosave = None
-        return str(RECORDER.flush(Path(out_dir)))
+        from profiler.capture.recorder import stop_recording
+
+        return str(stop_recording(out_dir))

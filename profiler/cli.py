@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -57,6 +58,8 @@ def capture(
     gpu_memory_utilization: Annotated[Optional[float], typer.Option(min=0.05, max=1.0)] = None,
     count_only: Annotated[bool, typer.Option("--count-only", help="Calls per Definition only, no workloads (cheapest).")] = False,
     save_every: Annotated[float, typer.Option(min=0.0, help="Seconds between saves of each engine process's part (kept if the engine dies).")] = 10.0,
+    accept_hook_errors: Annotated[bool, typer.Option("--accept-hook-errors", help="Exit 0 even when hooks failed or layers were not covered (the record still says what it misses).")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the engine's own output here instead of DIR/engine.log.")] = False,
 ) -> None:
     """Run MODEL in a real engine and record every kernel-level call it makes."""
     if ctx.invoked_subcommand is not None:
@@ -64,29 +67,70 @@ def capture(
     if model is None:
         err.print("--model is required (try --model fi-profile/tiny-llama on CPU)")
         raise typer.Exit(code=2)
+    from profiler.capture.engine_output import ProgressLine, engine_output_to
+    from profiler.capture.engine_run import EngineFailed, Scenario, clear_output, model_problem
     from profiler.capture.report import print_summary
-    from profiler.capture.engine_run import EngineFailed, Scenario
-    from profiler.capture.vllm_runner import run_vllm
 
+    problem = model_problem(model)
+    if problem is not None:
+        err.print(problem, markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(code=2)
     if framework is Framework.sglang:
         from profiler.capture.sglang_runner import run_sglang as run_engine
     else:
-        run_engine = run_vllm
+        from profiler.capture.vllm_runner import run_vllm as run_engine
 
     scenario = Scenario(num_prompts, input_len, output_len, batch_size, seed, temperature, top_k, top_p)
-    try:
-        summary, _, run = run_engine(
-            model, out_dir, scenario, load_format=load_format.value, dtype=dtype, tp=tp, eager=eager,
-            max_workloads=max_workloads, single_process=single_process, attention_backend=attention_backend,
-            gpu_memory_utilization=gpu_memory_utilization, autosave_s=save_every, count_only=count_only,
-        )
-    except EngineFailed as failed:
+    log = None if verbose else out_dir / "engine.log"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    clear_output(out_dir)
+    failed: Optional[EngineFailed] = None
+    crash: Optional[BaseException] = None
+    with engine_output_to(log) as terminal:
+        with ProgressLine(terminal, out_dir, f"{model} on {framework.value}", log) if not verbose else _nothing():
+            try:
+                summary, _, run = run_engine(
+                    model, out_dir, scenario, load_format=load_format.value, dtype=dtype, tp=tp, eager=eager,
+                    max_workloads=max_workloads, single_process=single_process, attention_backend=attention_backend,
+                    gpu_memory_utilization=gpu_memory_utilization, autosave_s=save_every, count_only=count_only,
+                )
+            except EngineFailed as exc:
+                failed = exc
+            except Exception as exc:  # noqa: BLE001 - the engine could not start or run: said in one line
+                crash = exc
+    if crash is not None:
+        where = f"; the engine's output is in {log}" if log else ""
+        err.print(f"[red]the engine failed: {type(crash).__name__}: {str(crash).strip().splitlines()[0] if str(crash).strip() else ''}{where}[/red]",
+                  highlight=False)
+        raise typer.Exit(code=1)
+    if failed is not None:
         if failed.summary is not None:
             print_summary(out, failed.summary, failed.run, out_dir)
         err.print(f"[red]{failed.run['incomplete']}[/red]" if failed.summary else f"[red]engine failed before any part was saved: {failed}[/red]")
+        if log:
+            err.print(f"the engine's output is in {log}")
         raise typer.Exit(code=1)
     assert summary is not None
     print_summary(out, summary, run, out_dir)
+    if run.get("incomplete"):
+        if accept_hook_errors:
+            err.print("[yellow]the record is incomplete (run.incomplete says how); accepted with --accept-hook-errors[/yellow]")
+        else:
+            err.print(f"[red]the record is incomplete: {run['incomplete']}[/red]", highlight=False)
+            err.print("record.json says so (run.incomplete); pass --accept-hook-errors to exit 0 all the same")
+            raise typer.Exit(code=1)
+
+
+@contextlib.contextmanager
+def _nothing():
+    yield
+
+
+def _names(values: Optional[list[str]]) -> Optional[list[str]]:
+    """A list option given as repeated flags, comma-separated, or both: ``--x a,b --x c``."""
+    if values is None:
+        return None
+    return [name.strip() for value in values for name in value.split(",") if name.strip()]
 
 
 @app.command()
@@ -146,10 +190,10 @@ def definitions(
 def replay(
     dataset_dir: Annotated[Path, typer.Argument(help="A capture output or a flashinfer-trace dataset folder.")],
     solutions: Annotated[
-        list[str], typer.Option("--solutions", help="Solution JSON files or folders; 'baselines' adds the shipped ones.")
+        list[str], typer.Option("--solutions", help="Solution JSON files or folders; 'baselines' adds the shipped ones. Repeat the flag or separate with commas.")
     ] = ["baselines"],
     results_dir: Annotated[Path, typer.Option("--out", help="Folder for results.jsonl.")] = Path("fi-profile-results"),
-    definition_names: Annotated[Optional[list[str]], typer.Option("--definitions", help="Only these Definitions.")] = None,
+    definition_names: Annotated[Optional[list[str]], typer.Option("--definitions", help="Only these Definitions (repeat the flag or separate with commas).")] = None,
     device: Annotated[Optional[str], typer.Option(help="cuda:N, or cpu (wall-clock timing). Default: cuda:0 if present.")] = None,
     baseline: Annotated[str, typer.Option(help="Solution (name or label, e.g. torch) that 'x baseline' compares with.")] = "torch",
     timeout: Annotated[float, typer.Option(min=1.0, help="Seconds per (workload, solution), build included.")] = 120.0,
@@ -159,6 +203,7 @@ def replay(
     resume: Annotated[bool, typer.Option("--resume", help="Skip pairs already in results.jsonl.")] = False,
 ) -> None:
     """Benchmark candidate solutions against the references on the dataset's workloads."""
+    solutions, definition_names = _names(solutions) or [], _names(definition_names)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from profiler.replay.dataset import DatasetError, load_dataset, load_solutions

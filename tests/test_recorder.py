@@ -18,7 +18,7 @@ def make_hooks():
         ran.append(x.shape[0])
         return x
 
-    hooked_linear = wrap(linear, "gemm", lambda x: [ops.gemm(x, weight)])
+    hooked_linear = wrap(linear, "gemm", lambda x: [ops.gemm(x, *weight.shape)])
     boundary = wrap_boundary(lambda sig: None, "step", lambda sig: RECORDER.begin_step(sig))
     return hooked_linear, boundary, ran
 
@@ -49,7 +49,7 @@ def test_live_hooks_are_recorded_in_replayed_steps(tmp_path, monkeypatch):
     every step, in full capture; in count-only capture it is replayed like the rest."""
     weight = torch.zeros(16, 32, dtype=torch.bfloat16)
     hooked_linear, boundary, _ = make_hooks()
-    live = wrap(lambda x: x, "attention", lambda x: [ops.gemm(x, weight)], live=True)
+    live = wrap(lambda x: x, "attention", lambda x: [ops.gemm(x, *weight.shape)], live=True)
     for count_only in (False, True):
         monkeypatch.setattr(RECORDER, "active", True)
         RECORDER.reset()
@@ -79,7 +79,7 @@ def test_replay_mismatch_is_reported(tmp_path, monkeypatch):
 
 def test_without_boundaries_every_call_is_recorded(tmp_path):
     recorder = Recorder()
-    call = ops.gemm(torch.zeros(4, 32), torch.zeros(8, 32))
+    call = ops.gemm(torch.zeros(4, 32), 8, 32)
     for _ in range(3):
         recorder.record([call], "gemm")
     assert recorder.calls == {"gemm_n8_k32_float32": 3} and recorder.step_stats == {}
@@ -170,7 +170,7 @@ def test_device_samples_are_copied_to_pinned_memory_and_land_in_the_blob(tmp_pat
     expected = {}
     for n in (3, 5, 7, 0):
         indices = torch.arange(n, dtype=torch.int32, device="cuda") * 7 + n
-        call = ops.KernelCall(ops.gemm(torch.zeros(n, 32), torch.zeros(8, 32)).definition, {"M": n}, {"idx": indices})
+        call = ops.KernelCall(ops.gemm(torch.zeros(n, 32), 8, 32).definition, {"M": n}, {"idx": indices})
         RECORDER.record([call], "gemm")
         expected[n] = indices.cpu()
     samples = [s.tensors["idx"] for s in RECORDER.samples.values()]

@@ -194,6 +194,19 @@ def test_cli_replay_prints_tables_and_projection(dataset_dir, tmp_path):
     assert len(read_results(tmp_path / "r" / "results.jsonl")) == 3
 
 
+@pytest.mark.parametrize("flags", [["--definitions", f"{GEMM},{RMSNORM}"], ["--definitions", GEMM, "--definitions", RMSNORM]],
+                         ids=["comma-separated", "repeated"])
+def test_cli_list_options_take_commas_or_repeated_flags(dataset_dir, tmp_path, flags):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(solution("good", RMSNORM, GOOD_RMSNORM)))
+    args = ["replay", str(dataset_dir), *flags, "--solutions", f"baselines,{good}", "--out", str(tmp_path / "r"),
+            "--device", "cpu", "--min-time", "0.01"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    done = read_results(tmp_path / "r" / "results.jsonl")
+    assert {r.kernel_id for r in done} == {GEMM, RMSNORM} and "good" in {r.source for r in done}
+
+
 def test_bad_solution_file_names_file_and_field(dataset_dir, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({**solution("x", GEMM, "def run(A, B):\n    return A\n"), "spec": {"language": "cobol", "entry_point": "main.py::run"}}))

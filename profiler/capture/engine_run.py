@@ -45,6 +45,44 @@ def resolve_model(model: str) -> ModelSource:
     return ModelSource(model, shipped=False)
 
 
+def shipped_models() -> list[str]:
+    root = resources.files("profiler") / "model_configs"
+    return sorted(f"{org.name}/{model.name}" for org in root.iterdir() if org.is_dir()
+                  for model in org.iterdir() if (model / "config.json").is_file())
+
+
+def model_problem(model: str) -> str | None:
+    """Why the engine could not load ``model``, in one line, or None: a local folder needs a
+    ``config.json``; a hub id must be in the local cache or reachable (checked by fetching its
+    ``config.json``, which the engine would fetch first anyway)."""
+    instead = (f"pass a local folder holding config.json (weights optional: --load-format dummy) or one of the "
+               f"configs fi-profile ships: {', '.join(shipped_models())}")
+    if Path(model).is_dir():
+        if not (Path(model) / "config.json").is_file():
+            return f"--model {model}: the folder has no config.json; {instead}"
+        return None
+    if resolve_model(model).shipped:
+        return None
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError:  # the engine will say it itself
+        return None
+    import logging
+
+    hub_log = logging.getLogger("huggingface_hub")
+    level = hub_log.level
+    hub_log.setLevel(logging.ERROR)  # its retry warnings say nothing the one line below does not
+    try:
+        hf_hub_download(model, "config.json", etag_timeout=10)
+    except Exception as exc:  # noqa: BLE001 - every way of not finding it ends the same
+        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+        why = "HF_HUB_OFFLINE is set and it is not in the local cache" if offline else f"{type(exc).__name__}"
+        return f"--model {model}: not a local folder, and not found on the Hugging Face hub ({why}); {instead}"
+    finally:
+        hub_log.setLevel(level)
+    return None
+
+
 def prompts_for(scenario: Scenario, vocab_size: int) -> list[list[int]]:
     rng = random.Random(scenario.seed)
     return [[rng.randrange(vocab_size) for _ in range(scenario.input_len)] for _ in range(scenario.num_prompts)]
@@ -58,8 +96,10 @@ class EngineFailed(RuntimeError):
         self.summary, self.run = summary, run
 
 
-def run_info(engine: str, scenario: Scenario, options: dict[str, Any], attention_backend: str, hooks_missing: list[str]) -> dict[str, Any]:
-    """The record's ``run`` block: engine, eager or graphs, weights, dtype, TP, scenario, missing hooks."""
+def run_info(engine: str, scenario: Scenario, options: dict[str, Any], attention_backend: str, hooks_missing: list[str],
+             not_covered: dict[str, int] | None = None) -> dict[str, Any]:
+    """The record's ``run`` block: engine, eager or graphs, weights, dtype, TP, scenario, missing
+    hooks, and the layers whose kernels no hook records (``not_covered``: kind -> layers)."""
     eager = options.get("eager", True)
     load_format = options.get("load_format", "dummy")
     return {
@@ -72,6 +112,7 @@ def run_info(engine: str, scenario: Scenario, options: dict[str, Any], attention
         "attention_backend": attention_backend,
         "scenario": asdict(scenario),
         "hooks_missing": sorted(hooks_missing),
+        "not_covered": dict(sorted((not_covered or {}).items())),
     }
 
 

@@ -75,8 +75,9 @@ def silu_and_mul(x: torch.Tensor) -> KernelCall:
     return KernelCall(definition, {"num_tokens": _tokens(x, width)})
 
 
-def gemm(x: torch.Tensor, weight: torch.Tensor) -> KernelCall:
-    n, k = weight.shape
+def gemm(x: torch.Tensor, n: int, k: int) -> KernelCall:
+    """``x [M, k] @ W[n, k].T``: ``n`` and ``k`` are the layer's logical sizes (never read from a
+    weight tensor, which a backend may have packed, quantized or replaced by an empty one)."""
 
     def build() -> Definition:
         dtype = schema_dtype(x.dtype)
@@ -86,19 +87,19 @@ def gemm(x: torch.Tensor, weight: torch.Tensor) -> KernelCall:
     return KernelCall(definition, {"M": _tokens(x, k)})
 
 
-def embedding(ids: torch.Tensor, weight: torch.Tensor) -> KernelCall:
-    vocab, hidden = weight.shape
+def embedding(ids: torch.Tensor, vocab: int, hidden: int, dtype: torch.dtype) -> KernelCall:
+    """Rows of a ``[vocab, hidden]`` table of ``dtype`` gathered for ``ids`` (logical sizes)."""
 
     def build() -> Definition:
-        dtype = schema_dtype(weight.dtype)
+        schema = schema_dtype(dtype)
         return definition_for(
             "embedding_v128256_h4096",
-            f"embedding_v{vocab}_h{hidden}{_suffix(dtype)}",
+            f"embedding_v{vocab}_h{hidden}{_suffix(schema)}",
             {"vocab_size": vocab, "hidden_size": hidden},
-            dtype,
+            schema,
         )
 
-    definition = _cached(("embedding", vocab, hidden, weight.dtype), build)
+    definition = _cached(("embedding", vocab, hidden, dtype), build)
     return KernelCall(definition, {"num_tokens": ids.numel()})
 
 

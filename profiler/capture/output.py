@@ -35,6 +35,8 @@ def merge_parts(
     parts = sorted((out_dir / PARTS_DIR).glob("*.json"))
     calls: Counter[str] = Counter()
     errors: Counter[str] = Counter()
+    lost: Counter[str] = Counter()
+    ops: dict[str, str] = {}
     steps: Counter[str] = Counter()
     definitions: dict[str, Definition] = {}
     workloads: dict[tuple[str, tuple], dict[str, Any]] = {}
@@ -42,6 +44,8 @@ def merge_parts(
         part = json.loads(part_path.read_text())
         calls.update(part["calls"])
         errors.update(part["errors"])
+        lost.update(part.get("lost_calls", {}))
+        ops.update(part.get("ops", {}))
         steps.update(part.get("steps", {}))
         for name, data in part["definitions"].items():
             definitions.setdefault(name, Definition.model_validate(data))
@@ -62,16 +66,46 @@ def merge_parts(
         path = out_dir / "definitions" / definition.op_type / f"{definition.name}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(definition.to_json())
+    run_block = {**(run or {}), "processes": len(parts), "hook_errors": dict(errors), "steps": dict(steps)}
+    gaps = [run_block["incomplete"]] if run_block.get("incomplete") else []  # the engine died mid-run
+    if errors:
+        impact = hook_error_impact(errors, lost, ops)
+        gaps.append(impact.pop("incomplete"))
+        run_block.update(impact)
+    if run_block.get("not_covered"):
+        layers = ", ".join(f"{n} x {kind}" for kind, n in run_block["not_covered"].items())
+        gaps.append(f"layers whose kernels no hook records (not in the record): {layers}")
+    if gaps:
+        run_block["incomplete"] = "; ".join(gaps)
+        if run is not None:  # the caller's run block says it too (the summary and the exit code read it)
+            run["incomplete"] = run_block["incomplete"]
     record = KernelCallingRecord.model_validate(
         {
             "model": model,
             "framework": framework,
             "kernels": [{"id": n, "count": c} for n, c in sorted(calls.items(), key=lambda kv: (-kv[1], kv[0]))],
-            "run": {**(run or {}), "processes": len(parts), "hook_errors": dict(errors), "steps": dict(steps)},
+            "run": run_block,
         }
     )
     (out_dir / "record.json").write_text(record.model_dump_json(indent=2, exclude_none=True) + "\n")
     return CaptureSummary(record, definitions, distinct, errors)
+
+
+def hook_error_impact(errors: Counter[str], lost: Counter[str], ops: dict[str, str]) -> dict[str, Any]:
+    """What hook errors cost the record: per op, the hooked invocations whose calls are unknown and
+    the recorded Definitions of that op whose counts are therefore low (a Definition that every
+    invocation failed to match is not in the record at all), and one line saying so."""
+    affected = {op: sorted(name for name, of in ops.items() if of == op) for op in sorted(lost)}
+    parts = []
+    for op, names in affected.items():
+        which = f"counts of {', '.join(names)} are low" if names else "none of its calls is in the record"
+        parts.append(f"{lost[op]} {op} call(s) not recorded ({which})")
+    other = sum(count for message, count in errors.items() if message.split(":", 1)[0] not in lost)
+    if other:
+        parts.append(f"{other} other hook error(s): counts may be off")
+    impact: dict[str, Any] = {"calls_lost": dict(sorted(lost.items())), "affected_definitions": affected}
+    impact["incomplete"] = "hook errors: " + "; ".join(parts) + " (run.hook_errors has the messages)"
+    return impact
 
 
 def _choose(workloads: list[dict[str, Any]], cap: int) -> list[dict[str, Any]]:

@@ -35,6 +35,8 @@ from profiler.schema.definition import Definition
 
 #: per-process parts and their tensors, hidden so the output folder holds only documents
 PARTS_DIR = ".fi-profile/parts"
+#: per-process progress (steps, tokens, calls) for the driver's progress line
+PROGRESS_DIR = ".fi-profile/progress"
 
 WorkloadKey = tuple[str, tuple[tuple[str, int], ...]]
 
@@ -47,6 +49,8 @@ class Recorder:
         self.num_pages: Optional[int] = None
         #: (output folder, seconds between saves) while parts are saved during the run
         self.autosave: Optional[tuple[Path, float]] = None
+        #: where this process reports steps, tokens and calls for the driver's progress line
+        self.progress_file: Optional[Path] = None
         self._lock = threading.Lock()
         self.reset()
 
@@ -56,21 +60,31 @@ class Recorder:
         self.definitions: dict[str, Definition] = {}
         self.samples: dict[WorkloadKey, KernelCall] = {}
         self.errors: Counter[str] = Counter()
-        #: learned steps: signature -> (call keys, NVTX label of each hooked invocation)
-        self.steps: dict[Hashable, tuple[tuple[WorkloadKey, ...], tuple[str, ...]]] = {}
+        #: per op: hooked invocations whose calls are unknown (their hook failed), replayed steps included
+        self.lost_calls: Counter[str] = Counter()
+        #: the op each recorded Definition came from (which counts a lost invocation may lower)
+        self.ops: dict[str, str] = {}
+        #: learned steps: signature -> (call keys, NVTX label of each hooked invocation, lost invocations per op)
+        self.steps: dict[Hashable, tuple[tuple[WorkloadKey, ...], tuple[str, ...], tuple[tuple[str, int], ...]]] = {}
         self.step_stats: Counter[str] = Counter()
         #: while the current step is replayed: the label of each hooked invocation, else None
         self.replay: Optional[tuple[str, ...]] = None
         self.replayed = 0
         self._replay_keys: tuple[WorkloadKey, ...] = ()
+        self._replay_lost: tuple[tuple[str, int], ...] = ()
         self._learning: Optional[list[WorkloadKey]] = None
         self._learning_labels: list[str] = []
+        self._learning_lost: Counter[str] = Counter()
         self._signature: Hashable = None
         self._next_save = time.monotonic() + (self.autosave[1] if self.autosave else 0.0)
         self._saved_samples = 0  # samples already in the blob on disk (samples only grow)
+        self.tokens = 0  # tokens of the steps committed so far
+        self._step_tokens = 0
+        self._next_progress = 0.0
 
-    def begin_step(self, signature: Hashable) -> None:
-        """A step boundary: end the current step and start one of ``signature``."""
+    def begin_step(self, signature: Hashable, tokens: int = 0) -> None:
+        """A step boundary: end the current step and start one of ``signature`` (``tokens``: the
+        tokens it runs, for the progress line)."""
         snapshot = None
         with self._lock:
             nothing_yet = (self.replay is not None and self.replayed == 0) or (
@@ -83,18 +97,35 @@ class Recorder:
                 if self.autosave is not None and time.monotonic() >= self._next_save:
                     snapshot = self._snapshot()  # whole steps only: the last one just ended
             self._signature = signature
+            self._step_tokens = tokens
             learned = self.steps.get(signature)
             self.replayed = 0
             if learned is None:
-                self.replay, self._replay_keys = None, ()
-                self._learning, self._learning_labels = [], []
+                self.replay, self._replay_keys, self._replay_lost = None, (), ()
+                self._learning, self._learning_labels, self._learning_lost = [], [], Counter()
             else:
-                self._replay_keys, self.replay = learned
+                self._replay_keys, self.replay, self._replay_lost = learned
                 self._learning = None
         if snapshot is not None:
             directory, interval = self.autosave
             self._write(directory, *snapshot)
             self._next_save = time.monotonic() + interval
+        if self.progress_file is not None and time.monotonic() >= self._next_progress:
+            self.report_progress()
+            self._next_progress = time.monotonic() + 0.5
+
+    def report_progress(self) -> None:
+        """Steps, tokens and calls so far, for the driver's progress line (a tiny file, replaced)."""
+        if self.progress_file is None:
+            return
+        progress = {"steps": sum(self.step_stats.values()), "tokens": self.tokens, "calls": sum(self.calls.values())}
+        tmp = self.progress_file.with_suffix(".tmp")
+        try:
+            self.progress_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(progress))
+            os.replace(tmp, self.progress_file)
+        except OSError:  # progress is a nicety: never a reason to fail
+            pass
 
     def _commit_step(self) -> None:
         if self.replay is not None:
@@ -107,11 +138,18 @@ class Recorder:
                 self.calls[name] += 1
                 if not self.count_only:
                     self.workloads[(name, axes)] += 1
+            for op, lost in self._replay_lost:  # a hook that failed while the step was learned
+                self.lost_calls[op] += lost
             self.step_stats["replayed"] += 1
+            self.tokens += self._step_tokens
         elif self._learning is not None:
-            self.steps[self._signature] = (tuple(self._learning), tuple(self._learning_labels))
+            self.steps[self._signature] = (
+                tuple(self._learning), tuple(self._learning_labels), tuple(self._learning_lost.items())
+            )
             self.step_stats["learned"] += 1
-        self.replay, self._replay_keys, self._learning, self._signature = None, (), None, None
+            self.tokens += self._step_tokens
+        self._step_tokens = 0
+        self.replay, self._replay_keys, self._replay_lost, self._learning, self._signature = None, (), (), None, None
 
     def record(self, calls: Iterable[Optional[KernelCall]], op: str, learned: bool = True) -> str:
         """Record one hooked invocation's calls; returns its NVTX label (first Definition, or op).
@@ -127,6 +165,7 @@ class Recorder:
                 self.calls[name] += 1
                 if name not in self.definitions:
                     self.definitions[name] = call.definition
+                    self.ops[name] = op
                 key = (name, tuple(call.axes.items()))  # op functions build axes in a fixed order
                 if self._learning is not None and learned:
                     self._learning.append(key)
@@ -144,11 +183,22 @@ class Recorder:
         with self._lock:
             self.errors[f"{where}: {type(exc).__name__}: {exc}"[:300]] += 1
 
+    def lost(self, op: str, exc: BaseException, learned: bool = True) -> str:
+        """A hooked invocation of ``op`` whose calls are unknown (its hook raised ``exc``): counted
+        as an error and as lost, in this step and in every later step that replays it."""
+        self.error(op, exc)
+        with self._lock:
+            self.lost_calls[op] += 1
+            if self._learning is not None and learned:
+                self._learning_lost[op] += 1
+        return self.record((), op, learned)  # keeps the step's invocation count right
+
     def flush(self, directory: Path) -> Path:
         """End the current step and write this process's part atomically; returns the part file."""
         with self._lock:
             self._commit_step()
             snapshot = self._snapshot()
+        self.report_progress()
         return self._write(Path(directory), *snapshot)
 
     def _snapshot(self) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -184,6 +234,8 @@ class Recorder:
             "definitions": {n: d.to_dict() for n, d in self.definitions.items()},
             "blob": f"{PARTS_DIR}/{os.getpid()}.safetensors" if any(w["tensors"] for w in workloads) else None,
             "errors": dict(self.errors),
+            "lost_calls": dict(self.lost_calls),
+            "ops": dict(self.ops),
             "steps": dict(self.step_stats),
         }
         self._saved_samples = len(self.samples)
@@ -215,3 +267,24 @@ def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
 
 
 RECORDER = Recorder()
+
+
+def start_recording(*, count_only: bool, out_dir: Optional[str], autosave_s: float, page_size: int, num_pages: int) -> None:
+    """Start this process's model phase (every engine's worker-side start): reset, then record;
+    with ``out_dir`` the part is saved every ``autosave_s`` seconds and progress is reported."""
+    RECORDER.autosave = (Path(out_dir), autosave_s) if out_dir is not None else None
+    RECORDER.progress_file = Path(out_dir) / PROGRESS_DIR / f"{os.getpid()}.json" if out_dir is not None else None
+    RECORDER.reset()
+    RECORDER.count_only = count_only
+    RECORDER.page_size = page_size
+    RECORDER.num_pages = num_pages
+    RECORDER.active = True
+
+
+def stop_recording(out_dir: str) -> Path:
+    """Stop recording and write this process's part; returns the part file."""
+    RECORDER.active = False
+    RECORDER.autosave = None
+    part = RECORDER.flush(Path(out_dir))
+    RECORDER.progress_file = None
+    return part

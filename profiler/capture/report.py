@@ -30,8 +30,17 @@ def print_summary(console: Console, summary: CaptureSummary, run: dict[str, Any]
                   f"{'eager (no CUDA graphs, no torch.compile)' if run['eager'] else 'CUDA graphs + torch.compile: hooks see only what runs in Python'}")
     if run["hooks_missing"]:
         console.print(f"[yellow]hook points not found: {', '.join(run['hooks_missing'])}[/]")
+    if run.get("not_covered"):
+        console.print("[red]layers whose kernels no hook records (not in the record):[/]")
+        for kind, layers in run["not_covered"].items():
+            console.print(f"  {layers} x {kind}", markup=False)
     if summary.errors:
-        console.print(f"[red]{sum(summary.errors.values())} hook errors (the run went on):[/]")
+        console.print(f"[red]{sum(summary.errors.values())} hook errors (the engine ran on; these calls are not in the record):[/]")
         for message, count in summary.errors.most_common():
             console.print(f"  {count} x {message}", markup=False)
+        record_run = summary.record.run or {}
+        for op, names in record_run.get("affected_definitions", {}).items():
+            lost = record_run.get("calls_lost", {}).get(op, 0)
+            which = f"counts too low: {', '.join(names)}" if names else "no Definition of it in the record"
+            console.print(f"  {op}: {lost} call(s) not recorded; {which}", markup=False)
     console.print(f"written to {out_dir}/ (record.json, definitions/, workloads/, blob/)")

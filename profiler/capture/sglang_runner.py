@@ -76,10 +76,15 @@ def run_sglang(model: str, out_dir: Path, scenario: Scenario, *, max_workloads: 
             outputs, failure = [], f"{type(exc).__name__}: {exc}"
         import sglang
 
-        missing = [line.removeprefix("missing ") for f in (out_dir / ".fi-profile").glob("hooks-*.txt")
-                   for line in f.read_text().splitlines() if line]
+        status = [line for f in (out_dir / ".fi-profile").glob("hooks-*.txt") for line in f.read_text().splitlines()]
+        missing = [line.removeprefix("missing ") for line in status if line.startswith("missing ")]
+        not_covered: dict[str, int] = {}
+        for line in status:
+            if line.startswith("not_covered "):
+                _, layers, kind = line.split(" ", 2)
+                not_covered[kind] = max(int(layers), not_covered.get(kind, 0))
         backend = "torch_native" if not _cuda() else engine.get("attention_backend") or "default"
-        run = run_info(f"sglang {sglang.__version__}", scenario, engine, backend, list(set(missing)))
+        run = run_info(f"sglang {sglang.__version__}", scenario, engine, backend, list(set(missing)), not_covered)
         run["count_only"] = count_only
         summary = None
         if failure is not None:

@@ -119,7 +119,12 @@ def run_vllm(
     import vllm
 
     missing = list({m for h in hooks for m in h["missing"]})
-    run = run_info(f"vllm {vllm.__version__}", scenario, engine, engine.get("attention_backend") or "default", missing)
+    not_covered: dict[str, int] = {}
+    for h in hooks:  # every rank has the same layers (its shard of each)
+        for kind, layers in h.get("not_covered", {}).items():
+            not_covered[kind] = max(layers, not_covered.get(kind, 0))
+    run = run_info(f"vllm {vllm.__version__}", scenario, engine, engine.get("attention_backend") or "default", missing,
+                   not_covered)
     run["count_only"] = count_only
     summary = None
     if failure is not None:
