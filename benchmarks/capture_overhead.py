@@ -1,6 +1,7 @@
 """Capture overhead in one engine: generate tokens/s with capture off, count-only and full.
 
-One engine (vLLM, or SGLang with ``--framework sglang``) is built with fi-profile's hooks installed. Each round runs the same generate three
+One engine (vLLM, or SGLang with ``--framework sglang``) is built with fi-profile's hooks installed.
+Each round runs the same generate three
 times: capture off (hooks installed, recorder inactive: each hook costs a flag test), count-only
 (calls counted per Definition) and full (plus distinct var-axis values and index tensors). The
 order rotates each round so that drift does not favour one mode. Medians are reported.
@@ -20,49 +21,22 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
 
-from profiler.capture.engine_run import Scenario, prompts_for
+from fi_profile.capture.engine_run import Scenario
 
 MODES = ("off", "count", "full")
 
-#: generate() -> tokens generated; start(count_only); stop(out_dir); engine version
-Engine = tuple[Callable[[], int], Callable[[bool], None], Callable[[str], None], str]
 
+def build_engine(args: argparse.Namespace, scenario: Scenario):
+    """The runner's own engine (hooks installed, recorder inactive until ``start``)."""
+    options = {"attention_backend": args.attention_backend, "eager": not args.no_eager}
+    if args.framework == "sglang":
+        from fi_profile.hooks.sglang.runner import SglangEngine
 
-def vllm_engine(args: argparse.Namespace, scenario: Scenario) -> Engine:
-    import vllm
+        return SglangEngine(args.model, scenario, **options)
+    from fi_profile.hooks.vllm.runner import VllmEngine
 
-    from profiler.capture.vllm_runner import build_llm, requests_for
-
-    llm = build_llm(
-        args.model, scenario, attention_backend=args.attention_backend, eager=not args.no_eager,
-        single_process=args.single_process,
-    )
-    prompts, params = requests_for(llm, scenario)
-
-    def generate() -> int:
-        return sum(len(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False))
-
-    return (generate, lambda count: llm.collective_rpc("fi_profile_start", args=(count,)),
-            lambda out: llm.collective_rpc("fi_profile_stop", args=(out,)), f"vllm {vllm.__version__}")
-
-
-def sglang_engine(args: argparse.Namespace, scenario: Scenario) -> Engine:
-    import sglang
-
-    from profiler.capture.engine_run import resolve_model
-    from profiler.capture.sglang_runner import build_engine, sampling_params, vocab_size
-
-    engine = build_engine(args.model, scenario, attention_backend=args.attention_backend, eager=not args.no_eager)
-    prompts = prompts_for(scenario, vocab_size(resolve_model(args.model).path))
-    params = sampling_params(scenario)
-
-    def generate() -> int:
-        return sum(len(o["output_ids"]) for o in engine.generate(input_ids=prompts, sampling_params=params))
-
-    return (generate, lambda count: engine.collective_rpc("fi_profile_start", count_only=count),
-            lambda out: engine.collective_rpc("fi_profile_stop", out_dir=out), f"sglang {sglang.__version__}")
+    return VllmEngine(args.model, scenario, single_process=args.single_process, **options)
 
 
 def main() -> None:
@@ -84,7 +58,11 @@ def main() -> None:
     args = parser.parse_args()
 
     scenario = Scenario(num_prompts=args.num_prompts, input_len=args.input_len, output_len=args.output_len)
-    generate, start, stop, engine = (sglang_engine if args.framework == "sglang" else vllm_engine)(args, scenario)
+    engine = build_engine(args, scenario)
+
+    def generate() -> int:
+        return sum(len(tokens) for tokens in engine.generate(scenario))
+
     generate()  # warm-up: JIT, allocator
     times: dict[str, list[float]] = {m: [] for m in MODES}
     calls: dict[str, int] = {}
@@ -95,29 +73,30 @@ def main() -> None:
             order = MODES[round_index % 3 :] + MODES[: round_index % 3]
             for mode in order:
                 if mode != "off":
-                    start(mode == "count")
+                    engine.start(mode == "count", None)
                 began = time.perf_counter()
                 generated = generate()
                 times[mode].append(time.perf_counter() - began)
                 if mode != "off":
-                    stop(tmp)
+                    engine.stop(Path(tmp))
                     part = json.loads(next((Path(tmp) / ".fi-profile" / "parts").glob("*.json")).read_text())
                     calls[mode] = sum(part["calls"].values())
                     steps[mode] = part["steps"]
+    engine.shutdown()
     import torch
 
-    import hooks.patching
+    import fi_profile.hooks.patching
 
     tokens_per_s = {m: generated / statistics.median(t) for m, t in times.items()}
     result = {
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-        "engine": engine,
+        "engine": engine.version,
         "model": args.model,
         "attention_backend": args.attention_backend or "default",
         "eager": not args.no_eager,
         "scenario": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "generated_tokens": generated,
-        "nvtx": hooks.patching._push is not None,
+        "nvtx": fi_profile.hooks.patching._push is not None,
         "hooked_calls_per_generate": calls,
         "steps_learned_replayed": steps,
         "seconds": times,

@@ -15,9 +15,9 @@ import time
 
 import torch
 
-from hooks.patching import wrap
-from profiler.capture import ops
-from profiler.capture.recorder import RECORDER
+from fi_profile.capture import ops
+from fi_profile.capture.recorder import RECORDER
+from fi_profile.hooks.patching import wrap
 
 
 def per_call_us(fn, args, calls: int) -> float:
@@ -52,9 +52,9 @@ def main() -> None:
     RECORDER.replay = RECORDER.replay * args.calls
     results["replayed"] = per_call_us(hooked, (x,), args.calls) - base
     RECORDER.active = False
-    import hooks.patching
+    import fi_profile.hooks.patching
 
-    nvtx = "on" if hooks.patching._push is not None else "off (no NVTX tool attached; FI_PROFILE_NVTX=1 forces it)"
+    nvtx = "on" if fi_profile.hooks.patching._push is not None else "off (no NVTX tool attached; FI_PROFILE_NVTX=1 forces it)"
     print(f"{platform.processor() or platform.machine()}, python {platform.python_version()}, {args.calls} calls, NVTX {nvtx}")
     for state, us in results.items():
         print(f"  {state:9s} +{us:.2f} us per call")

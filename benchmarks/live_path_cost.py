@@ -12,9 +12,9 @@ import time
 
 import torch
 
-from profiler.capture import ops
-from profiler.capture.recorder import RECORDER
-from profiler.schema.dtype import DType
+from fi_profile.capture import ops
+from fi_profile.capture.recorder import RECORDER
+from fi_profile.schema.dtype import DType
 
 
 def main() -> None:

@@ -3,7 +3,7 @@ throughput and achieved bandwidth, on Llama-3.1-8B Definitions with synthesized 
 
   python benchmarks/replay_gpu.py --out /tmp/replay-gpu            # writes summary.json there
 
-1. Timing: ``profiler.replay.timing.measure`` on one kernel per family, three times (CV of the
+1. Timing: ``fi_profile.replay.timing.measure`` on one kernel per family, three times (CV of the
    three medians), alternating with ``triton.testing.do_bench`` (median, its own L2 flush) on the
    same call.
 2. Throughput: ``fi-profile replay`` over a dataset of rmsnorm / fused_add_rmsnorm workloads with
@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from profiler.catalog import shipped_definition
-from profiler.replay.timing import measure
+from fi_profile.catalog import shipped_definition
+from fi_profile.replay.timing import measure
 
 TOKENS = (1, 32, 256, 2048, 8192)
 
@@ -111,12 +111,13 @@ def main() -> None:
     write_dataset(dataset, args.workloads)
     start = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-c", "from profiler.cli import app; app()", "replay", str(dataset), "--out", str(args.out / "results")],
+        [sys.executable, "-c", "from fi_profile.cli import app; app()", "replay", str(dataset),
+         "--out", str(args.out / "results")],
         capture_output=True, text=True,
     )
     wall = time.perf_counter() - start
     (args.out / "replay.log").write_text(proc.stdout + proc.stderr)
-    results = [json.loads(l) for l in (args.out / "results" / "results.jsonl").read_text().splitlines() if l.strip()]
+    results = [json.loads(line) for line in (args.out / "results" / "results.jsonl").read_text().splitlines() if line.strip()]
     summary["throughput"] = {
         "pairs": len(results),
         "passed": sum(r["status"] == "passed" for r in results),

@@ -7,7 +7,7 @@ from typing import Any, Mapping, Optional
 
 import torch
 
-from profiler.capture import ops
+from fi_profile.capture import ops
 
 
 def rmsnorm(self: Any, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> list:
@@ -51,7 +51,9 @@ def gemm_size(layer: Any) -> tuple[int, int]:
         n = sum(sizes) if sizes else getattr(layer, "output_size", None)
     k = getattr(layer, "input_size_per_partition", None) or getattr(layer, "input_size", None)
     if n is None or k is None:
-        raise NotImplementedError(f"{type(layer).__name__}: declares no logical sizes (output_size[_per_partition], input_size[_per_partition])")
+        raise NotImplementedError(
+            f"{type(layer).__name__}: declares no logical sizes (output_size[_per_partition], input_size[_per_partition])"
+        )
     return int(n), int(k)
 
 

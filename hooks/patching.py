@@ -17,9 +17,10 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
-from hooks.arguments import SignatureMismatch, argument_reader
-from profiler.capture.ops import KernelCall
-from profiler.capture.recorder import RECORDER
+from fi_profile.capture.ops import KernelCall
+from fi_profile.capture.recorder import RECORDER
+from fi_profile.hooks.arguments import SignatureMismatch, argument_reader
+
 
 def _nvtx_functions() -> tuple[Optional[Callable[[str], Any]], Optional[Callable[[], Any]]]:
     """NVTX push/pop when a tool listens (Nsight Systems / Compute set ``NVTX_INJECTION64_PATH``),
@@ -111,7 +112,9 @@ def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls, live: bool = False,
     return hooked
 
 
-def wrap_boundary(fn: Callable[..., Any], op: str, on_boundary: Callable[..., Any], cls: Optional[type] = None) -> Callable[..., Any]:
+def wrap_boundary(
+    fn: Callable[..., Any], op: str, on_boundary: Callable[..., Any], cls: Optional[type] = None
+) -> Callable[..., Any]:
     read = argument_reader(fn, on_boundary, cls)
 
     @functools.wraps(fn)

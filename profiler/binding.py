@@ -6,9 +6,9 @@ from typing import Any, Mapping
 
 import torch
 
-from profiler.schema.constraint import ConstraintError
-from profiler.schema.definition import Definition, TensorSpec
-from profiler.schema.dtype import torch_dtype
+from fi_profile.schema.constraint import ConstraintError
+from fi_profile.schema.definition import Definition, TensorSpec
+from fi_profile.schema.dtype import torch_dtype
 
 
 class BindingError(ValueError):

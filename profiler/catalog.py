@@ -7,18 +7,18 @@ from importlib import resources
 from pathlib import Path
 from typing import Optional
 
-from profiler.schema.definition import Definition
+from fi_profile.schema.definition import Definition
 
 
 def shipped_definitions_dir() -> Path:
-    return Path(str(resources.files("definitions")))
+    return Path(str(resources.files("fi_profile.definitions")))
 
 
 @lru_cache(maxsize=1)
 def shipped_definitions() -> dict[str, Definition]:
     """Every shipped Definition by name (validated on load: a broken file is a packaging bug)."""
     found: dict[str, Definition] = {}
-    root = resources.files("definitions")
+    root = resources.files("fi_profile.definitions")
     for op_dir in sorted(root.iterdir(), key=lambda p: p.name):
         if not op_dir.is_dir() or op_dir.name.startswith(("_", ".")):
             continue

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from profiler.catalog import shipped_definitions
+from fi_profile.catalog import shipped_definitions
 
 app = typer.Typer(
     name="fi-profile",
@@ -37,7 +37,10 @@ class LoadFormat(str, Enum):
 @app.callback(invoke_without_command=True)
 def capture(
     ctx: typer.Context,
-    model: Annotated[Optional[str], typer.Option(help="Hugging Face id or local folder; shipped configs: meta-llama/Llama-3.1-8B, fi-profile/tiny-llama.")] = None,
+    model: Annotated[
+        Optional[str],
+        typer.Option(help="Hugging Face id or local folder; shipped configs: meta-llama/Llama-3.1-8B, fi-profile/tiny-llama."),
+    ] = None,
     framework: Annotated[Framework, typer.Option(help="Engine to run.")] = Framework.vllm,
     out_dir: Annotated[Path, typer.Option("--out", help="Output folder (flashinfer-trace layout).")] = Path("fi-profile-out"),
     num_prompts: Annotated[int, typer.Option(min=1)] = 4,
@@ -49,17 +52,31 @@ def capture(
     load_format: Annotated[LoadFormat, typer.Option(help="dummy: random weights, no download.")] = LoadFormat.dummy,
     seed: Annotated[int, typer.Option()] = 0,
     max_workloads: Annotated[int, typer.Option(min=1, help="Workloads kept per definition.")] = 32,
-    eager: Annotated[bool, typer.Option("--eager/--no-eager", help="Off: CUDA graphs + torch.compile (hooks then see less).")] = True,
+    eager: Annotated[
+        bool, typer.Option("--eager/--no-eager", help="Off: CUDA graphs + torch.compile (hooks then see less).")
+    ] = True,
     temperature: Annotated[float, typer.Option(min=0.0, help="0: greedy (no sampling kernel).")] = 0.0,
     top_k: Annotated[int, typer.Option(min=0, help="0: off.")] = 0,
     top_p: Annotated[float, typer.Option(min=0.0, max=1.0)] = 1.0,
     single_process: Annotated[bool, typer.Option("--single-process", help="Engine core in this process.")] = False,
-    attention_backend: Annotated[Optional[str], typer.Option(help="vLLM attention backend, e.g. TRITON_ATTN, FLASHINFER.")] = None,
+    attention_backend: Annotated[
+        Optional[str], typer.Option(help="vLLM attention backend, e.g. TRITON_ATTN, FLASHINFER.")
+    ] = None,
     gpu_memory_utilization: Annotated[Optional[float], typer.Option(min=0.05, max=1.0)] = None,
     count_only: Annotated[bool, typer.Option("--count-only", help="Calls per Definition only, no workloads (cheapest).")] = False,
-    save_every: Annotated[float, typer.Option(min=0.0, help="Seconds between saves of each engine process's part (kept if the engine dies).")] = 10.0,
-    accept_hook_errors: Annotated[bool, typer.Option("--accept-hook-errors", help="Exit 0 even when hooks failed or layers were not covered (the record still says what it misses).")] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the engine's own output here instead of DIR/engine.log.")] = False,
+    save_every: Annotated[
+        float, typer.Option(min=0.0, help="Seconds between saves of each engine process's part (kept if the engine dies).")
+    ] = 10.0,
+    accept_hook_errors: Annotated[
+        bool,
+        typer.Option(
+            "--accept-hook-errors",
+            help="Exit 0 even when hooks failed or layers were not covered (the record still says what it misses).",
+        ),
+    ] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Show the engine's own output here instead of DIR/engine.log.")
+    ] = False,
 ) -> None:
     """Run MODEL in a real engine and record every kernel-level call it makes."""
     if ctx.invoked_subcommand is not None:
@@ -67,18 +84,18 @@ def capture(
     if model is None:
         err.print("--model is required (try --model fi-profile/tiny-llama on CPU)")
         raise typer.Exit(code=2)
-    from profiler.capture.engine_output import ProgressLine, engine_output_to
-    from profiler.capture.engine_run import EngineFailed, Scenario, clear_output, model_problem
-    from profiler.capture.report import print_summary
+    from fi_profile.capture.engine_output import ProgressLine, engine_output_to
+    from fi_profile.capture.engine_run import EngineFailed, Scenario, clear_output, model_problem
+    from fi_profile.capture.report import print_summary
 
     problem = model_problem(model)
     if problem is not None:
         err.print(problem, markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(code=2)
     if framework is Framework.sglang:
-        from profiler.capture.sglang_runner import run_sglang as run_engine
+        from fi_profile.hooks.sglang.runner import run_sglang as run_engine
     else:
-        from profiler.capture.vllm_runner import run_vllm as run_engine
+        from fi_profile.hooks.vllm.runner import run_vllm as run_engine
 
     scenario = Scenario(num_prompts, input_len, output_len, batch_size, seed, temperature, top_k, top_p)
     log = None if verbose else out_dir / "engine.log"
@@ -90,9 +107,19 @@ def capture(
         with ProgressLine(terminal, out_dir, f"{model} on {framework.value}", log) if not verbose else _nothing():
             try:
                 summary, _, run = run_engine(
-                    model, out_dir, scenario, load_format=load_format.value, dtype=dtype, tp=tp, eager=eager,
-                    max_workloads=max_workloads, single_process=single_process, attention_backend=attention_backend,
-                    gpu_memory_utilization=gpu_memory_utilization, autosave_s=save_every, count_only=count_only,
+                    model,
+                    out_dir,
+                    scenario,
+                    load_format=load_format.value,
+                    dtype=dtype,
+                    tp=tp,
+                    eager=eager,
+                    max_workloads=max_workloads,
+                    single_process=single_process,
+                    attention_backend=attention_backend,
+                    gpu_memory_utilization=gpu_memory_utilization,
+                    autosave_s=save_every,
+                    count_only=count_only,
                 )
             except EngineFailed as exc:
                 failed = exc
@@ -100,16 +127,22 @@ def capture(
                 crash = exc
     if crash is not None:
         where = f"; the engine's output is in {log}" if log else ""
-        err.print(f"[red]the engine failed: {type(crash).__name__}: {str(crash).strip().splitlines()[0] if str(crash).strip() else ''}{where}[/red]",
-                  highlight=False)
-        raise typer.Exit(code=1)
+        err.print(
+            f"[red]the engine failed: {type(crash).__name__}: {(str(crash).strip().splitlines() or [''])[0]}{where}[/red]",
+            highlight=False,
+        )
+        raise typer.Exit(code=1) from None
     if failed is not None:
         if failed.summary is not None:
             print_summary(out, failed.summary, failed.run, out_dir)
-        err.print(f"[red]{failed.run['incomplete']}[/red]" if failed.summary else f"[red]engine failed before any part was saved: {failed}[/red]")
+        err.print(
+            f"[red]{failed.run['incomplete']}[/red]"
+            if failed.summary
+            else f"[red]engine failed before any part was saved: {failed}[/red]"
+        )
         if log:
             err.print(f"the engine's output is in {log}")
-        raise typer.Exit(code=1)
+        raise typer.Exit(code=1) from None
     assert summary is not None
     print_summary(out, summary, run, out_dir)
     if run.get("incomplete"):
@@ -118,7 +151,7 @@ def capture(
         else:
             err.print(f"[red]the record is incomplete: {run['incomplete']}[/red]", highlight=False)
             err.print("record.json says so (run.incomplete); pass --accept-hook-errors to exit 0 all the same")
-            raise typer.Exit(code=1)
+            raise typer.Exit(code=1) from None
 
 
 @contextlib.contextmanager
@@ -144,8 +177,8 @@ def validate(
 
     Prints ``file: field.path: message`` for each problem and exits 1 if any is an error.
     """
-    from profiler.catalog import shipped_definitions_dir
-    from profiler.validate import validate_paths
+    from fi_profile.catalog import shipped_definitions_dir
+    from fi_profile.validate import validate_paths
 
     report = validate_paths(paths or [shipped_definitions_dir()])
     for problem in report.problems:
@@ -159,7 +192,7 @@ def validate(
     n_errors, n_warnings = len(report.errors), len(report.problems) - len(report.errors)
     out.print(f"{n_errors} error(s), {n_warnings} warning(s)")
     if n_errors:
-        raise typer.Exit(code=1)
+        raise typer.Exit(code=1) from None
 
 
 @app.command()
@@ -171,7 +204,7 @@ def definitions(
     if not shipped:
         known = sorted({d.op_type for d in shipped_definitions().values()})
         err.print(f"no shipped definition has op type {op_type!r}; op types: {', '.join(known)}")
-        raise typer.Exit(code=1)
+        raise typer.Exit(code=1) from None
     table = Table(title=f"{len(shipped)} shipped definitions")
     for column in ("op type", "name", "const axes", "var axes", "inputs → outputs"):
         table.add_column(column)
@@ -190,14 +223,25 @@ def definitions(
 def replay(
     dataset_dir: Annotated[Path, typer.Argument(help="A capture output or a flashinfer-trace dataset folder.")],
     solutions: Annotated[
-        list[str], typer.Option("--solutions", help="Solution JSON files or folders; 'baselines' adds the shipped ones. Repeat the flag or separate with commas.")
-    ] = ["baselines"],
+        list[str],
+        typer.Option(
+            "--solutions",
+            help="Solution JSON files or folders; 'baselines' adds the shipped ones. Repeat the flag or separate with commas.",
+        ),
+    ] = ("baselines",),
     results_dir: Annotated[Path, typer.Option("--out", help="Folder for results.jsonl.")] = Path("fi-profile-results"),
-    definition_names: Annotated[Optional[list[str]], typer.Option("--definitions", help="Only these Definitions (repeat the flag or separate with commas).")] = None,
+    definition_names: Annotated[
+        Optional[list[str]],
+        typer.Option("--definitions", help="Only these Definitions (repeat the flag or separate with commas)."),
+    ] = None,
     device: Annotated[Optional[str], typer.Option(help="cuda:N, or cpu (wall-clock timing). Default: cuda:0 if present.")] = None,
-    baseline: Annotated[str, typer.Option(help="Solution (name or label, e.g. torch) that 'x baseline' compares with.")] = "torch",
+    baseline: Annotated[
+        str, typer.Option(help="Solution (name or label, e.g. torch) that 'x baseline' compares with.")
+    ] = "torch",
     timeout: Annotated[float, typer.Option(min=1.0, help="Seconds per (workload, solution), build included.")] = 120.0,
-    max_workloads: Annotated[Optional[int], typer.Option(min=1, help="At most this many workloads per Definition (the most frequent).")] = None,
+    max_workloads: Annotated[
+        Optional[int], typer.Option(min=1, help="At most this many workloads per Definition (the most frequent).")
+    ] = None,
     min_time: Annotated[float, typer.Option(min=0.0, help="Seconds of timed calls per pair.")] = 0.1,
     cuda_graph: Annotated[bool, typer.Option("--cuda-graph", help="Time CUDA-graph replays of each call (labelled).")] = False,
     resume: Annotated[bool, typer.Option("--resume", help="Skip pairs already in results.jsonl.")] = False,
@@ -206,11 +250,11 @@ def replay(
     solutions, definition_names = _names(solutions) or [], _names(definition_names)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from profiler.replay.dataset import DatasetError, load_dataset, load_solutions
-    from profiler.replay.projection import project
-    from profiler.replay.report import print_projection, print_results
-    from profiler.replay.runner import ReplayOptions
-    from profiler.replay.runner import replay as run_replay
+    from fi_profile.replay.dataset import DatasetError, load_dataset, load_solutions
+    from fi_profile.replay.projection import project
+    from fi_profile.replay.report import print_projection, print_results
+    from fi_profile.replay.runner import ReplayOptions
+    from fi_profile.replay.runner import replay as run_replay
 
     with_baselines = "baselines" in solutions
     try:
@@ -218,11 +262,11 @@ def replay(
         given = load_solutions([Path(p) for p in solutions if p != "baselines"])
     except DatasetError as exc:
         err.print(str(exc), markup=False, highlight=False, soft_wrap=True)
-        raise typer.Exit(code=1)
+        raise typer.Exit(code=1) from None
     unknown = sorted({s.definition for s in given} - set(dataset.definitions))
     if unknown:
         err.print(f"{dataset_dir}: solutions name Definitions it does not have: {', '.join(unknown)}")
-        raise typer.Exit(code=1)
+        raise typer.Exit(code=1) from None
     if max_workloads is not None:
         dataset.workloads = {
             name: sorted(ws, key=lambda w: -(w.count or 0))[:max_workloads] for name, ws in dataset.workloads.items()
@@ -233,7 +277,11 @@ def replay(
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as bar:
         task = bar.add_task("replay", total=None)
         results = run_replay(
-            dataset, given, with_baselines, results_dir, options,
+            dataset,
+            given,
+            with_baselines,
+            results_dir,
+            options,
             progress=lambda advance, what: bar.update(task, advance=advance, description=what[:60]),
             plan=lambda total: bar.update(task, total=total),
         )
@@ -245,16 +293,18 @@ def replay(
 
 @app.command()
 def inspect(
-    traces: Annotated[list[Path], typer.Argument(help="Agent traces: typed list, conversation, or request/response log (JSONL).")],
+    traces: Annotated[
+        list[Path], typer.Argument(help="Agent traces: typed list, conversation, or request/response log (JSONL).")
+    ],
     page: Annotated[Path, typer.Option("--out", help="The HTML page to write.")] = Path("agent-traces.html"),
     results: Annotated[
         Optional[list[Path]], typer.Option("--results", help="Benchmark Results (results.jsonl) of solutions the traces name.")
     ] = None,
 ) -> None:
     """Write one self-contained HTML page showing agent traces as timelines."""
-    from profiler.agent_traces.load import TraceError, load_trace
-    from profiler.agent_traces.page import render_page
-    from profiler.agent_traces.results import load_results, summarize
+    from fi_profile.agent_traces.load import TraceError, load_trace
+    from fi_profile.agent_traces.page import render_page
+    from fi_profile.agent_traces.results import load_results, summarize
 
     loaded, problems = [], []
     for path in traces:
@@ -270,7 +320,7 @@ def inspect(
     if problems:
         for problem in problems:
             err.print(str(problem), markup=False, highlight=False, soft_wrap=True)
-        raise typer.Exit(code=1)
+        raise typer.Exit(code=1) from None
     page.parent.mkdir(parents=True, exist_ok=True)
     page.write_text(render_page(loaded, summarize(found)), encoding="utf-8")
     entries = sum(len(t.trace.root) for t in loaded)
@@ -283,14 +333,14 @@ def convert_trace(
     converted: Annotated[Path, typer.Option("--out", help="Where to write the typed list (JSON).")],
 ) -> None:
     """Convert an agent trace to the seed's typed list of llm_request / tool_call entries."""
-    from profiler.agent_traces.load import TraceError, load_trace
+    from fi_profile.agent_traces.load import TraceError, load_trace
 
     try:
         loaded = load_trace(trace)
     except TraceError as exc:
         for problem in exc.problems:
             err.print(str(problem), markup=False, highlight=False, soft_wrap=True)
-        raise typer.Exit(code=1)
+        raise typer.Exit(code=1) from None
     converted.parent.mkdir(parents=True, exist_ok=True)
     converted.write_text(loaded.trace.model_dump_json(indent=2, exclude_none=True) + "\n", encoding="utf-8")
     out.print(f"{converted}: {len(loaded.trace.root)} entries from a {loaded.form}")

@@ -10,8 +10,8 @@ from typing import Any, Iterator, Optional, Union
 
 from pydantic import BaseModel, ValidationError
 
-from profiler.errors import Problem, problems_from_validation_error
-from profiler.schema import (
+from fi_profile.errors import Problem, problems_from_validation_error
+from fi_profile.schema import (
     AgentConversation,
     AgentTrace,
     BenchmarkResult,

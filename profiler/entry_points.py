@@ -8,7 +8,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from profiler.schema.definition import Definition
+from fi_profile.schema.definition import Definition
 
 _MODULES: dict[str, types.ModuleType] = {}
 
@@ -60,8 +60,8 @@ def run_reference(definition: Definition, inputs: Mapping[str, Any]) -> dict[str
 def allocate_outputs(definition: Definition, inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     """Empty output tensors for these inputs: var axes bound from the inputs' shapes, on the
     inputs' device."""
-    from profiler.binding import BindingError, bind_axes
-    from profiler.schema.dtype import torch_dtype
+    from fi_profile.binding import BindingError, bind_axes
+    from fi_profile.schema.dtype import torch_dtype
 
     axes = definition.axis_values(bind_axes(definition, inputs, check_dtype=False))
     device = next((v.device for v in inputs.values() if isinstance(v, torch.Tensor)), torch.device("cpu"))

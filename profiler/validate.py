@@ -14,11 +14,11 @@ from typing import Any, Callable, Sequence
 
 from safetensors import safe_open
 
-from profiler.catalog import shipped_definitions
-from profiler.documents import Document, Kind, dataset_root, document_files, iter_objects, parse_object
-from profiler.errors import Problem, format_loc
-from profiler.schema import Definition, KernelCallingRecord, LegacyKernelDescription, Solution, Trace
-from profiler.schema.workload import SafetensorsInput
+from fi_profile.catalog import shipped_definitions
+from fi_profile.documents import Document, Kind, dataset_root, document_files, iter_objects, parse_object
+from fi_profile.errors import Problem, format_loc
+from fi_profile.schema import Definition, KernelCallingRecord, LegacyKernelDescription, Solution, Trace
+from fi_profile.schema.workload import SafetensorsInput
 
 
 @dataclass
@@ -159,7 +159,8 @@ def _check_trace(
             with safe_open(str(blob), framework="pt") as handle:
                 keys = set(handle.keys())
         except Exception as exc:  # noqa: BLE001 - safetensors raises its own error type
-            problems.append(Problem(doc.label, f"workload.inputs.{name}.path", f"{blob} is not a readable safetensors file: {exc}"))
+            message = f"{blob} is not a readable safetensors file: {exc}"
+            problems.append(Problem(doc.label, f"workload.inputs.{name}.path", message))
             continue
         if source.tensor_key not in keys:
             problems.append(

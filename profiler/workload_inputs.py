@@ -9,10 +9,10 @@ from typing import Any, Optional, Union
 import torch
 from safetensors import safe_open
 
-from profiler.schema.definition import Definition
-from profiler.schema.dtype import torch_dtype
-from profiler.schema.workload import SafetensorsInput, ScalarInput, Workload
-from profiler.synthesis import synthesize_inputs
+from fi_profile.schema.definition import Definition
+from fi_profile.schema.dtype import torch_dtype
+from fi_profile.schema.workload import SafetensorsInput, ScalarInput, Workload
+from fi_profile.synthesis import synthesize_inputs
 
 
 def load_captured(root: Path, source: SafetensorsInput) -> Optional[torch.Tensor]:

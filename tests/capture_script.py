@@ -36,7 +36,7 @@ def kill_engine_once_saved(out_dir: Path) -> None:
 
 
 def break_op(fault: str) -> None:
-    from profiler.capture import ops
+    from fi_profile.capture import ops
 
     name, _, n = fault.partition("@")
     working = getattr(ops, name)
@@ -66,7 +66,9 @@ def force_cpu_gemm(path: str) -> None:
         original(layer, remove_weight)
         if remove_weight and layer.weight.numel():  # this host kept it: pack as vLLM does where it can
             kernel_weight = layer.weight.detach().t().contiguous()  # [K, N]: the kernel's layout, not the layer's
-            layer.cpu_linear = lambda x, weight, bias: torch.addmm(bias, x, kernel_weight) if bias is not None else x @ kernel_weight
+            layer.cpu_linear = lambda x, weight, bias: (
+                torch.addmm(bias, x, kernel_weight) if bias is not None else x @ kernel_weight
+            )
             layer.weight = torch.nn.Parameter(torch.empty(0, dtype=kernel_weight.dtype), requires_grad=False)
         if remove_weight:
             CPU_GEMM_LAYERS["packed"] = CPU_GEMM_LAYERS.get("packed", 0) + int(layer.weight.numel() == 0)
@@ -81,7 +83,7 @@ if FAULT and FAULT != "kill-engine":
 
 def main() -> None:
     if sys.argv[1] == "cli":
-        from profiler.cli import app
+        from fi_profile.cli import app
 
         app(sys.argv[2:])
         return
@@ -90,19 +92,23 @@ def main() -> None:
         threading.Thread(target=kill_engine_once_saved, args=(Path(args["out_dir"]),), daemon=True).start()
     if os.environ.get("FI_PROFILE_TEST_CPU_GEMM"):
         force_cpu_gemm(os.environ["FI_PROFILE_TEST_CPU_GEMM"])
-    from profiler.capture.engine_run import EngineFailed, Scenario
-    from profiler.capture.vllm_runner import run_vllm
+    from fi_profile.capture.engine_run import EngineFailed, Scenario
+    from fi_profile.hooks.vllm.runner import run_vllm
 
     scenario = Scenario(**args.pop("scenario"))
     run_engine = run_vllm
     if args.pop("framework", "vllm") == "sglang":
-        from profiler.capture.sglang_runner import run_sglang as run_engine
+        from fi_profile.hooks.sglang.runner import run_sglang as run_engine
     try:
         summary, tokens, run = run_engine(args.pop("model"), Path(args.pop("out_dir")), scenario, **args)
     except EngineFailed as failed:
         summary, tokens, run = failed.summary, [], failed.run
-    result = {"tokens": tokens, "run": run, "record": summary.record.model_dump(mode="json") if summary else None,
-              "cpu_gemm_layers": CPU_GEMM_LAYERS}
+    result = {
+        "tokens": tokens,
+        "run": run,
+        "record": summary.record.model_dump(mode="json") if summary else None,
+        "cpu_gemm_layers": CPU_GEMM_LAYERS,
+    }
     print("RESULT " + json.dumps(result), flush=True)
 
 

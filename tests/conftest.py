@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.schema import Definition
+from fi_profile.schema import Definition
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"

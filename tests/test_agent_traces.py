@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from profiler.agent_traces.load import TraceError, load_trace
-from profiler.agent_traces.openai_format import normalize_completion, normalize_message
-from profiler.schema.agent_trace import AgentTrace
-from profiler.schema.benchmark_result import BenchmarkResult
+from fi_profile.agent_traces.load import TraceError, load_trace
+from fi_profile.agent_traces.openai_format import normalize_completion, normalize_message
+from fi_profile.schema.agent_trace import AgentTrace
+from fi_profile.schema.benchmark_result import BenchmarkResult
 
 HERE = Path(__file__).parent
 TRACES = HERE / "fixtures" / "agent_traces"
@@ -86,7 +86,10 @@ def test_normalisation_rules_one_by_one():
     m = normalize_message({"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": {"a": 1}}}, "m")
     assert m["tool_calls"] == [{"id": "call_0", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]
     assert normalize_message({"role": "assistant", "content": None}, "m")["content"] == ""
-    assert normalize_message({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"}]}, "m")["content"] == "a\n[image_url]"
+    assert (
+        normalize_message({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"}]}, "m")["content"]
+        == "a\n[image_url]"
+    )
     completion = normalize_completion({"choices": [{"message": {"content": "x"}}]}, "r", "req-model", "c")
     assert completion["model"] == "req-model" and completion["choices"][0]["message"]["role"] == "assistant"
 
@@ -94,10 +97,26 @@ def test_normalisation_rules_one_by_one():
 @pytest.mark.parametrize(
     "name, text, expected",
     [
-        ("log.jsonl", '{"request": {"model": "m", "messages": "hi"}, "response": {}}', "log.jsonl:1: request.messages: the chat request's messages must be a list"),
-        ("log.jsonl", '{"request": {"model": "m", "messages": []}, "response": {"choices": []}}', "log.jsonl:1: response.choices: a chat completion needs at least one choice"),
-        ("log.jsonl", '{"request": {"messages": [{"role": "user", "content": "x"}]}, "response": {"choices": [{"message": {"content": "y"}}]}}', "log.jsonl:1: response.model: no model in the response nor in the request"),
-        ("log.jsonl", '{"request": {"model": "m", "messages": [{"role": "user"}]}, "response": {"choices": [{"message": {"content": "y"}}]}}', "log.jsonl:1: request.messages.0: content is required"),
+        (
+            "log.jsonl",
+            '{"request": {"model": "m", "messages": "hi"}, "response": {}}',
+            "log.jsonl:1: request.messages: the chat request's messages must be a list",
+        ),
+        (
+            "log.jsonl",
+            '{"request": {"model": "m", "messages": []}, "response": {"choices": []}}',
+            "log.jsonl:1: response.choices: a chat completion needs at least one choice",
+        ),
+        (
+            "log.jsonl",
+            '{"request": {"messages": [{"role": "user", "content": "x"}]}, "response": {"choices": [{"message": {"content": "y"}}]}}',
+            "log.jsonl:1: response.model: no model in the response nor in the request",
+        ),
+        (
+            "log.jsonl",
+            '{"request": {"model": "m", "messages": [{"role": "user"}]}, "response": {"choices": [{"message": {"content": "y"}}]}}',
+            "log.jsonl:1: request.messages.0: content is required",
+        ),
         ("trace.json", '[{"type": "tool_call", "tool_name": "t", "arguments": {}}]', "trace.json: 0.result: field required"),
         ("trace.json", '[{"type": "thought"}]', "trace.json: 0: Input tag 'thought'"),
         ("conv.json", '{"conversation": []}', "conv.json: model: field required"),
@@ -114,7 +133,9 @@ def test_malformed_traces_name_file_and_field(tmp_path, name, text, expected):
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", "from profiler.cli import main; main()", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", "from fi_profile.cli import main; main()", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_convert_trace_writes_the_typed_list(tmp_path):
@@ -129,12 +150,37 @@ def test_convert_trace_writes_the_typed_list(tmp_path):
 
 def write_results(path: Path) -> None:
     rows = [
-        {"device": {"name": "NVIDIA H200"}, "kernel_id": "rmsnorm_h4096", "source": "rmsnorm_v1", "compiled": True,
-         "time": 0.011, "speedup": 1.8, "max_diff": 0.0078, "status": "passed", "workload": "w0"},
-        {"device": {"name": "NVIDIA H200"}, "kernel_id": "rmsnorm_h4096", "source": "reference", "compiled": True,
-         "time": 0.02, "speedup": 1.0, "max_diff": 0.0, "status": "passed", "workload": "w0"},
-        {"device": {"name": "NVIDIA H200"}, "kernel_id": "silu_and_mul_i14336", "source": "silu_v2", "compiled": False,
-         "compile_error": "identifier __hmul2 is undefined", "status": "compile_error", "workload": "w1"},
+        {
+            "device": {"name": "NVIDIA H200"},
+            "kernel_id": "rmsnorm_h4096",
+            "source": "rmsnorm_v1",
+            "compiled": True,
+            "time": 0.011,
+            "speedup": 1.8,
+            "max_diff": 0.0078,
+            "status": "passed",
+            "workload": "w0",
+        },
+        {
+            "device": {"name": "NVIDIA H200"},
+            "kernel_id": "rmsnorm_h4096",
+            "source": "reference",
+            "compiled": True,
+            "time": 0.02,
+            "speedup": 1.0,
+            "max_diff": 0.0,
+            "status": "passed",
+            "workload": "w0",
+        },
+        {
+            "device": {"name": "NVIDIA H200"},
+            "kernel_id": "silu_and_mul_i14336",
+            "source": "silu_v2",
+            "compiled": False,
+            "compile_error": "identifier __hmul2 is undefined",
+            "status": "compile_error",
+            "workload": "w1",
+        },
     ]
     for row in rows:
         BenchmarkResult.model_validate(row)
@@ -154,7 +200,7 @@ def test_inspect_rejects_bad_traces_and_results_naming_file_line_and_field(tmp_p
 def test_page_folds_what_it_already_showed():
     """Each request repeats the history: the previous response and the tool results already on the
     page as entries are folded, only what is new stays open."""
-    from profiler.agent_traces.page import render_page
+    from fi_profile.agent_traces.page import render_page
 
     html = render_page([load_trace(VLLM_LOG)])
     assert html.count("2 message(s) shown above (response, tool results)") == 2  # requests #2 and #4
@@ -192,7 +238,13 @@ def test_inspector_page_in_headless_chromium(tmp_path):
     with sync_playwright() as p:
         browser = p.chromium.launch(
             executable_path=str(CHROMIUM),
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
         )
         page = browser.new_page(viewport={"width": 1280, "height": 900})
         page.on("console", lambda m: problems.append(m.text) if m.type in ("error", "warning") else None)

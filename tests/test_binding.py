@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from profiler.binding import BindingError, bind_axes, failed_constraints
-from profiler.catalog import shipped_definition
-from profiler.schema import Definition
+from fi_profile.binding import BindingError, bind_axes, failed_constraints
+from fi_profile.catalog import shipped_definition
+from fi_profile.schema import Definition
 
 
 def decode():

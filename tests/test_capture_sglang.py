@@ -10,8 +10,18 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
-from test_capture_vllm import INPUT_LEN, LAYERS, OUTPUT_LEN, PROMPTS, SCENARIO, capture, check_tp2_record, counts, token_total, workloads
+from test_capture_vllm import (
+    INPUT_LEN,
+    LAYERS,
+    OUTPUT_LEN,
+    PROMPTS,
+    SCENARIO,
+    capture,
+    check_tp2_record,
+    counts,
+    token_total,
+    workloads,
+)
 
 SGLANG_PYTHON = Path(os.environ.get("FI_PROFILE_SGLANG_PYTHON", Path(__file__).parents[1] / ".venv-sglang/bin/python"))
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from profiler.schema import Trace
-from profiler.validate import validate_paths
+from fi_profile.schema import Trace
+from fi_profile.validate import validate_paths
 
 if os.environ.get("CI") != "true":
     pytest.importorskip("vllm")
@@ -34,7 +34,7 @@ def capture(tmp_path: Path, name: str, fault: str = "", python: Path = Path(sys.
         [str(python), str(Path(__file__).with_name("capture_script.py")), json.dumps(args)],
         capture_output=True, text=True, timeout=600, env=env,
     )
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
     result = json.loads(lines[-1][len("RESULT "):])
     result["out_dir"] = out_dir
@@ -230,7 +230,7 @@ def check_tp2_record(tp2: dict) -> None:
 
 
 def test_cpu_thread_binding_splits_the_allowed_cores():
-    from profiler.capture.engine_run import cpu_thread_binding
+    from fi_profile.capture.engine_run import cpu_thread_binding
 
     binding = cpu_thread_binding(2).split("|")
     assert len(binding) == 2 and all(binding)

@@ -1,7 +1,7 @@
 from typer.testing import CliRunner
 
-from profiler.catalog import shipped_definitions
-from profiler.cli import app
+from fi_profile.catalog import shipped_definitions
+from fi_profile.cli import app
 
 runner = CliRunner()
 
@@ -44,7 +44,7 @@ def test_shipped_set_covers_llama_31_8b_and_the_moe_templates():
 
 
 def test_flashinfer_trace_validates_unchanged(flashinfer_trace):
-    from profiler.validate import validate_paths
+    from fi_profile.validate import validate_paths
 
     report = validate_paths([flashinfer_trace])
     assert report.errors == [], report.errors[:5]

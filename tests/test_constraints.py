@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from profiler.schema.constraint import Constraint, ConstraintError
+from fi_profile.schema.constraint import Constraint, ConstraintError
 
 
 @pytest.mark.parametrize(

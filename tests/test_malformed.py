@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from profiler.cli import app
-from profiler.validate import validate_paths
+from fi_profile.cli import app
+from fi_profile.validate import validate_paths
 
 RMSNORM = json.loads((Path(__file__).parents[1] / "definitions/rmsnorm/rmsnorm_h4096.json").read_text())
 

@@ -4,7 +4,7 @@ the block table (on the CPU, and on a GPU without a synchronizing call)."""
 import pytest
 import torch
 
-from profiler.capture import ops
+from fi_profile.capture import ops
 
 
 def layout(device: str):

@@ -17,12 +17,13 @@ import json, sys
 before = set(sys.modules)
 import {module} as plugin
 plugin.register()
-new = {{m.split(".")[0] for m in set(sys.modules) - before}}
-print(json.dumps({{"new": sorted(new), "installed": plugin.STATUS["installed"]}}))
+new = set(sys.modules) - before
+ours = sorted(m for m in new if m.startswith("fi_profile"))
+print(json.dumps({{"new": sorted({{m.split(".")[0] for m in new}}), "ours": ours, "installed": plugin.STATUS["installed"]}}))
 """
 
 
-@pytest.mark.parametrize("module", ["hooks.vllm_plugin", "hooks.sglang_plugin"])
+@pytest.mark.parametrize("module", ["fi_profile.hooks.vllm.plugin", "fi_profile.hooks.sglang.plugin"])
 def test_plugin_with_capture_off_imports_nothing_heavy_and_patches_nothing(module):
     env = {k: v for k, v in os.environ.items() if k != "FI_PROFILE_CAPTURE"}
     proc = subprocess.run([sys.executable, "-c", PROBE.format(module=module)], capture_output=True, text=True, env=env,
@@ -30,4 +31,6 @@ def test_plugin_with_capture_off_imports_nothing_heavy_and_patches_nothing(modul
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.splitlines()[-1])
     assert result["installed"] == []
-    assert not set(result["new"]) & {"torch", "numpy", "pydantic", "safetensors", "profiler", "vllm", "sglang", "nvtx", "rich"}
+    assert not set(result["new"]) & {"torch", "numpy", "pydantic", "safetensors", "vllm", "sglang", "nvtx", "rich"}
+    engine_package = module.rsplit(".", 1)[0]  # the plugin and the packages above it, nothing else of ours
+    assert result["ours"] == sorted(["fi_profile", "fi_profile.hooks", engine_package, module])

@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 
-from hooks.patching import wrap, wrap_boundary
-from profiler.capture import ops
-from profiler.capture.recorder import RECORDER, Recorder
+from fi_profile.capture import ops
+from fi_profile.capture.recorder import RECORDER, Recorder
+from fi_profile.hooks.patching import wrap, wrap_boundary
 
 
 def make_hooks():
@@ -103,7 +103,7 @@ def attention_hooks(page_size: int = 4):
 def test_autosave_keeps_whole_steps_readable_during_the_run(tmp_path, monkeypatch):
     """Saved at every boundary (interval 0): after each step the parts on disk merge into the
     record of the steps completed so far, tensors included, as if the process died there."""
-    from profiler.capture.output import merge_parts
+    from fi_profile.capture.output import merge_parts
 
     monkeypatch.setattr(RECORDER, "active", True)
     monkeypatch.setattr(RECORDER, "autosave", (tmp_path, 0.0))
@@ -130,7 +130,7 @@ def test_autosave_keeps_whole_steps_readable_during_the_run(tmp_path, monkeypatc
 
 
 def test_nvtx_ranges_are_named_after_the_definition_in_learned_and_replayed_steps(monkeypatch):
-    import hooks.patching as patching
+    import fi_profile.hooks.patching as patching
 
     ranges = []
     monkeypatch.setattr(patching, "_push", ranges.append)
@@ -145,7 +145,7 @@ def test_nvtx_ranges_are_named_after_the_definition_in_learned_and_replayed_step
 
 def test_nvtx_only_when_a_tool_listens_unless_forced(monkeypatch):
     pytest.importorskip("nvtx")  # a dependency, but engines' bundles may lack it: the hooks do without
-    from hooks.patching import _nvtx_functions
+    from fi_profile.hooks.patching import _nvtx_functions
 
     monkeypatch.delenv("FI_PROFILE_NVTX", raising=False)
     monkeypatch.delenv("NVTX_INJECTION64_PATH", raising=False)

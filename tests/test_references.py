@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from profiler.catalog import shipped_definition
-from profiler.entry_points import run_reference
-from profiler.synthesis import synthesize_inputs
+from fi_profile.catalog import shipped_definition
+from fi_profile.entry_points import run_reference
+from fi_profile.synthesis import synthesize_inputs
 
 BF16 = dict(atol=1e-2, rtol=1.6e-2)
 
@@ -180,7 +180,7 @@ def test_sampling_distribution(name, top_k, top_p, expected):
 @pytest.mark.parametrize("renormalize", [True, False])
 def test_moe_reference_against_dense_mixture(renormalize):
     """The MoE template, instantiated small as capture does, against every expert run on every token."""
-    from profiler.capture import ops
+    from fi_profile.capture import ops
 
     E, K, H, I, T = 6, 2, 32, 16, 9
     probe = torch.zeros(T, H, dtype=torch.bfloat16)
@@ -205,7 +205,7 @@ def test_moe_reference_against_dense_mixture(renormalize):
 
 def test_generated_silu_and_mul_keeps_its_constraint_and_computes_swiglu():
     """A template check like ``assert gate_up_size == 2 * intermediate_size`` survives instantiation."""
-    from profiler.capture import ops
+    from fi_profile.capture import ops
 
     definition = ops.silu_and_mul(torch.zeros(3, 1024, dtype=torch.bfloat16)).definition
     assert definition.name == "silu_and_mul_i512" and "== 2 * intermediate_size" in definition.reference

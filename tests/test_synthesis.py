@@ -4,16 +4,16 @@ import warnings
 
 import pytest
 import torch
+from conftest import flashinfer_definitions
 from safetensors.torch import save_file
 
-from conftest import flashinfer_definitions
-from profiler.binding import bind_axes, failed_constraints, logical_shape
-from profiler.catalog import shipped_definition, shipped_definitions
-from profiler.entry_points import run_reference
-from profiler.schema import Definition, Trace
-from profiler.schema.dtype import torch_dtype
-from profiler.synthesis import SynthesisError, small_axes, synthesize_inputs
-from profiler.workload_inputs import workload_inputs
+from fi_profile.binding import bind_axes, failed_constraints, logical_shape
+from fi_profile.catalog import shipped_definition, shipped_definitions
+from fi_profile.entry_points import run_reference
+from fi_profile.schema import Definition, Trace
+from fi_profile.schema.dtype import torch_dtype
+from fi_profile.synthesis import SynthesisError, small_axes, synthesize_inputs
+from fi_profile.workload_inputs import workload_inputs
 
 SHIPPED_OP_TYPES = {d.op_type for d in shipped_definitions().values()}
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable
 
-from profiler.agent_traces.openai_format import FormatError, normalize_completion, normalize_message
+from fi_profile.agent_traces.openai_format import FormatError, normalize_completion, normalize_message
 
 
 def tool_arguments(raw: str) -> dict[str, Any]:

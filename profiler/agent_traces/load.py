@@ -14,11 +14,11 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from profiler.agent_traces.convert import entries_from_conversation, entries_from_log
-from profiler.agent_traces.openai_format import FormatError
-from profiler.documents import iter_objects
-from profiler.errors import Problem, problems_from_validation_error
-from profiler.schema.agent_trace import AgentConversation, AgentTrace, LLMRequestEntry
+from fi_profile.agent_traces.convert import entries_from_conversation, entries_from_log
+from fi_profile.agent_traces.openai_format import FormatError
+from fi_profile.documents import iter_objects
+from fi_profile.errors import Problem, problems_from_validation_error
+from fi_profile.schema.agent_trace import AgentConversation, AgentTrace, LLMRequestEntry
 
 FORMS = ("typed list", "conversation", "request/response log")
 

@@ -15,9 +15,9 @@ import json
 from html import escape
 from typing import Any, Optional
 
-from profiler.agent_traces.load import LoadedTrace
-from profiler.agent_traces.results import SolutionSummary, named_in
-from profiler.schema.agent_trace import LLMRequestEntry, Message, ToolCallEntry
+from fi_profile.agent_traces.load import LoadedTrace
+from fi_profile.agent_traces.results import SolutionSummary, named_in
+from fi_profile.schema.agent_trace import LLMRequestEntry, Message, ToolCallEntry
 
 FOLD_CHARS, FOLD_LINES = 800, 16
 

@@ -10,9 +10,9 @@ from typing import Iterable, Optional
 
 from pydantic import ValidationError
 
-from profiler.documents import iter_objects
-from profiler.errors import Problem, problems_from_validation_error
-from profiler.schema.benchmark_result import BenchmarkResult, Status
+from fi_profile.documents import iter_objects
+from fi_profile.errors import Problem, problems_from_validation_error
+from fi_profile.schema.benchmark_result import BenchmarkResult, Status
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,10 @@ import re
 from functools import lru_cache
 from typing import Mapping, Union
 
-from profiler.catalog import shipped_definition
-from profiler.schema.definition import AxisConst, Definition
-from profiler.schema.dtype import DType
-from profiler.schema.reference import reference_constant
+from fi_profile.catalog import shipped_definition
+from fi_profile.schema.definition import AxisConst, Definition
+from fi_profile.schema.dtype import DType
+from fi_profile.schema.reference import reference_constant
 
 _TEMPLATE_DTYPE = DType.bfloat16
 #: input dtypes a shipped Definition may keep whatever the call's dtype (indices, scales, probabilities)

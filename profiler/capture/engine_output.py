@@ -21,7 +21,7 @@ from typing import Iterator, Optional
 
 from rich.console import Console
 
-from profiler.capture.recorder import PROGRESS_DIR
+from fi_profile.capture.recorder import PROGRESS_DIR
 
 
 @contextlib.contextmanager

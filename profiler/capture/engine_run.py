@@ -6,13 +6,13 @@ from __future__ import annotations
 import os
 import random
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from profiler.capture.output import CaptureSummary, merge_parts
-from profiler.capture.recorder import PARTS_DIR
+from fi_profile.capture.output import CaptureSummary, merge_parts
+from fi_profile.capture.recorder import PARTS_DIR
 
 TINY_MODEL = "fi-profile/tiny-llama"
 
@@ -39,14 +39,14 @@ def resolve_model(model: str) -> ModelSource:
     """A local folder, a model whose config fi-profile ships, or a hub id left to the engine."""
     if Path(model).is_dir():
         return ModelSource(str(Path(model).resolve()), shipped=False)
-    shipped = resources.files("profiler") / "model_configs" / model / "config.json"
+    shipped = resources.files("fi_profile") / "model_configs" / model / "config.json"
     if shipped.is_file():
         return ModelSource(str(Path(str(shipped)).parent), shipped=True)
     return ModelSource(model, shipped=False)
 
 
 def shipped_models() -> list[str]:
-    root = resources.files("profiler") / "model_configs"
+    root = resources.files("fi_profile") / "model_configs"
     return sorted(f"{org.name}/{model.name}" for org in root.iterdir() if org.is_dir()
                   for model in org.iterdir() if (model / "config.json").is_file())
 
@@ -116,7 +116,69 @@ def run_info(engine: str, scenario: Scenario, options: dict[str, Any], attention
     }
 
 
-def fail_with_saved_parts(out_dir: Path, model: str, framework: str, max_workloads: int, run: dict[str, Any], failure: str) -> None:
+@dataclass
+class HookStatus:
+    """What an engine's processes report when recording starts: hook points not found, and layers
+    whose kernels no hook records (kind -> layers)."""
+
+    missing: list[str] = field(default_factory=list)
+    not_covered: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of_ranks(cls, ranks: list["HookStatus"]) -> "HookStatus":
+        """Every rank has the same layers (its shard of each): missing hooks joined, layers not summed."""
+        merged = cls(sorted({m for r in ranks for m in r.missing}))
+        for rank in ranks:
+            for kind, layers in rank.not_covered.items():
+                merged.not_covered[kind] = max(layers, merged.not_covered.get(kind, 0))
+        return merged
+
+
+class Engine(Protocol):
+    """One engine with fi-profile's hooks installed, as each engine's runner drives it."""
+
+    framework: str  # the record's framework: "vLLM", "SGLang"
+    version: str  # "vllm 0.32.0"
+    attention_backend: str
+
+    def start(self, count_only: bool, out_dir: Path, autosave_s: float) -> HookStatus: ...
+    def generate(self, scenario: Scenario) -> list[list[int]]: ...
+    def stop(self, out_dir: Path) -> None: ...
+    def shutdown(self) -> None: ...
+
+
+def run_capture(engine: Engine, model: str, out_dir: Path, scenario: Scenario, options: dict[str, Any], *,
+                max_workloads: int = 32, capture: bool = True, count_only: bool = False,
+                autosave_s: float = 10.0) -> tuple[CaptureSummary | None, list[list[int]], dict[str, Any]]:
+    """Every engine's run: start recording, generate, stop, merge the processes' parts; returns the
+    merged summary, the generated token ids and the record's run block. If the engine dies
+    mid-run, the parts saved so far are merged and :class:`EngineFailed` carries them.
+    ``capture=False`` runs the same engine without recording (the A/B baseline)."""
+    try:
+        clear_output(out_dir)
+        status = engine.start(count_only, out_dir, autosave_s) if capture else HookStatus()
+        try:
+            tokens, failure = engine.generate(scenario), None
+        except Exception as exc:  # the engine died (or raised): keep what was saved
+            if not capture:
+                raise
+            tokens, failure = [], f"{type(exc).__name__}: {exc}"
+        run = run_info(engine.version, scenario, options, engine.attention_backend, status.missing, status.not_covered)
+        run["count_only"] = count_only
+        if failure is not None:
+            fail_with_saved_parts(out_dir, model, engine.framework, max_workloads, run, failure)
+        summary = None
+        if capture:
+            engine.stop(out_dir)
+            summary = merge_parts(out_dir, model, engine.framework, max_workloads, run)
+        return summary, tokens, run
+    finally:
+        engine.shutdown()
+
+
+def fail_with_saved_parts(
+    out_dir: Path, model: str, framework: str, max_workloads: int, run: dict[str, Any], failure: str
+) -> None:
     """The engine died mid-run: merge what its processes saved and raise :class:`EngineFailed`."""
     run["incomplete"] = f"engine failed mid-run ({failure[:500]}); the record holds the steps saved before"
     saved = any((out_dir / PARTS_DIR).glob("*.json"))

@@ -14,9 +14,9 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from profiler.capture.definition_factory import definition_for
-from profiler.schema.definition import Definition
-from profiler.schema.dtype import DType, schema_dtype
+from fi_profile.capture.definition_factory import definition_for
+from fi_profile.schema.definition import Definition
+from fi_profile.schema.dtype import DType, schema_dtype
 
 
 @dataclass

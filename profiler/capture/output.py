@@ -17,8 +17,8 @@ from typing import Any
 
 from safetensors.torch import load_file, save_file
 
-from profiler.capture.recorder import PARTS_DIR
-from profiler.schema import Definition, KernelCallingRecord, Trace
+from fi_profile.capture.recorder import PARTS_DIR
+from fi_profile.schema import Definition, KernelCallingRecord, Trace
 
 
 @dataclass
@@ -130,7 +130,8 @@ def _write_workloads(out_dir: Path, definition: Definition, chosen: list[dict[st
         for name, value in w["scalars"].items():
             inputs[name] = {"type": "scalar", "value": value}
         if w["tensors"]:
-            rel = Path("blob") / "workloads" / definition.op_type / definition.name / f"{definition.name}_{workload_id}.safetensors"
+            name = f"{definition.name}_{workload_id}.safetensors"
+            rel = Path("blob") / "workloads" / definition.op_type / definition.name / name
             (out_dir / rel).parent.mkdir(parents=True, exist_ok=True)
             save_file(w["tensors"], str(out_dir / rel))
             for name in w["tensors"]:

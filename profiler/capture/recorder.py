@@ -12,7 +12,7 @@ are recorded in every step and are not part of the learned list. A replayed step
 hooked-call count differs from the learned one is reported in ``errors``. Without step
 boundaries every call is recorded in full. Nothing is recorded until the driver starts the model
 phase, so engine start-up (memory profiling, warm-up, graph capture) stays out of the record.
-``flush`` writes this process's part file atomically; ``profiler.capture.output`` merges the
+``flush`` writes this process's part file atomically; ``fi_profile.capture.output`` merges the
 parts of all processes. With ``autosave`` the part is also rewritten at a step boundary every few
 seconds, so an engine process that dies leaves its record up to its last whole saved step.
 """
@@ -30,8 +30,8 @@ from typing import Hashable, Iterable, Optional
 import torch
 from safetensors.torch import save_file
 
-from profiler.capture.ops import KernelCall
-from profiler.schema.definition import Definition
+from fi_profile.capture.ops import KernelCall
+from fi_profile.schema.definition import Definition
 
 #: per-process parts and their tensors, hidden so the output folder holds only documents
 PARTS_DIR = ".fi-profile/parts"

@@ -8,13 +8,19 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from profiler.capture.output import CaptureSummary
+from fi_profile.capture.output import CaptureSummary
 
 
 def print_summary(console: Console, summary: CaptureSummary, run: dict[str, Any], out_dir: Path) -> None:
     total = sum(k.count for k in summary.record.kernels) or 1
     table = Table(title=f"{summary.record.model} on {summary.record.framework.value}: {total} kernel calls")
-    for column, justify in (("kernel", "left"), ("op type", "left"), ("count", "right"), ("workloads", "right"), ("share", "right")):
+    for column, justify in (
+        ("kernel", "left"),
+        ("op type", "left"),
+        ("count", "right"),
+        ("workloads", "right"),
+        ("share", "right"),
+    ):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for kernel in summary.record.kernels:
         definition = summary.definitions[kernel.id]
@@ -26,8 +32,14 @@ def print_summary(console: Console, summary: CaptureSummary, run: dict[str, Any]
             f"{100 * kernel.count / total:.1f}%",
         )
     console.print(table)
-    console.print(f"engine {run['engine']}, weights {run['weights']}, "
-                  f"{'eager (no CUDA graphs, no torch.compile)' if run['eager'] else 'CUDA graphs + torch.compile: hooks see only what runs in Python'}")
+    console.print(
+        f"engine {run['engine']}, weights {run['weights']}, "
+        + (
+            "eager (no CUDA graphs, no torch.compile)"
+            if run["eager"]
+            else "CUDA graphs + torch.compile: hooks see only what runs in Python"
+        )
+    )
     if run["hooks_missing"]:
         console.print(f"[yellow]hook points not found: {', '.join(run['hooks_missing'])}[/]")
     if run.get("not_covered"):
@@ -35,7 +47,9 @@ def print_summary(console: Console, summary: CaptureSummary, run: dict[str, Any]
         for kind, layers in run["not_covered"].items():
             console.print(f"  {layers} x {kind}", markup=False)
     if summary.errors:
-        console.print(f"[red]{sum(summary.errors.values())} hook errors (the engine ran on; these calls are not in the record):[/]")
+        console.print(
+            f"[red]{sum(summary.errors.values())} hook errors (the engine ran on; these calls are not in the record):[/]"
+        )
         for message, count in summary.errors.most_common():
             console.print(f"  {count} x {message}", markup=False)
         record_run = summary.record.run or {}

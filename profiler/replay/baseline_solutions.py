@@ -12,9 +12,9 @@ import re
 from importlib import resources
 from typing import Optional
 
-from profiler.schema.definition import Definition
-from profiler.schema.reference import entry_signature, reference_constant
-from profiler.schema.solution import Solution
+from fi_profile.schema.definition import Definition
+from fi_profile.schema.reference import entry_signature, reference_constant
+from fi_profile.schema.solution import Solution
 
 #: family source -> the reference constants and const axes it takes from the Definition
 FAMILIES: dict[str, tuple[str, ...]] = {
@@ -43,7 +43,7 @@ OP_TYPES: dict[str, tuple[str, ...]] = {
 
 
 def family_source(family: str) -> str:
-    return (resources.files("profiler.replay.baselines") / f"{family}.py").read_text()
+    return (resources.files("fi_profile.replay.baselines") / f"{family}.py").read_text()
 
 
 def _fits(definition: Definition, source: str) -> bool:
@@ -86,7 +86,10 @@ def baseline_solutions(definition: Definition) -> list[Solution]:
     return solutions
 
 
-def _solution(definition: Definition, label: str, language: str, source: str, description: str) -> Solution:
+def _solution(definition: Definition, label: str, language: str, source: str, description: str,
+              siblings: Optional[dict[str, str]] = None) -> Solution:
+    """``source`` as ``main.py``; ``siblings``: other files of the Solution, which it imports."""
+    sources = [{"path": "main.py", "content": source}] + [{"path": p, "content": c} for p, c in (siblings or {}).items()]
     return Solution.model_validate(
         {
             "name": f"{definition.name}__{label}",
@@ -94,7 +97,7 @@ def _solution(definition: Definition, label: str, language: str, source: str, de
             "description": description,
             "author": "fi-profile",
             "spec": {"language": language, "target_hardware": [], "entry_point": "main.py::run"},
-            "sources": [{"path": "main.py", "content": source}],
+            "sources": sources,
         }
     )
 
@@ -115,7 +118,8 @@ _NATIVE: dict[str, dict[str, str]] = {
         ),
         "silu_and_mul": (
             "import torch\nimport vllm._custom_ops  # registers torch.ops._C\n\n\n"
-            "def run(input):\n    out = torch.empty(input.shape[:-1] + (input.shape[-1] // 2,), dtype=input.dtype, device=input.device)\n"
+            "def run(input):\n"
+            "    out = torch.empty(input.shape[:-1] + (input.shape[-1] // 2,), dtype=input.dtype, device=input.device)\n"
             "    torch.ops._C.silu_and_mul(out, input)\n    return out\n"
         ),
         "rope": "file:vllm_rope",
@@ -163,17 +167,19 @@ def _native_kind(definition: Definition) -> Optional[str]:
     return None
 
 
-def _native_source(definition: Definition, kind: str, source: str) -> str:
+def _native_source(definition: Definition, kind: str, source: str) -> tuple[str, dict[str, str]]:
+    """The native baseline's ``main.py`` and the sibling files it imports."""
     if not source.startswith("file:"):
-        return source.replace("{EPS}", _constant(definition, "EPS") or "1e-6")
+        return source.replace("{EPS}", _constant(definition, "EPS") or "1e-6"), {}
     source = family_source(source[len("file:") :])
-    if kind == "rope":  # on top of the torch family: its constants, inv_freq and the cos/sin cache
+    siblings: dict[str, str] = {}
+    if kind == "rope":  # the cos/sin cache from the torch family's inverse frequencies, its constants set
         rope = torch_source(definition)
         assert rope is not None
-        source = rope.replace("def run(", "def _torch_run(") + "\n\n" + family_source("rope_cos_sin") + "\n\n" + source
+        siblings = {"rope.py": rope, "rope_cos_sin.py": family_source("rope_cos_sin")}
     for name in FAMILIES.get(kind, ()):  # the same constants as the torch family (top_k, RENORMALIZE)
         source = re.sub(rf"^{re.escape(name)} = .*$", f"{name} = {_constant(definition, name)}", source, count=1, flags=re.M)
-    return source
+    return source, siblings
 
 
 def native_solutions(definition: Definition) -> list[Solution]:
@@ -192,6 +198,6 @@ def native_solutions(definition: Definition) -> list[Solution]:
         module = _NATIVE_MODULES.get((library, kind))
         if module is not None and importlib.util.find_spec(module) is None:
             continue  # e.g. a vLLM build without its MoE kernels
-        source = _native_source(definition, kind, sources[kind])
-        found.append(_solution(definition, library, "python", source, f"{library}'s kernel, as the engine calls it"))
+        source, siblings = _native_source(definition, kind, sources[kind])
+        found.append(_solution(definition, library, "python", source, f"{library}'s kernel, as the engine calls it", siblings))
     return found

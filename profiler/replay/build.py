@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from profiler.schema.solution import Language, Solution
+from fi_profile.schema.solution import Language, Solution
 
 
 class BuildError(Exception):
@@ -70,17 +70,28 @@ def _import_entry(solution: Solution, folder: Path) -> Callable[..., Any]:
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.path.insert(0, str(folder))  # multi-file solutions import their siblings
+        before = set(sys.modules)
         try:
             spec.loader.exec_module(module)
         except BaseException as exc:  # a solution may raise anything at import, SystemExit included
             raise BuildError(_short_traceback(exc)) from None
         finally:
             sys.path.remove(str(folder))
+            _forget_siblings(before, folder)
         sys.modules[module_name] = module
     fn = getattr(module, solution.spec.entry_function, None)
     if not callable(fn):
         raise BuildError(f"{solution.spec.entry_file} defines no callable {solution.spec.entry_function!r}")
     return fn
+
+
+def _forget_siblings(before: set[str], folder: Path) -> None:
+    """Drop the modules a solution imported from its own folder from ``sys.modules``: another
+    solution's ``utils.py`` (or ``rope.py`` with other constants) must not be handed this one."""
+    for name in set(sys.modules) - before:
+        file = getattr(sys.modules[name], "__file__", None) or ""
+        if file and Path(file).resolve().is_relative_to(folder.resolve()):
+            del sys.modules[name]
 
 
 _DEFINITION = r"^[ \t]*((?:[\w:<>,]+[ \t*&]+)+){name}[ \t]*\(([^)]*)\)[ \t\n]*\{{"

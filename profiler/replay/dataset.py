@@ -10,9 +10,9 @@ from typing import Optional
 
 from pydantic import ValidationError
 
-from profiler.documents import Kind, detect_kind
-from profiler.errors import problems_from_validation_error
-from profiler.schema import Definition, KernelCallingRecord, LegacyKernelDescription, Solution, Trace, Workload
+from fi_profile.documents import Kind, detect_kind
+from fi_profile.errors import problems_from_validation_error
+from fi_profile.schema import Definition, KernelCallingRecord, LegacyKernelDescription, Solution, Trace, Workload
 
 
 class DatasetError(Exception):

@@ -15,14 +15,14 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from profiler.entry_points import load_function, outputs_by_name, run_reference
-from profiler.replay.build import BuildError, Built, build, content_hash
-from profiler.replay.check import Diff, compare, distribution_distance
-from profiler.replay.timing import measure
-from profiler.schema.definition import Definition
-from profiler.schema.solution import Solution
-from profiler.schema.workload import Workload
-from profiler.workload_inputs import workload_inputs
+from fi_profile.entry_points import load_function, outputs_by_name, run_reference
+from fi_profile.replay.build import BuildError, Built, build, content_hash
+from fi_profile.replay.check import Diff, compare, distribution_distance
+from fi_profile.replay.timing import measure
+from fi_profile.schema.definition import Definition
+from fi_profile.schema.solution import Solution
+from fi_profile.schema.workload import Workload
+from fi_profile.workload_inputs import workload_inputs
 
 SAMPLING_DRAWS = 256
 SAMPLING_MAX_DISTANCE = 0.5  # coarse: two sets of 256 draws over up to 64 tokens differ by ~0.3
@@ -71,14 +71,12 @@ def evaluate(task: Task) -> Outcome:
         return Outcome("compile_error", compiled=False, error=str(exc))
     try:
         draws = [_inputs(definition, workload, Path(task.root), device, seed) for seed in range(task.draws)]
-        if definition.op_type == "sampling":
-            check = _check_distribution(definition, run, destination_passing, draws[0], device)
-        else:
-            check = _check_draws(definition, run, destination_passing, draws)
+        method = check_method(definition)
+        check = method.check(definition, run, destination_passing, draws, device)
         inputs, reference = draws[0]
         call, prepare = _bound(definition, run, destination_passing, inputs, reference, device)
         measured = measure(call, prepare, device, min_time_s=task.min_time_s, cuda_graph=task.cuda_graph)
-        if definition.op_type != "sampling":
+        if method.recheck_last_output:
             last = _named(definition, measured.last_output, destination_passing)
             diff = _diff_all(definition, last, reference)
             if not diff.ok:
@@ -158,7 +156,9 @@ def _named(definition: Definition, result: Any, destination_passing: bool) -> di
     return outputs_by_name(definition, result)
 
 
-def _check_draws(definition, run, destination_passing, draws) -> dict:
+def _check_draws(definition, run, destination_passing, draws, device) -> dict:
+    """Outputs against the reference's on every draw: exact shape and dtype, inputs unchanged,
+    allclose per dtype, and a fresh input must not give the previous output."""
     total: Optional[Diff] = None
     previous: Optional[tuple[dict, dict]] = None
     for inputs, reference in draws:
@@ -229,10 +229,10 @@ def _check_dict(diff: Diff, draws: int) -> dict:
     }
 
 
-def _check_distribution(definition, run, destination_passing, draw, device) -> dict:
-    """Sampling: the solution's draws and the reference's, over the same probabilities, must
-    have close empirical distributions (mean total-variation distance over rows)."""
-    inputs, reference = draw
+def _check_distribution(definition, run, destination_passing, draws, device) -> dict:
+    """Sampling: the solution's draws and the reference's, over the same probabilities (the first
+    draw's), must have close empirical distributions (mean total-variation distance over rows)."""
+    inputs, reference = draws[0]
     name = next(iter(definition.outputs))
     call, prepare = _bound(definition, run, destination_passing, inputs, reference, device)
     ours, theirs = [], []
@@ -258,6 +258,27 @@ def _check_distribution(definition, run, destination_passing, draw, device) -> d
     if distance > SAMPLING_MAX_DISTANCE:
         raise Failed("incorrect_numerical", f"sampled distribution off: total variation {distance:.3f}", check)
     return check
+
+
+@dataclass(frozen=True)
+class CheckMethod:
+    """How an op family's outputs are judged against its reference."""
+
+    #: (definition, run, destination_passing, draws, device) -> the check record; raises Failed
+    check: Callable[..., dict]
+    #: the last timed call's output is compared with the reference again (not for random outputs)
+    recheck_last_output: bool = True
+
+
+#: op type -> its check; every other op type is checked elementwise (allclose per dtype)
+CHECKS: dict[str, CheckMethod] = {
+    "sampling": CheckMethod(_check_distribution, recheck_last_output=False),
+}
+ELEMENTWISE = CheckMethod(_check_draws)
+
+
+def check_method(definition: Definition) -> CheckMethod:
+    return CHECKS.get(definition.op_type, ELEMENTWISE)
 
 
 def _cuda_broken(device: torch.device) -> bool:

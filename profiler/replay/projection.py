@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from profiler.replay.runner import REFERENCE, label_of
-from profiler.schema import BenchmarkResult, KernelCallingRecord, Workload
+from fi_profile.replay.runner import REFERENCE, label_of
+from fi_profile.schema import BenchmarkResult, KernelCallingRecord, Workload
 
 
 @dataclass

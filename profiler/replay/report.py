@@ -8,9 +8,9 @@ from collections import defaultdict
 from rich.console import Console
 from rich.table import Table
 
-from profiler.replay.projection import KernelProjection
-from profiler.replay.runner import REFERENCE, label_of
-from profiler.schema import BenchmarkResult
+from fi_profile.replay.projection import KernelProjection
+from fi_profile.replay.runner import REFERENCE, label_of
+from fi_profile.schema import BenchmarkResult
 
 
 def _geomean(values: list[float]) -> float:

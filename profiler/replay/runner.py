@@ -14,12 +14,12 @@ from typing import Callable, Optional
 
 import torch
 
-from profiler.replay.baseline_solutions import baseline_solutions
-from profiler.replay.dataset import Dataset
-from profiler.replay.evaluate import Outcome, Task
-from profiler.replay.worker import Worker
-from profiler.schema import BenchmarkResult, Definition, Solution, Workload
-from profiler.schema.benchmark_result import Device
+from fi_profile.replay.baseline_solutions import baseline_solutions
+from fi_profile.replay.dataset import Dataset
+from fi_profile.replay.evaluate import Outcome, Task
+from fi_profile.replay.worker import Worker
+from fi_profile.schema import BenchmarkResult, Definition, Solution, Workload
+from fi_profile.schema.benchmark_result import Device
 
 REFERENCE = "reference"
 LIBRARIES = ("torch", "triton", "vllm", "flashinfer-python", "sglang")

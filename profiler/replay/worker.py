@@ -8,11 +8,11 @@ import multiprocessing as mp
 from multiprocessing.connection import Connection
 from typing import Optional
 
-from profiler.replay.evaluate import Outcome, Task
+from fi_profile.replay.evaluate import Outcome, Task
 
 
 def _serve(conn: Connection) -> None:
-    from profiler.replay.evaluate import evaluate
+    from fi_profile.replay.evaluate import evaluate
 
     while True:
         try:

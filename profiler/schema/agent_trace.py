@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import Field, RootModel, model_validator
 
-from profiler.schema.base import OpenModel, StrictModel
+from fi_profile.schema.base import OpenModel, StrictModel
 
 Role = Literal["system", "user", "assistant", "tool"]
 

@@ -17,8 +17,8 @@ from typing import Optional
 
 from pydantic import Field, NonNegativeFloat, model_validator
 
-from profiler.errors import FieldErrors, Loc
-from profiler.schema.base import StrictModel
+from fi_profile.errors import FieldErrors, Loc
+from fi_profile.schema.base import StrictModel
 
 
 class Device(StrictModel):

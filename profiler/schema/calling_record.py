@@ -7,8 +7,8 @@ from typing import Any, Optional
 
 from pydantic import Field, NonNegativeInt, model_validator
 
-from profiler.errors import FieldErrors
-from profiler.schema.base import StrictModel
+from fi_profile.errors import FieldErrors
+from fi_profile.schema.base import StrictModel
 
 
 class Framework(str, Enum):

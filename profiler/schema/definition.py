@@ -8,11 +8,11 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BeforeValidator, Field, NonNegativeInt, model_validator
 
-from profiler.errors import FieldErrors, Loc
-from profiler.schema.base import StrictModel
-from profiler.schema.constraint import Constraint, ConstraintError
-from profiler.schema.dtype import DType, parse_dtype
-from profiler.schema.reference import entry_signature
+from fi_profile.errors import FieldErrors, Loc
+from fi_profile.schema.base import StrictModel
+from fi_profile.schema.constraint import Constraint, ConstraintError
+from fi_profile.schema.dtype import DType, parse_dtype
+from fi_profile.schema.reference import entry_signature
 
 
 class AxisConst(StrictModel):

@@ -11,11 +11,10 @@ from typing import Annotated, Any, Optional
 
 from pydantic import AliasChoices, BeforeValidator, Field, PrivateAttr, ValidationError, model_validator
 
-from profiler.errors import FieldErrors, Loc, problems_from_validation_error
-
-from profiler.schema.base import StrictModel
-from profiler.schema.definition import Axis, AxisConst, AxisVar, Definition, TensorSpec
-from profiler.schema.dtype import DType, parse_dtype
+from fi_profile.errors import FieldErrors, Loc, problems_from_validation_error
+from fi_profile.schema.base import StrictModel
+from fi_profile.schema.definition import Axis, AxisConst, AxisVar, Definition, TensorSpec
+from fi_profile.schema.dtype import DType, parse_dtype
 
 #: op types recognised in a legacy id, most specific first.
 _KNOWN_OP_TYPES = (

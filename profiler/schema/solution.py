@@ -15,9 +15,9 @@ from typing import Annotated, Any, Optional
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
-from profiler.errors import FieldErrors, Loc
-from profiler.schema.base import StrictModel
-from profiler.schema.reference import EntrySignature, entry_signature
+from fi_profile.errors import FieldErrors, Loc
+from fi_profile.schema.base import StrictModel
+from fi_profile.schema.reference import EntrySignature, entry_signature
 
 _ENTRY_POINT = re.compile(r"^(?P<file>[^:]+)::(?P<function>[A-Za-z_][A-Za-z0-9_]*)$")
 

@@ -14,9 +14,9 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt, model_validator
 
-from profiler.errors import FieldErrors, Loc
-from profiler.schema.base import StrictModel
-from profiler.schema.definition import Definition
+from fi_profile.errors import FieldErrors, Loc
+from fi_profile.schema.base import StrictModel
+from fi_profile.schema.definition import Definition
 
 
 class RandomInput(StrictModel):

@@ -11,12 +11,12 @@ from typing import Any, Mapping, Optional, Union
 
 import torch
 
-from profiler.binding import failed_constraints
-from profiler.schema.constraint import Constraint
-from profiler.schema.definition import Definition
-from profiler.schema.dtype import torch_dtype
-from profiler.synthesis.layout import INDPTR_SUFFIXES, SynthesisError, build_layout
-from profiler.synthesis.values import default_scalar, tensor_value
+from fi_profile.binding import failed_constraints
+from fi_profile.schema.constraint import Constraint
+from fi_profile.schema.definition import Definition
+from fi_profile.schema.dtype import torch_dtype
+from fi_profile.synthesis.layout import INDPTR_SUFFIXES, SynthesisError, build_layout
+from fi_profile.synthesis.values import default_scalar, tensor_value
 
 __all__ = ["SynthesisError", "small_axes", "synthesize_inputs"]
 

@@ -15,7 +15,7 @@ from typing import Mapping, Optional, Sequence
 
 import torch
 
-from profiler.schema.definition import Definition
+from fi_profile.schema.definition import Definition
 
 INDPTR_SUFFIXES = ("indptr", "cu_seqlens")
 

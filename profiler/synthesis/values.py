@@ -1,6 +1,6 @@
 """Values of single inputs, by dtype and by the role their name gives them.
 
-Index structure (indptr, indices, last-page lengths) is :mod:`profiler.synthesis.layout`'s job;
+Index structure (indptr, indices, last-page lengths) is :mod:`fi_profile.synthesis.layout`'s job;
 this module fills the data: random floats of any dtype (fp8/fp4 included), probabilities,
 positions, token ids, top-k/top-p parameters, and default scalars.
 """
@@ -12,8 +12,8 @@ from typing import Any, Mapping
 
 import torch
 
-from profiler.schema.definition import Definition, TensorSpec
-from profiler.schema.dtype import DType, torch_dtype
+from fi_profile.schema.definition import Definition, TensorSpec
+from fi_profile.schema.dtype import DType, torch_dtype
 
 #: Values for scalar (shape null) inputs that a workload does not give.
 _DEFAULT_SCALARS: dict[str, float] = {"eps": 1e-6, "rms_eps": 1e-6}

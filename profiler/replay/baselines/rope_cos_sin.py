@@ -1,10 +1,15 @@
-# Appended to the ``rope`` family source (its constants and ``_inv_freq``): the cos/sin cache the
-# engines' RoPE kernels read, over a Llama-3.1-long context.
+"""The cos/sin cache the engines' RoPE kernels read, over a Llama-3.1-long context, from the
+``rope`` family's inverse frequencies (its constants set for the Definition). A sibling source of
+the native RoPE baselines (``rope.py`` beside it in the same Solution)."""
+
+import torch
+from rope import _inv_freq
+
 MAX_POSITION = 131072
 _COS_SIN = {}
 
 
-def _cos_sin(head_dim, device, dtype):
+def cos_sin_cache(head_dim, device, dtype):
     key = (head_dim, device, dtype)
     if key not in _COS_SIN:
         t = torch.arange(MAX_POSITION, device=device, dtype=torch.float32)

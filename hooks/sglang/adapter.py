@@ -1,5 +1,5 @@
 """SGLang's hook points, found by name (SGLang 0.5.23 in CI; neither it nor the GPU bundle's
-0.5.16 pinned). Same op table as vLLM (:mod:`profiler.capture.ops`), page size 1.
+0.5.16 pinned). Same op table as vLLM (:mod:`fi_profile.capture.ops`), page size 1.
 
 The step boundary is ``ModelRunner.forward(forward_batch)``: the batch has the step's layout
 (``extend_seq_lens_cpu`` for extend steps, one token per request for decode, ``seq_lens_cpu``),
@@ -12,17 +12,18 @@ from typing import Any, Optional
 
 import torch
 
-from hooks.layer_calls import embedding, linear, lm_head, moe, rmsnorm, rope, silu_and_mul
-from hooks.patching import HookPoint
-from profiler.capture import ops
-from profiler.capture.ops import KernelCall
-from profiler.capture.recorder import RECORDER
-from profiler.schema.dtype import schema_dtype
+from fi_profile.capture import ops
+from fi_profile.capture.ops import KernelCall
+from fi_profile.capture.recorder import RECORDER
+from fi_profile.capture.step_attention import Batches, StepAttention
+from fi_profile.hooks.layer_calls import embedding, linear, lm_head, moe, rmsnorm, rope, silu_and_mul
+from fi_profile.hooks.patching import HookPoint
+from fi_profile.schema.dtype import schema_dtype
 
-#: the model runner of the current step, and the decode/prefill layouts of the batch last asked
-#: about (the attention layers of one step share one ForwardBatch, which may not be the object
-#: ``ModelRunner.forward`` received)
-_step: dict[str, Any] = {"runner": None, "source": None, "batches": None, "calls": {}}
+#: the step's model runner (its request-to-token table holds the page ids) and attention layout:
+#: the attention layers of one step share one ForwardBatch, which may not be the object
+#: ``ModelRunner.forward`` received
+STEP = StepAttention()
 
 
 def _layout(batch: Any) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
@@ -41,45 +42,37 @@ def _layout(batch: Any) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def _model_step(self: Any, forward_batch: Any) -> None:
-    _step.update(runner=self, source=None, batches=None, calls={})
+    STEP.begin(runner=self)
     layout = _layout(forward_batch)
     if layout is not None:
         shape = ops.step_shape(*layout)
         RECORDER.begin_step(shape, tokens=shape[0])
 
 
-def _batches(batch: Any) -> tuple[Any, Any]:
-    if _step["source"] is not batch:
-        layout = _layout(batch)
-        if layout is None or _step["runner"] is None:
-            return None, None
-        table = _step["runner"].req_to_token_pool.req_to_token[batch.req_pool_indices]
-        _step.update(source=batch, batches=ops.paged_batches(*layout, table, 1), calls={})
-    return _step["batches"]
+def _batches(batch: Any) -> Batches:
+    layout, runner = _layout(batch), STEP.context.get("runner")
+    if layout is None or runner is None:
+        return None, None
+    table = runner.req_to_token_pool.req_to_token[batch.req_pool_indices]  # page size 1: rows are page ids
+    return ops.paged_batches(*layout, table, 1)
 
 
 def _attention(self: Any, q: torch.Tensor, forward_batch: Any) -> list[KernelCall]:
-    decode, prefill = _batches(forward_batch)
-    shape = (
-        self.tp_q_head_num, self.tp_k_head_num, self.head_dim, 1, RECORDER.num_pages or 0,
-        schema_dtype(q.dtype), float(self.scaling),
-    )
-    calls = _step["calls"].get(shape)  # the step's layers share their calls
-    if calls is None:
-        calls = _step["calls"][shape] = ops.paged_attention_calls(decode, prefill, *shape)
-    return calls
+    STEP.batches(forward_batch, _batches)
+    return STEP.calls((self.tp_q_head_num, self.tp_k_head_num, self.head_dim, 1, RECORDER.num_pages or 0,
+                       schema_dtype(q.dtype), float(self.scaling)))
 
 
 def _moe_routing(self: Any, router_logits: torch.Tensor) -> list:
     """``TopK``: no kernel of its own here; the routing it does is part of the MoE call that the
     experts layer right after it records (one fused MoE call, as for vLLM)."""
-    _step["moe_routing"] = (router_logits, self.topk_config)
+    STEP.context["moe_routing"] = (router_logits, self.topk_config)
     return []
 
 
 def _moe(self: Any, hidden_states: torch.Tensor) -> list:
     """``FusedMoE``: routing (from the ``TopK`` call before it) and SwiGLU experts as one call."""
-    routing = _step.pop("moe_routing", None)
+    routing = STEP.context.pop("moe_routing", None)
     if routing is None:
         raise RuntimeError("MoE experts called without a TopK call before them: routing unknown")
     router_logits, config = routing

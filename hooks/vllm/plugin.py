@@ -20,14 +20,14 @@ STATUS: dict[str, list[str]] = {"installed": [], "missing": []}
 def register() -> None:
     if os.environ.get(ENV_ENABLE) != "1" or STATUS["installed"]:
         return
-    from hooks.patching import install
-    from hooks.vllm_adapter import POINTS
+    from fi_profile.hooks.patching import install
+    from fi_profile.hooks.vllm.adapter import POINTS
 
     STATUS["installed"], STATUS["missing"] = install(POINTS)
 
 
 def _not_covered(worker: Any) -> dict[str, int]:
-    from hooks.layer_calls import uncovered_layers
+    from fi_profile.hooks.layer_calls import uncovered_layers
 
     try:
         return uncovered_layers(worker.model_runner.get_model())
@@ -44,7 +44,7 @@ class CaptureWorkerExtension:
         self, count_only: bool = False, out_dir: Optional[str] = None, autosave_s: float = 10.0
     ) -> dict[str, Any]:
         """Start recording; with ``out_dir`` the part is also saved every ``autosave_s`` seconds."""
-        from profiler.capture.recorder import start_recording
+        from fi_profile.capture.recorder import start_recording
 
         cache = self.vllm_config.cache_config
         start_recording(count_only=count_only, out_dir=out_dir, autosave_s=autosave_s, page_size=int(cache.block_size),
@@ -52,6 +52,6 @@ class CaptureWorkerExtension:
         return {"pid": os.getpid(), **STATUS, "not_covered": _not_covered(self)}
 
     def fi_profile_stop(self, out_dir: str) -> str:
-        from profiler.capture.recorder import stop_recording
+        from fi_profile.capture.recorder import stop_recording
 
         return str(stop_recording(out_dir))

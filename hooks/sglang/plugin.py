@@ -16,7 +16,7 @@ STATUS: dict[str, list[str]] = {"installed": [], "missing": []}
 
 
 def fi_profile_start(self: Any, count_only: bool = False, out_dir: Optional[str] = None, autosave_s: float = 10.0) -> None:
-    from profiler.capture.recorder import start_recording
+    from fi_profile.capture.recorder import start_recording
 
     start_recording(count_only=count_only, out_dir=out_dir, autosave_s=autosave_s, page_size=1,
                     num_pages=int(getattr(self, "max_total_num_tokens", 0) or 0))
@@ -29,7 +29,7 @@ def fi_profile_start(self: Any, count_only: bool = False, out_dir: Optional[str]
 
 
 def _not_covered(scheduler: Any) -> dict[str, int]:
-    from hooks.layer_calls import uncovered_layers
+    from fi_profile.hooks.layer_calls import uncovered_layers
 
     try:
         return uncovered_layers(scheduler.tp_worker.model_runner.model)
@@ -38,7 +38,7 @@ def _not_covered(scheduler: Any) -> dict[str, int]:
 
 
 def fi_profile_stop(self: Any, out_dir: str) -> None:
-    from profiler.capture.recorder import stop_recording
+    from fi_profile.capture.recorder import stop_recording
 
     stop_recording(out_dir)
 
@@ -56,8 +56,8 @@ def run_scheduler_process(*args: Any, **kwargs: Any) -> Any:
 def register() -> None:
     if os.environ.get(ENV_ENABLE) != "1" or STATUS["installed"]:
         return
-    from hooks.patching import install
-    from hooks.sglang_adapter import POINTS
+    from fi_profile.hooks.patching import install
+    from fi_profile.hooks.sglang.adapter import POINTS
 
     STATUS["installed"], STATUS["missing"] = install(POINTS)
     try:

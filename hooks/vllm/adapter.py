@@ -1,7 +1,7 @@
 """vLLM's hook points, found by name (vLLM 0.26 on the GPU hosts, 0.32 in CI; neither pinned).
 
 Each entry says which vLLM method is which op and how its arguments map onto the shared op table
-in :mod:`profiler.capture.ops`. Methods are patched on the class before the model is built, so
+in :mod:`fi_profile.capture.ops`. Methods are patched on the class before the model is built, so
 CustomOp's ``forward`` (which dispatches to the method it bound at ``__init__``) is wrapped once at
 the top, above every backend-specific path.
 """
@@ -12,17 +12,15 @@ from typing import Any, Optional
 
 import torch
 
-from hooks.layer_calls import embedding, linear, lm_head, moe, rmsnorm, rope, silu_and_mul
-from hooks.patching import HookPoint
-from profiler.capture import ops
-from profiler.capture.ops import KernelCall
-from profiler.capture.recorder import RECORDER
-from profiler.schema.dtype import schema_dtype
+from fi_profile.capture import ops
+from fi_profile.capture.ops import KernelCall
+from fi_profile.capture.recorder import RECORDER
+from fi_profile.capture.step_attention import Batches, StepAttention
+from fi_profile.hooks.layer_calls import embedding, linear, lm_head, moe, rmsnorm, rope, silu_and_mul
+from fi_profile.hooks.patching import HookPoint
+from fi_profile.schema.dtype import schema_dtype
 
-
-#: the step's layout source and its decode/prefill split; the source object itself is held (not its
-#: id), so a later step's metadata can never be mistaken for it at a recycled address
-_step: dict[str, Any] = {"common": None, "source": None, "batches": (None, None), "calls": {}}
+STEP = StepAttention()
 
 
 def _metadata_builder(self: Any, common_attn_metadata: Any) -> None:
@@ -31,8 +29,7 @@ def _metadata_builder(self: Any, common_attn_metadata: Any) -> None:
     backend's own metadata holds only planned wrappers (FlashInfer). The step's signature is
     what fixes every var axis of the step: token count, request count, decode/prefill layout."""
     common = common_attn_metadata
-    _step["common"] = common
-    _step["source"] = None
+    STEP.begin(common=common)
     if common is None or RECORDER.page_size is None:
         return
     seq_lens = getattr(common, "_seq_lens_cpu", None)  # the runner's CPU copy: no device sync
@@ -42,28 +39,23 @@ def _metadata_builder(self: Any, common_attn_metadata: Any) -> None:
     RECORDER.begin_step(shape, tokens=shape[0])
 
 
-def _batches_of(source: Any) -> tuple[Any, Any]:
-    """The step's decode and prefill layouts, computed once per step and shared by all layers.
-    CPU copies of the query starts and sequence lengths where the metadata has them: no device
-    sync."""
-    if _step["source"] is not source:
-        query_start_loc = getattr(source, "query_start_loc_cpu", None)
-        if query_start_loc is None:
-            query_start_loc = source.query_start_loc
-        seq_lens = getattr(source, "_seq_lens_cpu", None)
-        if seq_lens is None:
-            seq_lens = source.seq_lens
-        block_table = getattr(source, "block_table_tensor", None)
-        if block_table is None:
-            block_table = source.block_table
-        _step["batches"] = ops.paged_batches(query_start_loc, seq_lens, block_table, RECORDER.page_size)
-        _step["source"] = source
-        _step["calls"] = {}
-    return _step["batches"]
+def _layout(source: Any) -> Batches:
+    """The step's decode and prefill layouts from its metadata. CPU copies of the query starts and
+    sequence lengths where the metadata has them: no device sync."""
+    query_start_loc = getattr(source, "query_start_loc_cpu", None)
+    if query_start_loc is None:
+        query_start_loc = source.query_start_loc
+    seq_lens = getattr(source, "_seq_lens_cpu", None)
+    if seq_lens is None:
+        seq_lens = source.seq_lens
+    block_table = getattr(source, "block_table_tensor", None)
+    if block_table is None:
+        block_table = source.block_table
+    return ops.paged_batches(query_start_loc, seq_lens, block_table, RECORDER.page_size)
 
 
 def _layout_source(metadata: Any) -> Any:
-    common = _step["common"]
+    common = STEP.context.get("common")
     if common is not None and common.num_actual_tokens == getattr(metadata, "num_actual_tokens", common.num_actual_tokens):
         return common
     return metadata
@@ -82,13 +74,10 @@ def _attention(self: Any, query: torch.Tensor) -> list[KernelCall]:
     page_size = RECORDER.page_size
     if page_size is None:
         raise RuntimeError("page size unknown: capture was not started through the worker extension")
-    decode, prefill = _batches_of(_layout_source(metadata))
+    STEP.batches(_layout_source(metadata), _layout)
     dtype = schema_dtype(query.dtype)
-    shape = (self.num_heads, self.num_kv_heads, self.head_size, page_size, RECORDER.num_pages or 0, dtype, float(self.impl.scale))
-    calls = _step["calls"].get(shape)  # the step's layers share their calls
-    if calls is None:
-        calls = _step["calls"][shape] = ops.paged_attention_calls(decode, prefill, *shape)
-    return calls
+    return STEP.calls((self.num_heads, self.num_kv_heads, self.head_size, page_size, RECORDER.num_pages or 0, dtype,
+                       float(self.impl.scale)))
 
 
 #: routers whose selection is softmax -> top-k (-> renormalize), as the MoE Definitions compute it

@@ -1,0 +1,1 @@
+"""SGLang integration: plugin entry point, adapter (hook points and argument reading), runner."""

@@ -1,0 +1,161 @@
+"""Drive a real SGLang engine with fi-profile's plugin active (the :class:`Engine` that
+:func:`fi_profile.capture.engine_run.run_capture` runs). On CPU it needs
+``SGLANG_USE_CPU_ENGINE=1``, which it sets."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+from fi_profile.capture.engine_run import (
+    HookStatus,
+    Scenario,
+    cpu_thread_binding,
+    prompts_for,
+    resolve_model,
+    run_capture,
+)
+from fi_profile.capture.output import CaptureSummary
+
+
+class SglangEngine:
+    """An SGLang ``Engine`` whose scheduler has the hooks (recording starts at ``start``).
+    Options that only vLLM has (``single_process``) are ignored."""
+
+    framework = "SGLang"
+
+    def __init__(
+        self,
+        model: str,
+        scenario: Scenario,
+        *,
+        load_format: str = "dummy",
+        dtype: str = "bfloat16",
+        tp: int = 1,
+        eager: bool = True,
+        capture: bool = True,
+        attention_backend: Optional[str] = None,
+        gpu_memory_utilization: Optional[float] = None,
+        **_: Any,
+    ) -> None:
+        source = resolve_model(model)
+        os.environ["FI_PROFILE_CAPTURE"] = "1" if capture else "0"
+        if source.shipped:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        import torch
+
+        cpu = not torch.cuda.is_available()
+        if cpu:
+            os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+            if tp > 1:
+                os.environ.setdefault("SGLANG_CPU_OMP_THREADS_BIND", cpu_thread_binding(tp))
+        kwargs: dict[str, Any] = dict(
+            model_path=source.path,
+            load_format=load_format,
+            skip_tokenizer_init=True,
+            dtype=dtype,
+            tp_size=tp,
+            random_seed=scenario.seed,
+            context_length=scenario.input_len + scenario.output_len + 16,
+            max_running_requests=scenario.batch_size,
+            disable_cuda_graph=eager,
+            log_level="error",
+            sampling_backend="pytorch" if cpu else None,
+            attention_backend=attention_backend,
+            mem_fraction_static=gpu_memory_utilization,
+        )
+        if cpu:
+            kwargs.update(
+                device="cpu",
+                attention_backend="torch_native",
+                grammar_backend="none",
+                mem_fraction_static=0.1,
+                max_total_tokens=max(4096, 2 * scenario.num_prompts * (scenario.input_len + scenario.output_len)),
+                disable_overlap_schedule=True,
+            )
+        from sglang.srt.entrypoints.engine import Engine as engine_class  # sglang.Engine is a lazy proxy
+
+        if capture and hasattr(engine_class, "run_scheduler_process_func"):
+            from fi_profile.hooks.sglang.plugin import run_scheduler_process
+
+            class _Engine(engine_class):  # type: ignore[misc, valid-type]
+                run_scheduler_process_func = staticmethod(run_scheduler_process)
+
+            engine_class = _Engine
+        import sglang
+
+        self.version = f"sglang {sglang.__version__}"
+        self.attention_backend = kwargs["attention_backend"] or "default"
+        self.model_path = source.path
+        self.engine = engine_class(**{k: v for k, v in kwargs.items() if v is not None})
+
+    def start(self, count_only: bool, out_dir: Optional[Path], autosave_s: float = 10.0) -> HookStatus:
+        self.engine.collective_rpc(
+            "fi_profile_start", count_only=count_only, out_dir=str(out_dir) if out_dir else None, autosave_s=autosave_s
+        )
+        if out_dir is None:
+            return HookStatus()
+        ranks = []  # collective_rpc returns no value: each scheduler wrote what it found
+        for status in (out_dir / ".fi-profile").glob("hooks-*.txt"):
+            rank = HookStatus()
+            for line in status.read_text().splitlines():
+                if line.startswith("missing "):
+                    rank.missing.append(line.removeprefix("missing "))
+                elif line.startswith("not_covered "):
+                    _, layers, kind = line.split(" ", 2)
+                    rank.not_covered[kind] = int(layers)
+            ranks.append(rank)
+        return HookStatus.of_ranks(ranks)
+
+    def generate(self, scenario: Scenario) -> list[list[int]]:
+        prompts = prompts_for(scenario, vocab_size(self.model_path))
+        return [list(o["output_ids"]) for o in self.engine.generate(input_ids=prompts, sampling_params=sampling_params(scenario))]
+
+    def stop(self, out_dir: Path) -> None:
+        self.engine.collective_rpc("fi_profile_stop", out_dir=str(out_dir))
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+
+def run_sglang(
+    model: str,
+    out_dir: Path,
+    scenario: Scenario,
+    *,
+    max_workloads: int = 32,
+    capture: bool = True,
+    count_only: bool = False,
+    autosave_s: float = 10.0,
+    **engine: Any,
+) -> tuple[CaptureSummary | None, list[list[int]], dict[str, Any]]:
+    """Generate with capture on (see :func:`run_capture`); ``engine``: :class:`SglangEngine`'s options."""
+    return run_capture(
+        SglangEngine(model, scenario, capture=capture, **engine),
+        model,
+        out_dir,
+        scenario,
+        engine,
+        max_workloads=max_workloads,
+        capture=capture,
+        count_only=count_only,
+        autosave_s=autosave_s,
+    )
+
+
+def sampling_params(scenario: Scenario) -> dict[str, Any]:
+    """SGLang's sampling parameters for the scenario (every request generates ``output_len`` tokens)."""
+    return {
+        "max_new_tokens": scenario.output_len,
+        "ignore_eos": True,
+        "temperature": scenario.temperature,
+        "top_k": scenario.top_k if scenario.top_k > 0 else -1,
+        "top_p": scenario.top_p,
+    }
+
+
+def vocab_size(model_path: str) -> int:
+    config = Path(model_path) / "config.json"
+    return int(json.loads(config.read_text())["vocab_size"]) if config.is_file() else 32000

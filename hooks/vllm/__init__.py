@@ -1,0 +1,1 @@
+"""vLLM integration: plugin entry point, adapter (hook points and argument reading), runner."""

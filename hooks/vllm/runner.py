@@ -1,0 +1,130 @@
+"""Drive a real vLLM engine with fi-profile's hooks installed (the :class:`Engine` that
+:func:`fi_profile.capture.engine_run.run_capture` runs)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+from fi_profile.capture.engine_run import (
+    HookStatus,
+    Scenario,
+    cpu_thread_binding,
+    prompts_for,
+    resolve_model,
+    run_capture,
+)
+from fi_profile.capture.output import CaptureSummary
+
+WORKER_EXTENSION = "fi_profile.hooks.vllm.plugin.CaptureWorkerExtension"
+
+
+class VllmEngine:
+    """A vLLM ``LLM`` with the hooks installed in every engine process (inactive until ``start``)."""
+
+    framework = "vLLM"
+
+    def __init__(
+        self,
+        model: str,
+        scenario: Scenario,
+        *,
+        load_format: str = "dummy",
+        dtype: str = "bfloat16",
+        tp: int = 1,
+        eager: bool = True,
+        single_process: bool = False,
+        capture: bool = True,
+        attention_backend: Optional[str] = None,
+        gpu_memory_utilization: Optional[float] = None,
+        kv_cache_bytes: Optional[int] = None,
+    ) -> None:
+        source = resolve_model(model)
+        os.environ["FI_PROFILE_CAPTURE"] = "1" if capture else "0"
+        if source.shipped:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        if single_process:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        import torch
+        import vllm
+
+        from fi_profile.hooks.vllm.plugin import register
+
+        register()  # the engine processes get it through the plugin entry point; this one too
+        kwargs: dict[str, Any] = {}
+        if not torch.cuda.is_available():
+            kwargs["kv_cache_memory_bytes"] = kv_cache_bytes or (256 << 20)
+            if tp == 1:
+                kwargs["distributed_executor_backend"] = "uni"
+            else:
+                os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_thread_binding(tp))
+        if attention_backend:
+            kwargs["attention_backend"] = attention_backend
+        if gpu_memory_utilization:
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        self.version = f"vllm {vllm.__version__}"
+        self.attention_backend = attention_backend or "default"
+        self.llm = vllm.LLM(
+            model=source.path,
+            load_format=load_format,
+            skip_tokenizer_init=True,
+            dtype=dtype,
+            tensor_parallel_size=tp,
+            enforce_eager=eager,
+            seed=scenario.seed,
+            max_model_len=scenario.input_len + scenario.output_len + 16,
+            max_num_seqs=scenario.batch_size,
+            worker_extension_cls=WORKER_EXTENSION,
+            **kwargs,
+        )
+
+    def requests(self, scenario: Scenario) -> tuple[list[Any], Any]:
+        """Token-id prompts and sampling parameters of the scenario."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        vocab = self.llm.llm_engine.model_config.get_vocab_size()
+        prompts = [TokensPrompt(prompt_token_ids=p) for p in prompts_for(scenario, vocab)]
+        params = SamplingParams(
+            max_tokens=scenario.output_len,
+            ignore_eos=True,
+            detokenize=False,
+            temperature=scenario.temperature,
+            top_k=scenario.top_k if scenario.top_k > 0 else -1,
+            top_p=scenario.top_p,
+            seed=scenario.seed if scenario.temperature > 0 else None,
+        )
+        return prompts, params
+
+    def start(self, count_only: bool, out_dir: Optional[Path], autosave_s: float = 10.0) -> HookStatus:
+        ranks = self.llm.collective_rpc(
+            "fi_profile_start", args=(count_only, str(out_dir) if out_dir else None, autosave_s)
+        )
+        return HookStatus.of_ranks([HookStatus(r["missing"], r.get("not_covered", {})) for r in ranks])
+
+    def generate(self, scenario: Scenario) -> list[list[int]]:
+        prompts, params = self.requests(scenario)
+        return [list(o.outputs[0].token_ids) for o in self.llm.generate(prompts, params, use_tqdm=False)]
+
+    def stop(self, out_dir: Path) -> None:
+        self.llm.collective_rpc("fi_profile_stop", args=(str(out_dir),))
+
+    def shutdown(self) -> None:
+        self.llm = None  # vLLM shuts its engine processes down when the LLM is collected
+
+
+def run_vllm(
+    model: str,
+    out_dir: Path,
+    scenario: Scenario,
+    *,
+    max_workloads: int = 32,
+    capture: bool = True,
+    count_only: bool = False,
+    autosave_s: float = 10.0,
+    **engine: Any,
+) -> tuple[CaptureSummary | None, list[list[int]], dict[str, Any]]:
+    """Generate with capture on (see :func:`run_capture`); ``engine``: :class:`VllmEngine`'s options."""
+    return run_capture(VllmEngine(model, scenario, capture=capture, **engine), model, out_dir, scenario, engine,
+                       max_workloads=max_workloads, capture=capture, count_only=count_only, autosave_s=autosave_s)
