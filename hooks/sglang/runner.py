@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -17,7 +18,6 @@ from fi_profile.capture.engine_run import (
     resolve_model,
     run_capture,
 )
-from fi_profile.capture.output import CaptureSummary
 
 
 class SglangEngine:
@@ -120,29 +120,8 @@ class SglangEngine:
         self.engine.shutdown()
 
 
-def run_sglang(
-    model: str,
-    out_dir: Path,
-    scenario: Scenario,
-    *,
-    max_workloads: int = 32,
-    capture: bool = True,
-    count_only: bool = False,
-    autosave_s: float = 10.0,
-    **engine: Any,
-) -> tuple[CaptureSummary | None, list[list[int]], dict[str, Any]]:
-    """Generate with capture on (see :func:`run_capture`); ``engine``: :class:`SglangEngine`'s options."""
-    return run_capture(
-        SglangEngine(model, scenario, capture=capture, **engine),
-        model,
-        out_dir,
-        scenario,
-        engine,
-        max_workloads=max_workloads,
-        capture=capture,
-        count_only=count_only,
-        autosave_s=autosave_s,
-    )
+#: generate with capture on (:func:`run_capture`); keyword options are :class:`SglangEngine`'s
+run_sglang = functools.partial(run_capture, SglangEngine)
 
 
 def sampling_params(scenario: Scenario) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any, Optional
@@ -15,7 +16,6 @@ from fi_profile.capture.engine_run import (
     resolve_model,
     run_capture,
 )
-from fi_profile.capture.output import CaptureSummary
 
 WORKER_EXTENSION = "fi_profile.hooks.vllm.plugin.CaptureWorkerExtension"
 
@@ -114,17 +114,5 @@ class VllmEngine:
         self.llm = None  # vLLM shuts its engine processes down when the LLM is collected
 
 
-def run_vllm(
-    model: str,
-    out_dir: Path,
-    scenario: Scenario,
-    *,
-    max_workloads: int = 32,
-    capture: bool = True,
-    count_only: bool = False,
-    autosave_s: float = 10.0,
-    **engine: Any,
-) -> tuple[CaptureSummary | None, list[list[int]], dict[str, Any]]:
-    """Generate with capture on (see :func:`run_capture`); ``engine``: :class:`VllmEngine`'s options."""
-    return run_capture(VllmEngine(model, scenario, capture=capture, **engine), model, out_dir, scenario, engine,
-                       max_workloads=max_workloads, capture=capture, count_only=count_only, autosave_s=autosave_s)
+#: generate with capture on (:func:`run_capture`); keyword options are :class:`VllmEngine`'s
+run_vllm = functools.partial(run_capture, VllmEngine)

@@ -9,7 +9,7 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from fi_profile.capture.output import CaptureSummary, merge_parts
 from fi_profile.capture.recorder import PARTS_DIR
@@ -147,13 +147,24 @@ class Engine(Protocol):
     def shutdown(self) -> None: ...
 
 
-def run_capture(engine: Engine, model: str, out_dir: Path, scenario: Scenario, options: dict[str, Any], *,
-                max_workloads: int = 32, capture: bool = True, count_only: bool = False,
-                autosave_s: float = 10.0) -> tuple[CaptureSummary | None, list[list[int]], dict[str, Any]]:
-    """Every engine's run: start recording, generate, stop, merge the processes' parts; returns the
-    merged summary, the generated token ids and the record's run block. If the engine dies
-    mid-run, the parts saved so far are merged and :class:`EngineFailed` carries them.
-    ``capture=False`` runs the same engine without recording (the A/B baseline)."""
+def run_capture(
+    engine_class: Callable[..., Engine],
+    model: str,
+    out_dir: Path,
+    scenario: Scenario,
+    *,
+    max_workloads: int = 32,
+    capture: bool = True,
+    count_only: bool = False,
+    autosave_s: float = 10.0,
+    **options: Any,
+) -> tuple[CaptureSummary | None, list[list[int]], dict[str, Any]]:
+    """Every engine's run: build ``engine_class(model, scenario, capture=..., **options)``, start
+    recording, generate, stop, merge the processes' parts; returns the merged summary, the
+    generated token ids and the record's run block. If the engine dies mid-run, the parts saved
+    so far are merged and :class:`EngineFailed` carries them. ``capture=False`` runs the same
+    engine without recording (the A/B baseline); ``count_only``: calls per Definition only."""
+    engine = engine_class(model, scenario, capture=capture, **options)
     try:
         clear_output(out_dir)
         status = engine.start(count_only, out_dir, autosave_s) if capture else HookStatus()
