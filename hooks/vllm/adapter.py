@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import numpy as np
 import torch
 
 from fi_profile.capture import ops
@@ -104,7 +105,18 @@ def _moe(self: Any, hidden_states: torch.Tensor, router_logits: torch.Tensor) ->
 
 
 def _sampler(self: Any, logits: torch.Tensor, k: Optional[torch.Tensor], p: Optional[torch.Tensor]) -> list:
-    return [ops.sampling(logits, k, p)]
+    return [ops.sampling(logits, k is not None, p is not None)]
+
+
+def _sampler_v2(self: Any, logits: torch.Tensor, idx_mapping_np: np.ndarray) -> list:
+    """The V2 model runner's own Sampler (vLLM's default on GPUs since 0.2x): top-k / top-p as its
+    per-request states say, from their host copies (no device sync); all-greedy steps take argmax."""
+    states, requests = self.sampling_states, idx_mapping_np
+    if np.all(states.temperature.np[requests] == 0.0):
+        return []
+    top_k = bool(np.any(states.top_k.np[requests] != states.vocab_size))
+    top_p = bool(np.any(states.top_p.np[requests] != 1.0))
+    return [ops.sampling(logits, top_k, top_p)]
 
 
 POINTS = [
@@ -146,4 +158,5 @@ POINTS = [
         "sampling",
         _sampler,
     ),
+    HookPoint("vllm.v1.worker.gpu.sample.sampler", "Sampler", ("sample",), "sampling", _sampler_v2, optional=True),
 ]

@@ -311,12 +311,13 @@ def moe(
     return KernelCall(definition, {"seq_len": _tokens(hidden_states, hidden)})
 
 
-def sampling(probs_or_logits: torch.Tensor, top_k: Optional[torch.Tensor], top_p: Optional[torch.Tensor]) -> Optional[KernelCall]:
-    """Top-k / top-p sampling from a distribution over the vocabulary; None for plain sampling."""
-    if top_k is None and top_p is None:
+def sampling(probs_or_logits: torch.Tensor, top_k: bool, top_p: bool) -> Optional[KernelCall]:
+    """Top-k and/or top-p sampling (whichever some request of the batch uses) from a distribution
+    over the vocabulary; None for plain sampling."""
+    if not top_k and not top_p:
         return None
     vocab = probs_or_logits.shape[-1]
-    kind = "top_k_top_p" if top_k is not None and top_p is not None else ("top_k" if top_k is not None else "top_p")
+    kind = "top_k_top_p" if top_k and top_p else ("top_k" if top_k else "top_p")
     name = f"{kind}_sampling_from_probs_v{vocab}"
     definition = definition_for(f"{kind}_sampling_from_probs_v128256", name, {"vocab_size": vocab}, DType.float32)
     return KernelCall(definition, {"batch_size": probs_or_logits.shape[0]})
