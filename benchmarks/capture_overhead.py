@@ -39,6 +39,23 @@ def build_engine(args: argparse.Namespace, scenario: Scenario):
     return VllmEngine(args.model, scenario, single_process=args.single_process, **options)
 
 
+def profile_one_generate(engine, generate, mode: str, out: Path) -> None:
+    import cProfile
+    import pstats
+
+    engine.start(mode == "count", None)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    generate()
+    profiler.disable()
+    engine.stop(out)
+    stats = pstats.Stats(profiler)
+    ours = [(fn, row) for fn, row in stats.stats.items() if "fi_profile" in fn[0] or "/hooks/" in fn[0]]
+    print(f"cProfile of one {mode} generate: fi-profile's functions by total time (calls, tottime s, cumtime s)")
+    for (file, line, name), (_, calls, tottime, cumtime, _) in sorted(ours, key=lambda kv: -kv[1][2])[:25]:
+        print(f"  {calls:8d} {tottime:8.4f} {cumtime:8.4f}  {Path(file).name}:{line} {name}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--framework", choices=("vllm", "sglang"), default="vllm")
@@ -55,6 +72,9 @@ def main() -> None:
         "generate schedules the same steps (multi-process vLLM receives them one by one over ZMQ); vLLM only",
     )
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--cprofile", choices=("count", "full"),
+                        help="after the rounds, one more generate in this mode under cProfile (with --single-process "
+                        "the engine runs in this process): fi-profile's own functions, by total time")
     args = parser.parse_args()
 
     scenario = Scenario(num_prompts=args.num_prompts, input_len=args.input_len, output_len=args.output_len)
@@ -82,6 +102,8 @@ def main() -> None:
                     part = json.loads(next((Path(tmp) / ".fi-profile" / "parts").glob("*.json")).read_text())
                     calls[mode] = sum(part["calls"].values())
                     steps[mode] = part["steps"]
+        if args.cprofile:
+            profile_one_generate(engine, generate, args.cprofile, Path(tmp))
     engine.shutdown()
     import torch
 
@@ -102,6 +124,8 @@ def main() -> None:
         "seconds": times,
         "tokens_per_s": tokens_per_s,
         "loss_vs_off": {m: 1 - tokens_per_s[m] / tokens_per_s["off"] for m in ("count", "full")},
+        # the spread of the capture-off runs themselves: a loss below it is not measurable
+        "cv_off": statistics.stdev(times["off"]) / statistics.mean(times["off"]) if len(times["off"]) > 1 else None,
         # each round's modes ran back to back: the median of per-round ratios cancels slow drift
         "paired_loss_vs_off": {
             m: statistics.median(1 - off / t for off, t in zip(times["off"], times[m])) for m in ("count", "full")

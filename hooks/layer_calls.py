@@ -24,9 +24,10 @@ def rope(self: Any, positions: torch.Tensor, query: torch.Tensor, key: Optional[
             f"{type(self).__name__}: only full-head NeoX-style RoPE has a Definition "
             f"(is_neox_style={self.is_neox_style}, rotary_dim={self.rotary_dim}, head_size={self.head_size})"
         )
-    tokens = positions.numel()
-    num_q_heads = query.numel() // (tokens * self.head_size)
-    num_kv_heads = key.numel() // (tokens * self.head_size) if key is not None else 0
+    # heads from the static last dimensions (``[tokens, heads * head_size]`` or ``[..., heads,
+    # head_size]``), never from the token count, which is a symbol while torch.compile traces
+    num_q_heads = _heads(query, self.head_size)
+    num_kv_heads = _heads(key, self.head_size) if key is not None else 0
     params = ops.RopeParams(
         theta=float(self.base),
         factor=float(getattr(self, "scaling_factor", 1.0)),
@@ -35,6 +36,12 @@ def rope(self: Any, positions: torch.Tensor, query: torch.Tensor, key: Optional[
         original_max_position=int(getattr(self, "orig_max_position", 8192)),
     )
     return [ops.rope(positions, query, num_q_heads, num_kv_heads, self.head_size, params)]
+
+
+def _heads(x: torch.Tensor, head_size: int) -> int:
+    if x.dim() >= 3 and x.shape[-1] == head_size:  # [..., heads, head_size]
+        return int(x.shape[-2])
+    return int(x.shape[-1] // head_size)  # [tokens, heads * head_size]
 
 
 def gemm_size(layer: Any) -> tuple[int, int]:

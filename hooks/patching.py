@@ -17,8 +17,11 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
+from torch._dynamo.comptime import comptime
+
 from fi_profile.capture.ops import KernelCall
 from fi_profile.capture.recorder import RECORDER
+from fi_profile.hooks import traced as traced_calls
 from fi_profile.hooks.arguments import SignatureMismatch, argument_reader
 
 
@@ -69,29 +72,51 @@ class HookPoint:
     #: ops that run inside this one as part of it (a MoE layer's experts on some backends run
     #: their activation through the hooked SiluAndMul): not counted on their own while it runs
     nested: tuple[str, ...] = ()
+    #: what the hook records while torch.compile traces it, when not ``to_calls`` (a live op:
+    #: a callable that builds each step's calls from the engine's per-step metadata)
+    traced: Optional[ToCalls] = None
+    #: ``to_calls`` takes the method's arguments as passed (``*args, **kwargs``), not by name
+    raw: bool = False
+
+
+def observe(op: str, make_calls: Callable[[], Sequence[Optional[KernelCall]]], live: bool = False,
+            where: str = "eager") -> str:
+    """One hooked invocation of ``op``: recorded in a step being learned (or live), only counted
+    in a replayed step; returns its NVTX label. ``make_calls`` raising is counted as lost, never
+    passed on. ``where`` the calls ran: ``eager``, or ``compiled`` (from a trace template)."""
+    replay = RECORDER.replay
+    learned = not (live and not RECORDER.count_only)  # part of the learned step, or recorded live
+    if replay is not None and learned:  # a known step: count only (the hot path, a few operations)
+        index = RECORDER.replayed
+        RECORDER.replayed = index + 1
+        return replay[index] if index < len(replay) else op
+    try:
+        return RECORDER.record(make_calls(), op, learned, where)
+    except Exception as exc:  # a hook must never break the engine
+        return RECORDER.lost(op, exc, learned)  # counted, and the step's invocation count kept right
 
 
 def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls, live: bool = False, nested: tuple[str, ...] = (),
-         cls: Optional[type] = None) -> Callable[..., Any]:
+         cls: Optional[type] = None, traced: Optional[ToCalls] = None) -> Callable[..., Any]:
     """``fn`` hooked: ``to_calls`` gets the arguments it names, read by name from ``fn``'s
-    signature (or, for a dispatcher on ``cls``, from the method it dispatches to)."""
+    signature (or, for a dispatcher on ``cls``, from the method it dispatches to). While
+    torch.compile traces ``fn``, ``traced`` (default ``to_calls``) records a template instead
+    (:mod:`fi_profile.hooks.traced`); nothing is added to the traced graph."""
     read = argument_reader(fn, to_calls, cls)
+    trace_calls = traced or to_calls
+    trace_read = read if traced is None else argument_reader(fn, traced, cls)
+
+    def at_trace(ctx: Any) -> None:
+        traced_calls.at_trace(ctx, op, trace_calls, trace_read)
 
     @functools.wraps(fn)
     def hooked(*args: Any, **kwargs: Any) -> Any:
-        if not RECORDER.active or getattr(_depth, op, 0) or _is_compiling():
+        if _is_compiling():  # Dynamo traces this: a template, recorded while it traces
+            comptime(at_trace)
             return fn(*args, **kwargs)
-        replay = RECORDER.replay
-        learned = not (live and not RECORDER.count_only)  # part of the learned step, or recorded live
-        if replay is not None and learned:  # a known step: count only (the hot path, a few operations)
-            index = RECORDER.replayed
-            RECORDER.replayed = index + 1
-            label = replay[index] if index < len(replay) else op
-        else:
-            try:
-                label = RECORDER.record(to_calls(**read(args, kwargs)), op, learned)
-            except Exception as exc:  # a hook must never break the engine
-                label = RECORDER.lost(op, exc, learned)  # counted, and the step's invocation count kept right
+        if not RECORDER.active or getattr(_depth, op, 0):
+            return fn(*args, **kwargs)
+        label = observe(op, lambda: to_calls(**read(args, kwargs)), live)
         # the real call inside an NVTX range, marked so nested calls of the same op are not counted
         outer = [getattr(_depth, m, 0) for m in nested] if nested else ()
         setattr(_depth, op, 1)
@@ -113,15 +138,20 @@ def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls, live: bool = False,
 
 
 def wrap_boundary(
-    fn: Callable[..., Any], op: str, on_boundary: Callable[..., Any], cls: Optional[type] = None
+    fn: Callable[..., Any], op: str, on_boundary: Callable[..., Any], cls: Optional[type] = None, raw: bool = False
 ) -> Callable[..., Any]:
-    read = argument_reader(fn, on_boundary, cls)
+    """``fn`` with ``on_boundary`` called first while recording (a step boundary, or another
+    per-step event): with its arguments by name, or ``raw`` as passed."""
+    read = None if raw else argument_reader(fn, on_boundary, cls)
 
     @functools.wraps(fn)
     def hooked(*args: Any, **kwargs: Any) -> Any:
-        if RECORDER.active:
+        if RECORDER.active and not _is_compiling():
             try:
-                on_boundary(**read(args, kwargs))
+                if read is None:
+                    on_boundary(*args, **kwargs)
+                else:
+                    on_boundary(**read(args, kwargs))
             except Exception as exc:  # a hook must never break the engine
                 RECORDER.error(op, exc)
         return fn(*args, **kwargs)
@@ -156,9 +186,9 @@ def install(points: Sequence[HookPoint]) -> tuple[list[str], list[str]]:
                 continue
             try:
                 if point.boundary:
-                    hooked = wrap_boundary(raw, point.op, point.to_calls, cls)
+                    hooked = wrap_boundary(raw, point.op, point.to_calls, cls, point.raw)
                 else:
-                    hooked = wrap(raw, point.op, point.to_calls, point.live, point.nested, cls)
+                    hooked = wrap(raw, point.op, point.to_calls, point.live, point.nested, cls, point.traced)
             except SignatureMismatch as exc:  # the engine's method changed: not hooked, and said so
                 missing.append(f"{point.cls}.{method}: {exc}"[:300])
                 found = True

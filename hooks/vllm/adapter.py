@@ -8,7 +8,8 @@ the top, above every backend-specific path.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import functools
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -18,7 +19,8 @@ from fi_profile.capture.ops import KernelCall
 from fi_profile.capture.recorder import RECORDER
 from fi_profile.capture.step_attention import Batches, StepAttention
 from fi_profile.hooks.layer_calls import embedding, linear, lm_head, moe, rmsnorm, rope, silu_and_mul
-from fi_profile.hooks.patching import HookPoint
+from fi_profile.hooks.patching import HookPoint, observe
+from fi_profile.hooks.traced import TRACES, Template, sizes_of_run
 from fi_profile.schema.dtype import schema_dtype
 
 STEP = StepAttention()
@@ -33,11 +35,19 @@ def _metadata_builder(self: Any, common_attn_metadata: Any) -> None:
     STEP.begin(common=common)
     if common is None or RECORDER.page_size is None:
         return
-    seq_lens = getattr(common, "_seq_lens_cpu", None)  # the runner's CPU copy: no device sync
-    if seq_lens is None:
-        seq_lens = common.seq_lens.to("cpu")
-    shape = ops.step_shape(common.query_start_loc_cpu, seq_lens)
+    shape = ops.step_shape(common.query_start_loc_cpu, int(getattr(common, "num_reqs", len(common.query_start_loc_cpu) - 1)))
     RECORDER.begin_step(shape, tokens=shape[0])
+
+
+def _host_seq_lens(source: Any) -> Any:
+    """The requests' KV lengths without a device sync (one per step would break vLLM's async
+    scheduling): the V1 runner's CPU copy, else the V2 runner's host upper bound (exact but for
+    async speculative decoding), else the device tensor (copied: a sync)."""
+    for name in ("_seq_lens_cpu", "seq_lens_cpu_upper_bound"):
+        found = getattr(source, name, None)
+        if found is not None:
+            return found
+    return source.seq_lens
 
 
 def _layout(source: Any) -> Batches:
@@ -46,9 +56,7 @@ def _layout(source: Any) -> Batches:
     query_start_loc = getattr(source, "query_start_loc_cpu", None)
     if query_start_loc is None:
         query_start_loc = source.query_start_loc
-    seq_lens = getattr(source, "_seq_lens_cpu", None)
-    if seq_lens is None:
-        seq_lens = source.seq_lens
+    seq_lens = _host_seq_lens(source)
     block_table = getattr(source, "block_table_tensor", None)
     if block_table is None:
         block_table = source.block_table
@@ -79,6 +87,103 @@ def _attention(self: Any, query: torch.Tensor) -> list[KernelCall]:
     dtype = schema_dtype(query.dtype)
     return STEP.calls((self.num_heads, self.num_kv_heads, self.head_size, page_size, RECORDER.num_pages or 0, dtype,
                        float(self.impl.scale)))
+
+
+def _attention_traced(self: Any, query: torch.Tensor) -> Callable[[], list[KernelCall]]:
+    """While torch.compile traces an attention layer: its shape, and how to build its calls in each
+    step from the step's metadata (the attention op of a compiled or CUDA-graph forward runs no
+    Python hook; the metadata builder runs on the host every step)."""
+    layer = (self.num_heads, self.num_kv_heads, self.head_size, schema_dtype(query.dtype), float(self.impl.scale))
+    return functools.partial(_attention_in_graph, layer)
+
+
+def _attention_in_graph(layer: tuple) -> list[KernelCall]:
+    common = STEP.context.get("common")
+    if common is None or RECORDER.page_size is None:
+        raise RuntimeError("a compiled forward ran without the step's attention metadata")
+    STEP.batches(common, _layout)
+    heads, kv_heads, head_size, dtype, scale = layer
+    return STEP.calls((heads, kv_heads, head_size, RECORDER.page_size, RECORDER.num_pages or 0, dtype, scale))
+
+
+#: vLLM's cudagraph runtime modes, as the record names them
+_RUN_MODES = {"NONE": "compiled", "PIECEWISE": "piecewise_cuda_graph", "FULL": "full_cuda_graph"}
+
+
+def _compiled_forward(self: Any, *args: Any, **kwargs: Any) -> None:
+    """``TorchCompileWithNoGuardsWrapper.__call__``: the compiled model forward is about to run."""
+    _graph_run(self, args, kwargs)
+
+
+def _cuda_graph_call(self: Any, *args: Any, **kwargs: Any) -> None:
+    """``CUDAGraphWrapper.__call__``: a whole-model (FULL) graph replays without calling the model;
+    a piecewise graph wraps a piece of the compiled code, already counted with its forward."""
+    model = getattr(self, "runnable", None)
+    if model is not None and hasattr(model, "original_code_object"):
+        _graph_run(model, args, kwargs)
+
+
+#: the compiled forward's arguments whose first dimension is the step's (padded) token count
+_TOKEN_ARGUMENTS = ("input_ids", "positions", "inputs_embeds")
+
+
+def _graph_run(model: Any, args: tuple, kwargs: dict) -> None:
+    """One run of a compiled forward, with its real arguments (their sizes are the padded ones)."""
+    trace = TRACES.get(model.original_code_object())
+    if trace is None:
+        raise RuntimeError(f"{type(model).__name__}'s compiled forward ran but was not traced in this process "
+                           "(loaded from a compile cache?): its calls are not in the record")
+    _count_compiled(trace, sizes_of_run(trace, type(model).forward, (model, *args), kwargs))
+
+
+def _full_graph_replay(self: Any, desc: Any) -> None:
+    """The V2 model runner replays a whole-model (FULL) CUDA graph without calling the model: the
+    padded token count is the descriptor's."""
+    traces = [t for t in TRACES.values() if any(name in _TOKEN_ARGUMENTS for name, _ in t.symbols.values())]
+    if len(traces) != 1:
+        raise RuntimeError(f"a full CUDA graph replayed, but {len(traces)} traced model forwards could be it")
+    trace = traces[0]
+    _count_compiled(trace, {s: int(desc.num_tokens) for s, (name, _) in trace.symbols.items() if name in _TOKEN_ARGUMENTS},
+                    mode="full_cuda_graph")
+
+
+def _count_compiled(trace: Any, sizes: dict[str, int], mode: Optional[str] = None) -> None:
+    """The traced templates as this step's calls (once per forward context: a full-graph wrapper
+    that falls through to the model would count twice)."""
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+
+    context = get_forward_context() if is_forward_context_available() else None
+    if context is not None:
+        if context.attn_metadata is None or getattr(context, "_fi_profile_counted", False):
+            return  # a dummy run, or this forward is counted already
+        context._fi_profile_counted = True
+        if mode is None:
+            mode = _RUN_MODES.get(getattr(context.cudagraph_runtime_mode, "name", "NONE"), "compiled")
+    scheduled = RECORDER.step_tokens  # the step's query tokens, padding requests left out
+    ran_with = next((sizes[s] for s, (name, _) in trace.symbols.items() if name in _TOKEN_ARGUMENTS and s in sizes),
+                    scheduled)
+    RECORDER.graph_run(mode or "compiled", ran_with, scheduled)
+    if RECORDER.replay is not None:  # a step like one learned: its compiled calls counted in one go
+        RECORDER.replayed += trace.fixed
+        for op, live, layers in trace.live_groups():
+            if RECORDER.count_only:
+                RECORDER.replayed += layers
+            else:
+                try:
+                    RECORDER.record(live(), op, learned=False, where="compiled", times=layers)
+                except Exception as exc:  # noqa: BLE001 - a hook must never break the engine
+                    for _ in range(layers):
+                        RECORDER.lost(op, exc, learned=False)
+        return
+    for template in trace.templates:  # a step being learned: call by call
+        observe(template.op, functools.partial(_realize, template, sizes), live=template.live is not None,
+                where="compiled")
+
+
+def _realize(template: Template, sizes: dict[str, int]) -> list[KernelCall]:
+    if template.error is not None:
+        raise RuntimeError(template.error)
+    return template.realize(sizes)
 
 
 #: routers whose selection is softmax -> top-k (-> renormalize), as the MoE Definitions compute it
@@ -132,7 +237,8 @@ POINTS = [
     HookPoint(
         "vllm.model_executor.layers.vocab_parallel_embedding", "VocabParallelEmbedding", ("forward",), "embedding", embedding
     ),
-    HookPoint("vllm.model_executor.layers.attention.attention", "Attention", ("forward",), "attention", _attention, live=True),
+    HookPoint("vllm.model_executor.layers.attention.attention", "Attention", ("forward",), "attention", _attention, live=True,
+              traced=_attention_traced),
     HookPoint("vllm.model_executor.layers.fused_moe.runner.moe_runner", "MoERunner", ("forward",), "moe", _moe),
     *(
         HookPoint(
@@ -159,4 +265,11 @@ POINTS = [
         _sampler,
     ),
     HookPoint("vllm.v1.worker.gpu.sample.sampler", "Sampler", ("sample",), "sampling", _sampler_v2, optional=True),
+    # graph mode: each run of a compiled forward (and of a whole-model CUDA graph) in a step
+    HookPoint("vllm.compilation.wrapper", "TorchCompileWithNoGuardsWrapper", ("__call__",), "compiled_forward",
+              _compiled_forward, optional=True, boundary=True, raw=True),
+    HookPoint("vllm.compilation.cuda_graph", "CUDAGraphWrapper", ("__call__",), "compiled_forward", _cuda_graph_call,
+              optional=True, boundary=True, raw=True),
+    HookPoint("vllm.v1.worker.gpu.cudagraph_utils", "CudaGraphManager", ("run_fullgraph",), "compiled_forward",
+              _full_graph_replay, optional=True, boundary=True),
 ]

@@ -46,6 +46,10 @@ class VllmEngine:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
         if single_process:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if capture and not eager:
+            # the hooks record compiled code while Dynamo traces it: a forward loaded from vLLM's
+            # compile cache is never traced (what gets compiled is the same; it is compiled again)
+            os.environ.setdefault("VLLM_DISABLE_COMPILE_CACHE", "1")
         import torch
         import vllm
 

@@ -9,7 +9,7 @@ per engine.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -142,14 +142,30 @@ def _rope_definition(num_q_heads: int, num_kv_heads: int, head_dim: int, params:
     )
 
 
-@dataclass(frozen=True)
+@dataclass
 class PagedBatch:
-    """One step's paged-KV layout in flashinfer's terms, for the requests of one kind."""
+    """One step's paged-KV layout in flashinfer's terms, for the requests of one kind. The page
+    ids are gathered from the block table only when asked for (:meth:`gather_kv_indices`): the
+    recorder keeps them for a workload it has not seen, and every other step needs only the
+    counts, which come from the host."""
 
     qo_indptr: torch.Tensor
     kv_indptr: torch.Tensor
-    kv_indices: torch.Tensor
     kv_last_page_len: torch.Tensor
+    _block_table: Optional[torch.Tensor] = None
+    _rows: Optional[np.ndarray] = None
+    _pages: Optional[np.ndarray] = None
+    _kv_indices: Optional[torch.Tensor] = None
+
+    def gather_kv_indices(self) -> torch.Tensor:
+        if self._kv_indices is None:
+            assert self._block_table is not None and self._rows is not None and self._pages is not None
+            self._kv_indices = _gather_pages(self._block_table, self._rows, self._pages, self.kv_indptr.numpy())
+        return self._kv_indices
+
+    @property
+    def kv_indices(self) -> torch.Tensor:
+        return self.gather_kv_indices()
 
     @property
     def batch_size(self) -> int:
@@ -160,22 +176,24 @@ class PagedBatch:
         return int(self.qo_indptr[-1])
 
 
-def step_shape(query_start_loc: torch.Tensor, seq_lens: torch.Tensor) -> tuple:
+def step_shape(query_start_loc: torch.Tensor, num_reqs: int) -> tuple:
     """What fixes a step's calls but attention's: tokens, requests, and per part (decode, prefill)
     the request count and query tokens. The KV pages are left out: they change every few decode
     steps (every step with page size 1) while nothing else does, so attention is recorded live in
     every step instead (``HookPoint.live``). From CPU tensors (via numpy: this runs every step, and
     numpy is several times cheaper than torch on a few dozen numbers) it needs no device sync."""
-    n = len(seq_lens)
+    n = num_reqs
     qsl = query_start_loc.numpy()
-    decodes = int((qsl[1 : n + 1] - qsl[:n] == 1).sum())
-    return (int(qsl[n]) - int(qsl[0]), n, decodes, n - decodes)
+    q_lens = qsl[1 : n + 1] - qsl[:n]
+    decodes, prefills = int((q_lens == 1).sum()), int((q_lens > 1).sum())  # no query token: CUDA-graph padding
+    return (int(qsl[n]) - int(qsl[0]), decodes + prefills, decodes, prefills)
 
 
 def paged_batches(
     query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, page_size: int
 ) -> tuple[Optional[PagedBatch], Optional[PagedBatch]]:
-    """Split a step into its decode requests (one query token) and its prefill requests.
+    """Split a step into its decode requests (one query token) and its prefill requests (more);
+    a request with no query token is padding (a CUDA graph's batch), with no attention work.
 
     ``query_start_loc`` and ``seq_lens`` should be the runner's CPU copies: everything but the page
     ids is computed from them (numpy: this runs every step). The page ids are gathered where the
@@ -185,22 +203,20 @@ def paged_batches(
     n = len(lens)
     q_lens = qsl[1 : n + 1] - qsl[:n]
     pages = (lens + page_size - 1) // page_size
-    decode = q_lens == 1
     parts = []
-    for chosen in (decode, ~decode):
+    for chosen in (q_lens == 1, q_lens > 1):
         idx = chosen.nonzero()[0]
         if idx.size == 0:
             parts.append(None)
             continue
         sel_pages = pages[idx]
         kv_indptr = np.concatenate([[0], sel_pages.cumsum()])
-        kv_indices = _gather_pages(block_table, idx, sel_pages, kv_indptr)
         parts.append(
             PagedBatch(
                 qo_indptr=torch.from_numpy(np.concatenate([[0], q_lens[idx].cumsum()]).astype(np.int32)),
                 kv_indptr=torch.from_numpy(kv_indptr.astype(np.int32)),
-                kv_indices=kv_indices,
                 kv_last_page_len=torch.from_numpy((lens[idx] - (sel_pages - 1) * page_size).astype(np.int32)),
+                _block_table=block_table, _rows=idx, _pages=sel_pages,
             )
         )
     return parts[0], parts[1]
@@ -252,7 +268,7 @@ def paged_attention(
         if "batch_size" in definition.var_axes:
             axes["batch_size"] = batch.batch_size
     axes.update(num_kv_indices=int(batch.kv_indptr[-1]), num_pages=num_pages)
-    tensors = {"kv_indptr": batch.kv_indptr, "kv_indices": batch.kv_indices}
+    tensors: dict[str, Any] = {"kv_indptr": batch.kv_indptr, "kv_indices": batch.gather_kv_indices}  # gathered if kept
     if "qo_indptr" in definition.inputs:
         tensors["qo_indptr"] = batch.qo_indptr
     if "kv_last_page_len" in definition.inputs:

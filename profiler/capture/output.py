@@ -37,6 +37,9 @@ def merge_parts(
     errors: Counter[str] = Counter()
     lost: Counter[str] = Counter()
     ops: dict[str, str] = {}
+    execution: dict[str, set[str]] = {}
+    graph_runs: Counter[str] = Counter()
+    padding: Counter[tuple[int, int]] = Counter()
     steps: Counter[str] = Counter()
     definitions: dict[str, Definition] = {}
     workloads: dict[tuple[str, tuple], dict[str, Any]] = {}
@@ -46,6 +49,11 @@ def merge_parts(
         errors.update(part["errors"])
         lost.update(part.get("lost_calls", {}))
         ops.update(part.get("ops", {}))
+        for name, where in part.get("execution", {}).items():
+            execution.setdefault(name, set()).update(where)
+        graph_runs.update(part.get("graph_runs", {}))
+        for padded, real, n in part.get("padding", []):
+            padding[(padded, real)] += n
         steps.update(part.get("steps", {}))
         for name, data in part["definitions"].items():
             definitions.setdefault(name, Definition.model_validate(data))
@@ -67,6 +75,12 @@ def merge_parts(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(definition.to_json())
     run_block = {**(run or {}), "processes": len(parts), "hook_errors": dict(errors), "steps": dict(steps)}
+    run_block["execution"] = {name: " and ".join(sorted(where)) for name, where in sorted(execution.items())}
+    if graph_runs:  # compiled forwards: how each ran, and the padded sizes beside the scheduled ones
+        run_block["steps"]["compiled_forward"] = dict(sorted(graph_runs.items()))
+        run_block["padded_tokens"] = [
+            {"ran_with": padded, "scheduled": real, "runs": n} for (padded, real), n in sorted(padding.items())
+        ]
     gaps = [run_block["incomplete"]] if run_block.get("incomplete") else []  # the engine died mid-run
     if errors:
         impact = hook_error_impact(errors, lost, ops)

@@ -64,13 +64,20 @@ class Recorder:
         self.lost_calls: Counter[str] = Counter()
         #: the op each recorded Definition came from (which counts a lost invocation may lower)
         self.ops: dict[str, str] = {}
+        #: how each Definition's calls ran: "eager" (its own call) and/or "compiled" (traced into a graph)
+        self.execution: dict[str, set[str]] = {}
+        #: compiled-forward runs by how they ran (vLLM's cudagraph mode: NONE, PIECEWISE, FULL)
+        self.graph_runs: Counter[str] = Counter()
+        #: compiled-forward runs by (tokens the compiled code ran with, tokens the step scheduled)
+        self.padding: Counter[tuple[int, int]] = Counter()
         #: learned steps: signature -> (call keys, NVTX label of each hooked invocation, lost invocations per op)
-        self.steps: dict[Hashable, tuple[tuple[WorkloadKey, ...], tuple[str, ...], tuple[tuple[str, int], ...]]] = {}
+        #: (its calls by Definition and by workload, summed: a replayed step adds them in one go)
+        self.steps: dict[Hashable, tuple[tuple[Counter, Counter], tuple[str, ...], tuple[tuple[str, int], ...]]] = {}
         self.step_stats: Counter[str] = Counter()
         #: while the current step is replayed: the label of each hooked invocation, else None
         self.replay: Optional[tuple[str, ...]] = None
         self.replayed = 0
-        self._replay_keys: tuple[WorkloadKey, ...] = ()
+        self._replay_keys: tuple = ()
         self._replay_lost: tuple[tuple[str, int], ...] = ()
         self._learning: Optional[list[WorkloadKey]] = None
         self._learning_labels: list[str] = []
@@ -81,6 +88,11 @@ class Recorder:
         self.tokens = 0  # tokens of the steps committed so far
         self._step_tokens = 0
         self._next_progress = 0.0
+
+    @property
+    def step_tokens(self) -> int:
+        """The query tokens of the current step (as its boundary reported them)."""
+        return self._step_tokens
 
     def begin_step(self, signature: Hashable, tokens: int = 0) -> None:
         """A step boundary: end the current step and start one of ``signature`` (``tokens``: the
@@ -101,7 +113,7 @@ class Recorder:
             learned = self.steps.get(signature)
             self.replayed = 0
             if learned is None:
-                self.replay, self._replay_keys, self._replay_lost = None, (), ()
+                self.replay, self._replay_keys, self._replay_lost = None, (Counter(), Counter()), ()
                 self._learning, self._learning_labels, self._learning_lost = [], [], Counter()
             else:
                 self._replay_keys, self.replay, self._replay_lost = learned
@@ -134,26 +146,31 @@ class Recorder:
                     f"step replay: {self.replayed} hooked calls where the learned step had {len(self.replay)}; "
                     "counted as learned"
                 ] += 1
-            for name, axes in self._replay_keys:
-                self.calls[name] += 1
-                if not self.count_only:
-                    self.workloads[(name, axes)] += 1
+            calls, workloads = self._replay_keys  # the learned step's calls, summed once when learned
+            self.calls.update(calls)
+            if not self.count_only:
+                self.workloads.update(workloads)
             for op, lost in self._replay_lost:  # a hook that failed while the step was learned
                 self.lost_calls[op] += lost
             self.step_stats["replayed"] += 1
             self.tokens += self._step_tokens
         elif self._learning is not None:
-            self.steps[self._signature] = (
-                tuple(self._learning), tuple(self._learning_labels), tuple(self._learning_lost.items())
-            )
+            workloads = Counter(self._learning)
+            calls: Counter[str] = Counter()
+            for (name, _), n in workloads.items():
+                calls[name] += n
+            self.steps[self._signature] = ((calls, workloads), tuple(self._learning_labels), tuple(self._learning_lost.items()))
             self.step_stats["learned"] += 1
             self.tokens += self._step_tokens
         self._step_tokens = 0
         self.replay, self._replay_keys, self._replay_lost, self._learning, self._signature = None, (), (), None, None
 
-    def record(self, calls: Iterable[Optional[KernelCall]], op: str, learned: bool = True) -> str:
+    def record(self, calls: Iterable[Optional[KernelCall]], op: str, learned: bool = True, where: str = "eager",
+               times: int = 1) -> str:
         """Record one hooked invocation's calls; returns its NVTX label (first Definition, or op).
-        ``learned=False``: a live invocation, recorded in every step, not part of the step's list."""
+        ``learned=False``: a live invocation, recorded in every step, not part of the step's list.
+        ``where``: how the calls ran (``eager``, or ``compiled``: inside a torch.compile graph).
+        ``times``: the same invocation that many times (layers of one shape in a compiled step)."""
         label = op
         with self._lock:
             for call in calls:
@@ -162,22 +179,31 @@ class Recorder:
                 name = call.definition.name
                 if label is op:
                     label = name
-                self.calls[name] += 1
+                self.calls[name] += times
                 if name not in self.definitions:
                     self.definitions[name] = call.definition
                     self.ops[name] = op
+                self.execution.setdefault(name, set()).add(where)
                 key = (name, tuple(call.axes.items()))  # op functions build axes in a fixed order
                 if self._learning is not None and learned:
-                    self._learning.append(key)
+                    self._learning.extend([key] * times)
                 if self.count_only:
                     continue
-                self.workloads[key] += 1
+                self.workloads[key] += times
                 if key not in self.samples:
-                    call.tensors = {k: _host_copy(v) for k, v in call.tensors.items()}
+                    # (a tensor, or a callable that makes it: page ids are gathered only for kept samples)
+                    call.tensors = {k: _host_copy(v() if callable(v) else v) for k, v in call.tensors.items()}
                     self.samples[key] = call
             if self._learning is not None and learned:
-                self._learning_labels.append(label)
+                self._learning_labels.extend([label] * times)
         return label
+
+    def graph_run(self, mode: str, ran_with: int, scheduled: int) -> None:
+        """A compiled forward ran (``mode``: compiled, piecewise_cuda_graph, full_cuda_graph) with
+        ``ran_with`` tokens (padded for a CUDA graph) for ``scheduled`` tokens of the step."""
+        with self._lock:
+            self.graph_runs[mode] += 1
+            self.padding[(ran_with, scheduled)] += 1
 
     def error(self, where: str, exc: BaseException) -> None:
         with self._lock:
@@ -236,6 +262,9 @@ class Recorder:
             "errors": dict(self.errors),
             "lost_calls": dict(self.lost_calls),
             "ops": dict(self.ops),
+            "execution": {n: sorted(w) for n, w in self.execution.items()},
+            "graph_runs": dict(self.graph_runs),
+            "padding": [[padded, real, n] for (padded, real), n in self.padding.items()],
             "steps": dict(self.step_stats),
         }
         self._saved_samples = len(self.samples)

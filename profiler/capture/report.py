@@ -32,14 +32,7 @@ def print_summary(console: Console, summary: CaptureSummary, run: dict[str, Any]
             f"{100 * kernel.count / total:.1f}%",
         )
     console.print(table)
-    console.print(
-        f"engine {run['engine']}, weights {run['weights']}, "
-        + (
-            "eager (no CUDA graphs, no torch.compile)"
-            if run["eager"]
-            else "CUDA graphs + torch.compile: hooks see only what runs in Python"
-        )
-    )
+    console.print(f"engine {run['engine']}, weights {run['weights']}, {_mode(summary, run)}")
     if run["hooks_missing"]:
         console.print(f"[yellow]hook points not found: {', '.join(run['hooks_missing'])}[/]")
     if run.get("not_covered"):
@@ -58,3 +51,11 @@ def print_summary(console: Console, summary: CaptureSummary, run: dict[str, Any]
             which = f"counts too low: {', '.join(names)}" if names else "no Definition of it in the record"
             console.print(f"  {op}: {lost} call(s) not recorded; {which}", markup=False)
     console.print(f"written to {out_dir}/ (record.json, definitions/, workloads/, blob/)")
+
+
+def _mode(summary: CaptureSummary, run: dict[str, Any]) -> str:
+    if run["eager"]:
+        return "eager (no CUDA graphs, no torch.compile)"
+    ran = (summary.record.run or {}).get("steps", {}).get("compiled_forward", {})
+    how = ", ".join(f"{n} {mode.replace('_', ' ')}" for mode, n in ran.items()) or "no compiled forward ran"
+    return f"graph mode (torch.compile, CUDA graphs): {how}"

@@ -1,0 +1,170 @@
+"""Hooked calls inside code that torch.compile traces: recorded once, while traced, as templates.
+
+Under torch.compile the model's forward is traced once by Dynamo, with symbolic sizes, and then
+runs as compiled code (and CUDA graphs) in which no Python hook runs. So a hook that Dynamo traces
+records, at trace time, what it would record: ``torch._dynamo.comptime`` runs a callback while
+Dynamo traces and adds nothing to the graph. The callback gets the hooked method's arguments as
+Dynamo sees them (the real module, fake tensors whose sizes are symbols), turns them into kernel
+calls as the hook would, and keeps them as a :class:`Template` of the traced forward: Definitions
+are fixed; var-axis values are expressions of the forward's symbolic sizes. Which symbol is which
+argument's dimension is read from the traced forward's own arguments.
+
+Each time the compiled forward runs, the engine integration calls :func:`realize` with that run's
+real arguments: the symbols take the sizes the compiled code really ran with (the padded batch
+where the engine pads for a CUDA graph), and each template becomes one hooked invocation of the
+step. Live ops (attention, whose layout changes every step) template a callable instead, which
+builds the step's calls from the engine's per-step metadata.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass, field
+from types import CodeType
+from typing import Any, Callable, Mapping, Optional
+
+from fi_profile.capture.ops import KernelCall
+
+#: a live op's trace-time result: called each step to build that step's calls
+LiveCalls = Callable[[], list[KernelCall]]
+
+
+@dataclass
+class Template:
+    op: str
+    #: calls with var-axis values as ints or sympy expressions of the forward's size symbols
+    calls: list[KernelCall] = field(default_factory=list)
+    live: Optional[LiveCalls] = None
+    error: Optional[str] = None  # the hook failed while traced: counted as lost every step
+
+    def realize(self, sizes: Mapping[str, int]) -> list[KernelCall]:
+        if self.live is not None:
+            return self.live()
+        return [KernelCall(c.definition, {k: _evaluate(v, sizes) for k, v in c.axes.items()}, c.tensors, c.scalars)
+                for c in self.calls]
+
+
+@dataclass
+class Trace:
+    """What one Dynamo trace of a forward recorded."""
+
+    output_graph: int  # a restarted trace or a recompile starts over
+    #: size symbol -> (the forward's argument name, dimension)
+    symbols: dict[str, tuple[str, int]]
+    templates: list[Template] = field(default_factory=list)
+    _groups: Optional[tuple[int, int, list]] = None  # (templates seen, fixed, live groups), computed once
+
+    def live_groups(self) -> list[tuple[str, LiveCalls, int]]:
+        """Live templates that make the same calls (the attention layers of one shape), with how
+        many layers each: a step's calls of them are built, and recorded, once per group."""
+        if self._groups is None or self._groups[0] != len(self.templates):
+            groups: dict[tuple, list] = {}
+            for t in self.templates:
+                if t.live is not None:
+                    key = (t.op, getattr(t.live, "func", t.live), getattr(t.live, "args", ()))
+                    groups.setdefault(key, [t.op, t.live, 0])[2] += 1
+            fixed = sum(1 for t in self.templates if t.live is None)
+            self._groups = (len(self.templates), fixed, [tuple(g) for g in groups.values()])
+        return self._groups[2]  # type: ignore[return-value]
+
+    @property
+    def fixed(self) -> int:
+        """Templates that are the same in every step of one size (all but the live ones)."""
+        self.live_groups()
+        assert self._groups is not None
+        return self._groups[1]
+
+
+#: the traced forwards of this process, by the code object Dynamo traced
+TRACES: dict[CodeType, Trace] = {}
+
+
+def at_trace(ctx: Any, op: str, to_calls: Callable[..., Any], read: Callable[..., dict]) -> None:
+    """The ``comptime`` callback of a hooked method being traced (``ctx``: Dynamo's context)."""
+    tx = ctx._ComptimeContext__tx  # noqa: SLF001 - the translator: which forward this trace is of
+    root = tx.output.root_tx
+    trace = TRACES.get(root.f_code)
+    if trace is None or trace.output_graph != id(tx.output):
+        trace = TRACES[root.f_code] = Trace(id(tx.output), _size_symbols(root))
+    template = Template(op)
+    try:
+        args = _value(ctx.get_local("args")._i_will_not_complain_if_bc_breaks_VariableTracker())
+        kwargs = _value(ctx.get_local("kwargs")._i_will_not_complain_if_bc_breaks_VariableTracker())
+        made = to_calls(**read(tuple(args), dict(kwargs)))
+        if callable(made):
+            template.live = made
+        else:
+            template.calls = [c for c in made if c is not None]
+    except Exception as exc:  # noqa: BLE001 - a hook must never break the trace
+        template.error = f"{op} (traced): {type(exc).__name__}: {exc}"[:300]
+    trace.templates.append(template)
+
+
+def sizes_of_run(trace: Trace, forward: Callable[..., Any], args: tuple, kwargs: Mapping[str, Any]) -> dict[str, int]:
+    """The size symbols' values in one run of the compiled forward (its real arguments)."""
+    bound = _signature(forward).bind_partial(*args, **kwargs).arguments
+    sizes = {}
+    for symbol, (name, dim) in trace.symbols.items():
+        value = bound.get(name)
+        if value is not None and hasattr(value, "shape"):
+            sizes[symbol] = int(value.shape[dim])
+    return sizes
+
+
+@functools.lru_cache(maxsize=None)
+def _signature(forward: Callable[..., Any]) -> inspect.Signature:
+    return inspect.signature(forward)
+
+
+def _size_symbols(root: Any) -> dict[str, tuple[str, int]]:
+    symbols: dict[str, tuple[str, int]] = {}
+    for name, var in root.symbolic_locals.items():
+        fake = _value(var)
+        for dim, size in enumerate(getattr(fake, "shape", ())):
+            expr = getattr(getattr(size, "node", None), "expr", None)
+            if expr is not None and expr.is_Symbol:
+                symbols.setdefault(str(expr), (name, dim))
+    return symbols
+
+
+def _value(var: Any) -> Any:
+    """The Python value behind one of Dynamo's variable trackers: a fake tensor for a tensor, the
+    real object for a module or a constant, containers element by element."""
+    kind = type(var).__name__
+    if kind == "LazyVariableTracker":
+        var = var.realize()
+        kind = type(var).__name__
+    if kind == "TensorVariable":
+        return var.as_proxy().node.meta["example_value"]
+    if kind == "SymNodeVariable":
+        return var.sym_num
+    if kind in ("TupleVariable", "ListVariable"):
+        return [_value(item) for item in var.items]
+    if kind == "ConstDictVariable":
+        return {key.vt.as_python_constant(): _value(item) for key, item in var.items.items()}
+    try:
+        return var.as_python_constant()
+    except Exception:  # noqa: BLE001 - not a constant: the object it stands for
+        return getattr(var, "value", None)
+
+
+def _evaluate(value: Any, sizes: Mapping[str, int]) -> int:
+    node = getattr(value, "node", None)
+    expr = getattr(node, "expr", value)
+    if isinstance(expr, int):
+        return expr
+    if expr.is_Symbol:  # the common case: an axis is the token count itself
+        return sizes[str(expr)]
+    names, fn = _compiled_expression(expr)
+    return int(fn(*(sizes[n] for n in names)))
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_expression(expr: Any) -> tuple[tuple[str, ...], Callable[..., Any]]:
+    """``expr`` as a plain Python function of its symbols (sympy's ``subs`` costs ~100 us a call;
+    a learned step evaluates every template's axes)."""
+    import sympy
+
+    symbols = sorted(expr.free_symbols, key=str)
+    return tuple(str(s) for s in symbols), sympy.lambdify(symbols, expr, modules=[{"FloorDiv": lambda a, b: a // b}, "math"])
