@@ -14,8 +14,8 @@ from fi_profile.capture.engine_run import (
     HookStatus,
     Scenario,
     cpu_thread_binding,
+    engine_model,
     prompts_for,
-    resolve_model,
     run_capture,
 )
 
@@ -40,10 +40,7 @@ class SglangEngine:
         gpu_memory_utilization: Optional[float] = None,
         **_: Any,
     ) -> None:
-        source = resolve_model(model)
-        os.environ["FI_PROFILE_CAPTURE"] = "1" if capture else "0"
-        if source.shipped:
-            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        source = engine_model(model, capture)
         import torch
 
         cpu = not torch.cuda.is_available()

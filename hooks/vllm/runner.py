@@ -12,8 +12,8 @@ from fi_profile.capture.engine_run import (
     HookStatus,
     Scenario,
     cpu_thread_binding,
+    engine_model,
     prompts_for,
-    resolve_model,
     run_capture,
 )
 
@@ -40,10 +40,7 @@ class VllmEngine:
         gpu_memory_utilization: Optional[float] = None,
         kv_cache_bytes: Optional[int] = None,
     ) -> None:
-        source = resolve_model(model)
-        os.environ["FI_PROFILE_CAPTURE"] = "1" if capture else "0"
-        if source.shipped:
-            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        source = engine_model(model, capture)
         if single_process:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if capture and not eager:

@@ -45,6 +45,16 @@ def resolve_model(model: str) -> ModelSource:
     return ModelSource(model, shipped=False)
 
 
+def engine_model(model: str, capture: bool) -> ModelSource:
+    """What an engine about to start loads, with its processes set up to capture (the plugins
+    read ``FI_PROFILE_CAPTURE``) and shipped configs kept offline."""
+    source = resolve_model(model)
+    os.environ["FI_PROFILE_CAPTURE"] = "1" if capture else "0"
+    if source.shipped:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return source
+
+
 def shipped_models() -> list[str]:
     root = resources.files("fi_profile") / "model_configs"
     return sorted(f"{org.name}/{model.name}" for org in root.iterdir() if org.is_dir()
