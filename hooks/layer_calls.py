@@ -18,7 +18,9 @@ def silu_and_mul(self: Any, x: torch.Tensor) -> list:
     return [ops.silu_and_mul(x)]
 
 
-def rope(self: Any, positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor] = None) -> list:
+def rope(self: Any, query: torch.Tensor, key: Optional[torch.Tensor] = None) -> list:
+    """Tokens and heads from ``query`` (``positions`` is not read: while torch.compile traces,
+    reading a graph input before the engine does would reorder the graph's inputs)."""
     if not self.is_neox_style or self.rotary_dim != self.head_size:
         raise NotImplementedError(
             f"{type(self).__name__}: only full-head NeoX-style RoPE has a Definition "
@@ -35,7 +37,7 @@ def rope(self: Any, positions: torch.Tensor, query: torch.Tensor, key: Optional[
         high_freq_factor=float(getattr(self, "high_freq_factor", 4.0)),
         original_max_position=int(getattr(self, "orig_max_position", 8192)),
     )
-    return [ops.rope(positions, query, num_q_heads, num_kv_heads, self.head_size, params)]
+    return [ops.rope(query, num_q_heads, num_kv_heads, self.head_size, params)]
 
 
 def _heads(x: torch.Tensor, head_size: int) -> int:

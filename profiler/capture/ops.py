@@ -114,14 +114,13 @@ class RopeParams:
     original_max_position: int = 8192
 
 
-def rope(
-    positions: torch.Tensor, query: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int, params: RopeParams
-) -> KernelCall:
+def rope(query: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int, params: RopeParams) -> KernelCall:
+    """RoPE on ``query`` (and its keys): one position per token."""
     def build() -> Definition:
         return _rope_definition(num_q_heads, num_kv_heads, head_dim, params, schema_dtype(query.dtype))
 
     definition = _cached(("rope", num_q_heads, num_kv_heads, head_dim, params, query.dtype), build)
-    return KernelCall(definition, {"num_tokens": positions.numel()})
+    return KernelCall(definition, {"num_tokens": query.numel() // (num_q_heads * head_dim)})
 
 
 def _rope_definition(num_q_heads: int, num_kv_heads: int, head_dim: int, params: RopeParams, dtype: DType) -> Definition:
