@@ -23,6 +23,7 @@ from fi_profile.capture.ops import KernelCall
 from fi_profile.capture.recorder import RECORDER
 from fi_profile.hooks import traced as traced_calls
 from fi_profile.hooks.arguments import SignatureMismatch, argument_reader
+from fi_profile.hooks.graph_capture import CAPTURING, observe_captured
 
 
 def _nvtx_functions() -> tuple[Optional[Callable[[str], Any]], Optional[Callable[[], Any]]]:
@@ -77,6 +78,9 @@ class HookPoint:
     traced: Optional[ToCalls] = None
     #: ``to_calls`` takes the method's arguments as passed (``*args, **kwargs``), not by name
     raw: bool = False
+    #: not a kernel: ``to_calls`` gives a context manager that the method runs in, recording or
+    #: not (an engine phase the hooks must know of, such as capturing a CUDA graph)
+    around: bool = False
 
 
 def observe(op: str, make_calls: Callable[[], Sequence[Optional[KernelCall]]], live: bool = False,
@@ -111,12 +115,17 @@ def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls, live: bool = False,
 
     @functools.wraps(fn)
     def hooked(*args: Any, **kwargs: Any) -> Any:
-        if _is_compiling():  # Dynamo traces this: a template, recorded while it traces
+        if _is_compiling():  # Dynamo traces this: a template, recorded while it traces, after the
+            result = fn(*args, **kwargs)  # call (its inputs are graph inputs by then: their order kept)
             comptime(at_trace)
+            return result
+        capturing = CAPTURING.trace is not None  # the engine captures a CUDA graph: a template
+        if not (RECORDER.active or capturing) or getattr(_depth, op, 0):
             return fn(*args, **kwargs)
-        if not RECORDER.active or getattr(_depth, op, 0):
-            return fn(*args, **kwargs)
-        label = observe(op, lambda: to_calls(**read(args, kwargs)), live)
+        if capturing:
+            label = observe_captured(op, lambda: trace_calls(**trace_read(args, kwargs)))
+        else:
+            label = observe(op, lambda: to_calls(**read(args, kwargs)), live)
         # the real call inside an NVTX range, marked so nested calls of the same op are not counted
         outer = [getattr(_depth, m, 0) for m in nested] if nested else ()
         setattr(_depth, op, 1)
@@ -160,6 +169,25 @@ def wrap_boundary(
     return hooked
 
 
+def wrap_around(fn: Callable[..., Any], op: str, context: Callable[..., Any], cls: Optional[type] = None) -> Callable[..., Any]:
+    """``fn`` run inside the context manager that ``context`` makes from its arguments (by name);
+    a ``context`` that raises is counted, and ``fn`` runs without it."""
+    read = argument_reader(fn, context, cls)
+
+    @functools.wraps(fn)
+    def hooked(*args: Any, **kwargs: Any) -> Any:
+        try:
+            manager = context(**read(args, kwargs))
+        except Exception as exc:  # a hook must never break the engine
+            RECORDER.error(op, exc)
+            return fn(*args, **kwargs)
+        with manager:
+            return fn(*args, **kwargs)
+
+    hooked.__fi_profile_original__ = fn  # type: ignore[attr-defined]
+    return hooked
+
+
 def install(points: Sequence[HookPoint]) -> tuple[list[str], list[str]]:
     """Patch every hook point that exists; returns (installed, missing) as readable names."""
     installed: list[str] = []
@@ -185,7 +213,9 @@ def install(points: Sequence[HookPoint]) -> tuple[list[str], list[str]]:
                 found = True
                 continue
             try:
-                if point.boundary:
+                if point.around:
+                    hooked = wrap_around(raw, point.op, point.to_calls, cls)
+                elif point.boundary:
                     hooked = wrap_boundary(raw, point.op, point.to_calls, cls, point.raw)
                 else:
                     hooked = wrap(raw, point.op, point.to_calls, point.live, point.nested, cls, point.traced)

@@ -53,6 +53,9 @@ class Trace:
     #: size symbol -> (the forward's argument name, dimension)
     symbols: dict[str, tuple[str, int]]
     templates: list[Template] = field(default_factory=list)
+    #: how its calls ran, for the record: ``compiled`` (inside a torch.compile graph) or
+    #: ``cuda_graph`` (each its own kernel, replayed from a CUDA graph)
+    where: str = "compiled"
     _groups: Optional[tuple[int, int, list]] = None  # (templates seen, fixed, live groups), computed once
 
     def live_groups(self) -> list[tuple[str, LiveCalls, int]]:
@@ -76,6 +79,15 @@ class Trace:
         return self._groups[1]
 
 
+class _NotTracedYet:
+    """An argument the hook may not read while traced (using it would change the graph)."""
+
+    def __repr__(self) -> str:
+        return "<argument not traced yet>"
+
+
+NOT_TRACED_YET = _NotTracedYet()
+
 #: the traced forwards of this process, by the code object Dynamo traced
 TRACES: dict[CodeType, Trace] = {}
 
@@ -86,19 +98,31 @@ def at_trace(ctx: Any, op: str, to_calls: Callable[..., Any], read: Callable[...
     root = tx.output.root_tx
     trace = TRACES.get(root.f_code)
     if trace is None or trace.output_graph != id(tx.output):
-        trace = TRACES[root.f_code] = Trace(id(tx.output), _size_symbols(root))
-    template = Template(op)
-    try:
+        trace = TRACES[root.f_code] = Trace(id(tx.output), {})
+    for symbol, where in _size_symbols(root).items():  # the forward's arguments used so far
+        trace.symbols.setdefault(symbol, where)
+
+    def make_calls() -> Any:
         args = _value(ctx.get_local("args")._i_will_not_complain_if_bc_breaks_VariableTracker())
         kwargs = _value(ctx.get_local("kwargs")._i_will_not_complain_if_bc_breaks_VariableTracker())
-        made = to_calls(**read(tuple(args), dict(kwargs)))
-        if callable(made):
-            template.live = made
+        return to_calls(**read(tuple(args), dict(kwargs)))
+
+    trace.templates.append(template(op, make_calls, "traced"))
+
+
+def template(op: str, make_calls: Callable[[], Any], while_: str = "captured") -> Template:
+    """``op``'s template from what its hook makes: calls, or a live op's per-step callable; a hook
+    that raises gives a template that counts as lost every step (never passed on)."""
+    made = Template(op)
+    try:
+        calls = make_calls()
+        if callable(calls):
+            made.live = calls
         else:
-            template.calls = [c for c in made if c is not None]
-    except Exception as exc:  # noqa: BLE001 - a hook must never break the trace
-        template.error = f"{op} (traced): {type(exc).__name__}: {exc}"[:300]
-    trace.templates.append(template)
+            made.calls = [c for c in calls if c is not None]
+    except Exception as exc:  # noqa: BLE001 - a hook must never break the trace or the capture
+        made.error = f"{op} ({while_}): {type(exc).__name__}: {exc}"[:300]
+    return made
 
 
 def sizes_of_run(trace: Trace, forward: Callable[..., Any], args: tuple, kwargs: Mapping[str, Any]) -> dict[str, int]:
@@ -120,6 +144,8 @@ def _signature(forward: Callable[..., Any]) -> inspect.Signature:
 def _size_symbols(root: Any) -> dict[str, tuple[str, int]]:
     symbols: dict[str, tuple[str, int]] = {}
     for name, var in root.symbolic_locals.items():
+        if type(var).__name__ == "LazyVariableTracker" and not var.is_realized():
+            continue  # not used yet: realizing it would add the graph input earlier, reordering them
         fake = _value(var)
         for dim, size in enumerate(getattr(fake, "shape", ())):
             expr = getattr(getattr(size, "node", None), "expr", None)
@@ -133,6 +159,8 @@ def _value(var: Any) -> Any:
     real object for a module or a constant, containers element by element."""
     kind = type(var).__name__
     if kind == "LazyVariableTracker":
+        if not var.is_realized():  # a graph input the traced code has not used yet: realizing it
+            return NOT_TRACED_YET  # here would add its placeholder earlier and reorder the graph's inputs
         var = var.realize()
         kind = type(var).__name__
     if kind == "TensorVariable":

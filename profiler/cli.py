@@ -56,8 +56,9 @@ def capture(
         Optional[bool],
         typer.Option(
             "--eager/--no-eager",
-            help="Default: the engine's own default (vLLM: torch.compile and CUDA graphs, recorded exactly; "
-            "SGLang: eager, as its graph mode is not recorded yet). --eager: no graphs, no torch.compile.",
+            help="Default: the engine's own default, recorded exactly (vLLM: torch.compile and CUDA graphs; "
+            "SGLang: CUDA graphs; SGLang without CUDA: eager, as its CPU graph runner compiles). "
+            "--eager: no graphs, no torch.compile.",
         ),
     ] = None,
     temperature: Annotated[float, typer.Option(min=0.0, help="0: greedy (no sampling kernel).")] = 0.0,
@@ -104,10 +105,13 @@ def capture(
 
     scenario = Scenario(num_prompts, input_len, output_len, batch_size, seed, temperature, top_k, top_p)
     if eager is None:  # the engine's defaults, where fi-profile records them exactly
-        eager = framework is Framework.sglang
+        import torch
+
+        eager = framework is Framework.sglang and not torch.cuda.is_available()
         if eager:
-            err.print("SGLang runs eager (no CUDA graphs): fi-profile does not record SGLang's graph mode yet; "
-                      "--no-eager runs it anyway and says which steps are missing", highlight=False)
+            err.print("SGLang runs eager: without CUDA its graph mode is torch.compile (CPUGraphRunner), which "
+                      "fi-profile does not record; --no-eager runs it anyway and says which steps are missing",
+                      highlight=False)
     log = None if verbose else out_dir / "engine.log"
     out_dir.mkdir(parents=True, exist_ok=True)
     clear_output(out_dir)

@@ -8,7 +8,8 @@ and the model runner has the request-to-token table whose rows are the page ids 
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import functools
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -16,6 +17,8 @@ from fi_profile.capture import ops
 from fi_profile.capture.ops import KernelCall
 from fi_profile.capture.recorder import RECORDER
 from fi_profile.capture.step_attention import Batches, StepAttention
+from fi_profile.hooks.graph_capture import CAPTURED, capturing
+from fi_profile.hooks.graph_runs import count_graph_run
 from fi_profile.hooks.layer_calls import embedding, linear, lm_head, moe, rmsnorm, rope, silu_and_mul
 from fi_profile.hooks.patching import HookPoint
 from fi_profile.schema.dtype import schema_dtype
@@ -42,33 +45,56 @@ def _layout(batch: Any) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def _model_step(self: Any, forward_batch: Any) -> None:
-    STEP.begin(runner=self)
-    graph = _graph_runner_for(self, forward_batch)
+    STEP.begin(runner=self, batch=forward_batch)
     layout = _layout(forward_batch)
     if layout is not None:
         shape = ops.step_shape(layout[0], len(layout[1]))
         RECORDER.begin_step(shape, tokens=shape[0])
-    if graph is not None:  # no Python layer runs in it: said, never silently dropped
+    graph = _graph_runner_for(self, forward_batch)
+    if graph is not None and type(getattr(graph, "backend", None)).__name__ not in _CAPTURED_BACKENDS:
+        # no Python layer runs in it, and no capture templates: said, never silently dropped
         raise NotImplementedError(
-            f"this step runs SGLang's {graph}: fi-profile does not record SGLang's graph mode yet, so its layer "
-            "calls are not in the record (capture with --eager)"
+            f"this step runs SGLang's {type(graph).__name__} ({type(getattr(graph, 'backend', None)).__name__}), "
+            "whose layer calls fi-profile does not record: they are not in the record (capture with --eager)"
         )
 
 
-def _graph_runner_for(runner: Any, batch: Any) -> Optional[str]:
-    """Which of SGLang's CUDA graph runners will run this step, if one will (0.5.16 and 0.5.23
-    name them ``decode_cuda_graph_runner`` / ``prefill_cuda_graph_runner``)."""
+#: SGLang's CUDA graph backends that capture by running the model's Python forward (its layer
+#: calls are kept while captured: :mod:`fi_profile.hooks.graph_capture`), and how each replays
+_CAPTURED_BACKENDS = {"FullCudaGraphBackend": "full_cuda_graph", "BreakableCudaGraphBackend": "piecewise_cuda_graph"}
+
+
+def _graph_runner_for(runner: Any, batch: Any) -> Any:
+    """SGLang's graph runner that will run this step, if one will (0.5.16 and 0.5.23 name them
+    ``decode_cuda_graph_runner`` / ``prefill_cuda_graph_runner``)."""
     if getattr(getattr(runner, "server_args", None), "disable_cuda_graph", False):
         return None  # eager: nothing to ask
     mode = batch.forward_mode
     decode = getattr(runner, "decode_cuda_graph_runner", None)
     if decode is not None and mode.is_cuda_graph() and decode.can_run_graph(batch):
-        return "decode CUDA graph"
+        return decode
     prefill = getattr(runner, "prefill_cuda_graph_runner", None)
     if (prefill is not None and type(prefill).__name__ != "EagerRunner" and mode.is_extend()
             and prefill.can_run_graph(batch)):
-        return "piecewise prefill CUDA graph"
+        return prefill
     return None
+
+
+def _graph_capture(self: Any, shape_key: Any) -> Any:
+    """A CUDA graph backend's ``capture_one``: the layer calls made while it captures are the graph's."""
+    return capturing((self, shape_key), where="cuda_graph")
+
+
+def _graph_replay(self: Any, shape_key: Any) -> None:
+    """A CUDA graph backend's ``replay``: the graph's captured calls, at its (padded) size."""
+    trace = CAPTURED.get((self, shape_key))
+    if trace is None or not trace.templates:
+        raise RuntimeError(
+            f"SGLang's {type(self).__name__} replayed a CUDA graph of size {shape_key.size} in which no hooked layer "
+            "call was captured (compiled with torch.compile, or captured before the hooks were installed): its calls "
+            "are not in the record (capture with --eager)"
+        )
+    count_graph_run(trace, {}, _CAPTURED_BACKENDS.get(type(self).__name__, "cuda_graph"), int(shape_key.size))
 
 
 def _batches(batch: Any) -> Batches:
@@ -83,6 +109,22 @@ def _attention(self: Any, q: torch.Tensor, forward_batch: Any) -> list[KernelCal
     STEP.batches(forward_batch, _batches)
     return STEP.calls((self.tp_q_head_num, self.tp_k_head_num, self.head_dim, 1, RECORDER.num_pages or 0,
                        schema_dtype(q.dtype), float(self.scaling)))
+
+
+def _attention_captured(self: Any, q: torch.Tensor) -> Callable[[], list[KernelCall]]:
+    """While a CUDA graph captures an attention layer: its shape, and how to build its calls in
+    each step that replays the graph, from that step's batch (the replay runs no Python layer)."""
+    return functools.partial(_attention_in_graph, (self.tp_q_head_num, self.tp_k_head_num, self.head_dim,
+                                                   schema_dtype(q.dtype), float(self.scaling)))
+
+
+def _attention_in_graph(layer: tuple) -> list[KernelCall]:
+    batch = STEP.context.get("batch")
+    if batch is None:
+        raise RuntimeError("a CUDA graph replayed outside a model step: its attention layout is unknown")
+    STEP.batches(batch, _batches)
+    heads, kv_heads, head_dim, dtype, scale = layer
+    return STEP.calls((heads, kv_heads, head_dim, 1, RECORDER.num_pages or 0, dtype, scale))
 
 
 def _moe_routing(self: Any, router_logits: torch.Tensor) -> list:
@@ -133,10 +175,23 @@ POINTS = [
     HookPoint("sglang.srt.layers.logits_processor", "LogitsProcessor", ("_compute_lm_head",), "gemm", lm_head),
     HookPoint("sglang.srt.layers.quantization.unquant", "UnquantizedEmbeddingMethod", ("apply",), "gemm", linear),
     HookPoint("sglang.srt.layers.vocab_parallel_embedding", "VocabParallelEmbedding", ("forward",), "embedding", embedding),
-    HookPoint("sglang.srt.layers.radix_attention", "RadixAttention", ("forward",), "attention", _attention, live=True),
+    HookPoint("sglang.srt.layers.radix_attention", "RadixAttention", ("forward",), "attention", _attention, live=True,
+              traced=_attention_captured),
     HookPoint("sglang.srt.layers.moe.topk", "TopK", ("forward",), "moe_routing", _moe_routing),
     HookPoint("sglang.srt.layers.moe.fused_moe_triton.layer", "FusedMoE", ("forward",), "moe", _moe,
               nested=("silu_and_mul", "gemm")),
     HookPoint("sglang.srt.layers.sampler", "Sampler", ("forward",), "sampling", _sampler),
     HookPoint("sglang.srt.model_executor.model_runner", "ModelRunner", ("forward",), "step", _model_step, boundary=True),
+    # graph mode: the calls each CUDA graph captured, and each replay of it in a step
+    *(
+        point
+        for module, backend in (("full_cuda_graph_backend", "FullCudaGraphBackend"),
+                                ("breakable_cuda_graph_backend", "BreakableCudaGraphBackend"))
+        for point in (
+            HookPoint(f"sglang.srt.model_executor.runner_backend.{module}", backend, ("capture_one",), "graph_capture",
+                      _graph_capture, optional=True, around=True),
+            HookPoint(f"sglang.srt.model_executor.runner_backend.{module}", backend, ("replay",), "graph_replay",
+                      _graph_replay, optional=True, boundary=True),
+        )
+    ),
 ]

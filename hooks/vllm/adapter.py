@@ -18,9 +18,10 @@ from fi_profile.capture import ops
 from fi_profile.capture.ops import KernelCall
 from fi_profile.capture.recorder import RECORDER
 from fi_profile.capture.step_attention import Batches, StepAttention
+from fi_profile.hooks.graph_runs import count_graph_run
 from fi_profile.hooks.layer_calls import embedding, linear, lm_head, moe, rmsnorm, rope, silu_and_mul
-from fi_profile.hooks.patching import HookPoint, observe
-from fi_profile.hooks.traced import TRACES, Template, sizes_of_run
+from fi_profile.hooks.patching import HookPoint
+from fi_profile.hooks.traced import TRACES, sizes_of_run
 from fi_profile.schema.dtype import schema_dtype
 
 STEP = StepAttention()
@@ -159,31 +160,9 @@ def _count_compiled(trace: Any, sizes: dict[str, int], mode: Optional[str] = Non
         context._fi_profile_counted = True
         if mode is None:
             mode = _RUN_MODES.get(getattr(context.cudagraph_runtime_mode, "name", "NONE"), "compiled")
-    scheduled = RECORDER.step_tokens  # the step's query tokens, padding requests left out
     ran_with = next((sizes[s] for s, (name, _) in trace.symbols.items() if name in _TOKEN_ARGUMENTS and s in sizes),
-                    scheduled)
-    RECORDER.graph_run(mode or "compiled", ran_with, scheduled)
-    if RECORDER.replay is not None:  # a step like one learned: its compiled calls counted in one go
-        RECORDER.replayed += trace.fixed
-        for op, live, layers in trace.live_groups():
-            if RECORDER.count_only:
-                RECORDER.replayed += layers
-            else:
-                try:
-                    RECORDER.record(live(), op, learned=False, where="compiled", times=layers)
-                except Exception as exc:  # noqa: BLE001 - a hook must never break the engine
-                    for _ in range(layers):
-                        RECORDER.lost(op, exc, learned=False)
-        return
-    for template in trace.templates:  # a step being learned: call by call
-        observe(template.op, functools.partial(_realize, template, sizes), live=template.live is not None,
-                where="compiled")
-
-
-def _realize(template: Template, sizes: dict[str, int]) -> list[KernelCall]:
-    if template.error is not None:
-        raise RuntimeError(template.error)
-    return template.realize(sizes)
+                    RECORDER.step_tokens)
+    count_graph_run(trace, sizes, mode or "compiled", ran_with)
 
 
 #: routers whose selection is softmax -> top-k (-> renormalize), as the MoE Definitions compute it

@@ -1,0 +1,45 @@
+"""A compiled forward or a captured CUDA graph ran: its templates become the step's calls.
+
+No Python hook runs inside compiled code or a replayed CUDA graph, so the engine integration
+reports each run (with the sizes it ran at) and the templates recorded while the forward was
+traced (:mod:`fi_profile.hooks.traced`) or the graph captured (:mod:`fi_profile.hooks.graph_capture`)
+are counted as that step's hooked invocations.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Mapping
+
+from fi_profile.capture.ops import KernelCall
+from fi_profile.capture.recorder import RECORDER
+from fi_profile.hooks.patching import observe
+from fi_profile.hooks.traced import Template, Trace
+
+
+def count_graph_run(trace: Trace, sizes: Mapping[str, int], mode: str, ran_with: int) -> None:
+    """One run of ``trace``'s forward or graph in this step, at ``sizes`` (its size symbols'
+    values), as ``mode`` (compiled, piecewise_cuda_graph, full_cuda_graph) with ``ran_with``
+    tokens (the padded count, for a CUDA graph)."""
+    RECORDER.graph_run(mode, ran_with, RECORDER.step_tokens)  # beside the step's scheduled tokens
+    where = trace.where
+    if RECORDER.replay is not None:  # a step like one learned: its calls counted in one go
+        RECORDER.replayed += trace.fixed
+        for op, live, layers in trace.live_groups():
+            if RECORDER.count_only:
+                RECORDER.replayed += layers
+            else:
+                try:
+                    RECORDER.record(live(), op, learned=False, where=where, times=layers)
+                except Exception as exc:  # noqa: BLE001 - a hook must never break the engine
+                    for _ in range(layers):
+                        RECORDER.lost(op, exc, learned=False)
+        return
+    for template in trace.templates:  # a step being learned: call by call
+        observe(template.op, functools.partial(_realize, template, sizes), live=template.live is not None, where=where)
+
+
+def _realize(template: Template, sizes: Mapping[str, int]) -> list[KernelCall]:
+    if template.error is not None:
+        raise RuntimeError(template.error)
+    return template.realize(sizes)

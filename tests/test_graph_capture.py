@@ -1,0 +1,122 @@
+"""Layer calls inside CUDA graphs that an engine captures itself (SGLang's way): the calls made
+while the stream captures are the graph's, warm-up runs are not, and each replay adds them at the
+graph's (padded) size. On a real CUDA graph where CUDA is; on CPU the stream's capture state is
+simulated (the captured run is the one marked capturing). The real engine ran on GPUs: BENCHMARKS.md."""
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from fi_profile.capture import ops
+from fi_profile.capture.recorder import RECORDER
+from fi_profile.hooks import graph_capture
+from fi_profile.hooks.patching import wrap, wrap_around, wrap_boundary
+from fi_profile.hooks.sglang import adapter
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+SIMULATED = {"capturing": False}  # without CUDA: the stream's capture state, as the backend sets it
+
+
+@pytest.fixture(autouse=True)
+def stream_capture_state(monkeypatch):
+    if not CUDA:
+        monkeypatch.setattr(graph_capture, "stream_capturing", lambda: SIMULATED["capturing"])
+
+
+@dataclass(frozen=True)
+class ShapeKey:
+    size: int
+
+
+def make_backend(name: str) -> type:
+    """A graph backend like SGLang's (two warm-up runs, then the captured one), named like one of
+    them so that the adapter's capture and replay hooks apply, and hooked as the adapter hooks them."""
+
+    class Backend:
+        def __init__(self) -> None:
+            self.graphs: dict = {}
+
+        def capture_one(self, shape_key: ShapeKey, forward_fn) -> None:
+            for _ in range(2):
+                forward_fn()
+            graph = torch.cuda.CUDAGraph() if CUDA else None
+            if CUDA:
+                with torch.cuda.graph(graph):
+                    out = forward_fn()
+            else:
+                SIMULATED["capturing"] = True
+                try:
+                    out = forward_fn()
+                finally:
+                    SIMULATED["capturing"] = False
+            self.graphs[shape_key] = (graph, out)
+
+        def replay(self, shape_key: ShapeKey) -> torch.Tensor:
+            graph, out = self.graphs[shape_key]
+            if graph is not None:
+                graph.replay()
+            return out
+
+    Backend.__name__ = name
+    Backend.capture_one = wrap_around(Backend.capture_one, "graph_capture", adapter._graph_capture, Backend)
+    Backend.replay = wrap_boundary(Backend.replay, "graph_replay", adapter._graph_replay, Backend)
+    return Backend
+
+
+def test_captured_calls_are_counted_at_each_replay_with_the_padded_size(tmp_path, monkeypatch):
+    linear = wrap(lambda x: x * 2, "gemm", lambda x: [ops.gemm(x, 64, 32)])
+    boundary = wrap_boundary(lambda sig: None, "step", lambda sig: RECORDER.begin_step(sig, tokens=sig[1]))
+    buffer = torch.zeros(8, 32, dtype=torch.bfloat16, device=DEVICE)
+    backend = make_backend("FullCudaGraphBackend")()
+    RECORDER.reset()
+    for size in (8, 4):  # at engine start, before recording: as SGLang captures
+        backend.capture_one(ShapeKey(size), lambda size=size: [linear(buffer[:size]) for _ in range(3)])
+    monkeypatch.setattr(RECORDER, "active", True)
+    for real in (3, 3, 4, 7):  # scheduled requests; graphs of 4 and 8 run them
+        boundary(("decode", real))
+        backend.replay(ShapeKey(4 if real <= 4 else 8))
+        linear(torch.zeros(real, 32, dtype=torch.bfloat16, device=DEVICE))  # after the graph, eager
+    RECORDER.flush(tmp_path)
+    assert not RECORDER.errors
+    assert RECORDER.step_stats == {"learned": 3, "replayed": 1}
+    assert RECORDER.workloads == {  # 3 layers a replay at the graph's size; the eager piece at the real one
+        ("gemm_n64_k32", (("M", 4),)): 3 * 3 + 1, ("gemm_n64_k32", (("M", 8),)): 3,
+        ("gemm_n64_k32", (("M", 3),)): 2, ("gemm_n64_k32", (("M", 7),)): 1,
+    }
+    assert RECORDER.graph_runs == {"full_cuda_graph": 4}
+    assert RECORDER.padding == {(4, 3): 2, (4, 4): 1, (8, 7): 1}
+    assert RECORDER.execution == {"gemm_n64_k32": {"cuda_graph", "eager"}}
+    RECORDER.active = False
+
+
+def test_a_graph_captured_without_hooked_calls_is_a_hook_error(tmp_path, monkeypatch):
+    """A graph whose forward was compiled (or captured before the hooks were in) ran no hooked call
+    while captured: its replays are errors, never silently empty steps."""
+    backend = make_backend("BreakableCudaGraphBackend")()
+    RECORDER.reset()
+    backend.capture_one(ShapeKey(2), lambda: torch.ones(2, device=DEVICE) * 2)
+    monkeypatch.setattr(RECORDER, "active", True)
+    RECORDER.begin_step(("decode", 2), tokens=2)
+    backend.replay(ShapeKey(2))
+    RECORDER.flush(tmp_path)
+    assert any("no hooked layer call was captured" in e for e in RECORDER.errors)
+    RECORDER.active = False
+
+
+def test_a_graph_captured_while_recording_adds_nothing_to_the_step(tmp_path, monkeypatch):
+    """SGLang recaptures its graphs mid-run when a batch needs another hidden-state mode: the
+    warm-up and captured runs are not the step's calls; the replay that follows is."""
+    linear = wrap(lambda x: x * 2, "gemm", lambda x: [ops.gemm(x, 64, 32)])
+    buffer = torch.zeros(2, 32, dtype=torch.bfloat16, device=DEVICE)
+    backend = make_backend("FullCudaGraphBackend")()
+    RECORDER.reset()
+    monkeypatch.setattr(RECORDER, "active", True)
+    RECORDER.begin_step(("decode", 2), tokens=2)
+    backend.capture_one(ShapeKey(2), lambda: [linear(buffer) for _ in range(4)])
+    assert not RECORDER.calls and RECORDER._learning == []
+    backend.replay(ShapeKey(2))
+    RECORDER.flush(tmp_path)
+    assert RECORDER.calls == {"gemm_n64_k32": 4} and not RECORDER.errors
+    RECORDER.active = False
