@@ -44,8 +44,14 @@ def capture(
     framework: Annotated[Framework, typer.Option(help="Engine to run.")] = Framework.vllm,
     out_dir: Annotated[Path, typer.Option("--out", help="Output folder (flashinfer-trace layout).")] = Path("fi-profile-out"),
     num_prompts: Annotated[int, typer.Option(min=1)] = 4,
-    input_len: Annotated[int, typer.Option(min=1, help="Prompt tokens per request.")] = 32,
-    output_len: Annotated[int, typer.Option(min=1, help="New tokens per request.")] = 8,
+    input_len: Annotated[
+        str, typer.Option(help="Prompt tokens per request: N, or MIN:MAX (each request's drawn, seeded).")
+    ] = "32",
+    output_len: Annotated[str, typer.Option(help="New tokens per request: N, or MIN:MAX.")] = "8",
+    range_ratio: Annotated[
+        float,
+        typer.Option(help="As vLLM's serving benchmark: lengths drawn from [N(1-r), N(1+r)] for a single N."),
+    ] = 0.0,
     batch_size: Annotated[int, typer.Option(min=1, help="Most requests the engine runs at once.")] = 256,
     tp: Annotated[int, typer.Option(min=1, help="Tensor-parallel size.")] = 1,
     dtype: Annotated[str, typer.Option()] = "bfloat16",
@@ -90,6 +96,13 @@ def capture(
     if model is None:
         err.print("--model is required (try --model fi-profile/tiny-llama on CPU)")
         raise typer.Exit(code=2)
+    from fi_profile.capture.lengths import Length
+
+    try:
+        lengths = (Length.parse(input_len, "--input-len", range_ratio), Length.parse(output_len, "--output-len", range_ratio))
+    except ValueError as exc:
+        err.print(str(exc), markup=False, highlight=False)
+        raise typer.Exit(code=2) from None
     from fi_profile.capture.engine_output import ProgressLine, engine_output_to
     from fi_profile.capture.engine_run import EngineFailed, Scenario, clear_output, model_problem
     from fi_profile.capture.report import print_summary
@@ -103,7 +116,8 @@ def capture(
     else:
         from fi_profile.hooks.vllm.runner import run_vllm as run_engine
 
-    scenario = Scenario(num_prompts, input_len, output_len, batch_size, seed, temperature, top_k, top_p)
+    scenario = Scenario.of_lengths(*lengths, num_prompts=num_prompts, batch_size=batch_size, seed=seed,
+                                   temperature=temperature, top_k=top_k, top_p=top_p)
     if eager is None:  # the engine's defaults, where fi-profile records them exactly
         import torch
 

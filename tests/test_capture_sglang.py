@@ -158,3 +158,17 @@ def test_sampling_kernel_when_requests_sample(tmp_path):
     assert c["top_k_top_p_sampling_from_probs_v2048"] == steps
     assert workloads(sampled["out_dir"], "top_k_top_p_sampling_from_probs_v2048") == {(("batch_size", PROMPTS),): steps}
     assert all(len(t) == OUTPUT_LEN for t in sampled["tokens"])
+
+
+def test_drawn_request_lengths_reach_the_engine(tmp_path):
+    """Each request's own prompt and output length (seeded), as in vLLM's test."""
+    from fi_profile.capture.engine_run import Scenario
+    from fi_profile.capture.lengths import Length
+
+    drawn = {"num_prompts": 6, "input_len": 40, "input_len_min": 8, "output_len": 6, "output_len_min": 2, "seed": 1}
+    result = capture(tmp_path, "drawn", python=SGLANG_PYTHON, framework="sglang", scenario=drawn)
+    scenario = Scenario.of_lengths(Length(8, 40), Length(2, 6), num_prompts=6, seed=1)
+    assert [len(t) for t in result["tokens"]] == scenario.output_lengths()
+    prompts, outputs = scenario.prompt_lengths(), scenario.output_lengths()
+    qkv = {dict(axes)["M"]: n for axes, n in workloads(result["out_dir"], "gemm_n512_k256").items()}
+    assert sum(m * n for m, n in qkv.items()) == 2 * (sum(prompts) + sum(outputs) - len(outputs))  # 2 layers

@@ -117,6 +117,24 @@ def test_var_axes_are_the_scheduled_token_counts(single):
     assert dict(decode_axes)["batch_size"] == PROMPTS and decode_count == LAYERS * (OUTPUT_LEN - 1)
 
 
+def test_drawn_request_lengths_reach_the_engine_and_the_workloads(tmp_path):
+    """Prompts of 8 to 40 tokens, outputs of 2 to 6 (seeded): each request generates its own
+    length, every token is counted once, and the shapes spread over many more workloads."""
+    from fi_profile.capture.engine_run import Scenario
+    from fi_profile.capture.lengths import Length
+
+    drawn = {"num_prompts": 6, "input_len": 40, "input_len_min": 8, "output_len": 6, "output_len_min": 2, "seed": 1}
+    result = capture(tmp_path, "drawn", single_process=True, scenario=drawn)
+    scenario = Scenario.of_lengths(Length(8, 40), Length(2, 6), num_prompts=6, seed=1)
+    prompts, outputs = scenario.prompt_lengths(), scenario.output_lengths()
+    assert len(set(prompts)) > 1 and len(set(outputs)) > 1
+    assert [len(t) for t in result["tokens"]] == outputs
+    # every prompt token once, then each generated token but the last fed back once, in every layer
+    assert token_total(result["out_dir"], QKV, "M") == LAYERS * (sum(prompts) + sum(outputs) - len(outputs))
+    assert len(workloads(result["out_dir"], QKV)) > 2  # a fixed-length capture keeps two
+    assert result["record"]["run"]["scenario"]["input_len_min"] == 8
+
+
 def test_index_tensors_are_captured_and_valid(single):
     out = single["out_dir"]
     from safetensors.torch import load_file

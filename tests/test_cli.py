@@ -51,3 +51,11 @@ def test_flashinfer_trace_validates_unchanged(flashinfer_trace):
     counts = {k.value: v for k, v in report.counts().items()}
     assert counts == {"definition": 156, "workload": 663}
     assert all(p.warning and "captured-tensor file(s) missing" in p.message for p in report.problems)
+
+
+def test_bad_request_lengths_are_one_line_before_any_engine_starts():
+    result = runner.invoke(app, ["--model", "fi-profile/tiny-llama", "--input-len", "64:16"])
+    assert result.exit_code == 2
+    assert "--input-len '64:16': MIN is above MAX" in result.output and "Traceback" not in result.output
+    result = runner.invoke(app, ["--model", "fi-profile/tiny-llama", "--output-len", "8", "--range-ratio", "1.5"])
+    assert result.exit_code == 2 and "--range-ratio 1.5: expected a value in [0, 1)" in result.output

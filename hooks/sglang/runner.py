@@ -108,7 +108,8 @@ class SglangEngine:
 
     def generate(self, scenario: Scenario) -> list[list[int]]:
         prompts = prompts_for(scenario, vocab_size(self.model_path))
-        return [list(o["output_ids"]) for o in self.engine.generate(input_ids=prompts, sampling_params=sampling_params(scenario))]
+        params = [sampling_params(scenario, n) for n in scenario.output_lengths()]
+        return [list(o["output_ids"]) for o in self.engine.generate(input_ids=prompts, sampling_params=params)]
 
     def stop(self, out_dir: Path) -> None:
         self.engine.collective_rpc("fi_profile_stop", out_dir=str(out_dir))
@@ -121,10 +122,10 @@ class SglangEngine:
 run_sglang = functools.partial(run_capture, SglangEngine)
 
 
-def sampling_params(scenario: Scenario) -> dict[str, Any]:
-    """SGLang's sampling parameters for the scenario (every request generates ``output_len`` tokens)."""
+def sampling_params(scenario: Scenario, output_len: int) -> dict[str, Any]:
+    """SGLang's sampling parameters for one request of the scenario (``output_len`` new tokens)."""
     return {
-        "max_new_tokens": scenario.output_len,
+        "max_new_tokens": output_len,
         "ignore_eos": True,
         "temperature": scenario.temperature,
         "top_k": scenario.top_k if scenario.top_k > 0 else -1,

@@ -80,22 +80,25 @@ class VllmEngine:
             **kwargs,
         )
 
-    def requests(self, scenario: Scenario) -> tuple[list[Any], Any]:
-        """Token-id prompts and sampling parameters of the scenario."""
+    def requests(self, scenario: Scenario) -> tuple[list[Any], list[Any]]:
+        """Token-id prompts and each request's sampling parameters (its output length)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         vocab = self.llm.llm_engine.model_config.get_vocab_size()
         prompts = [TokensPrompt(prompt_token_ids=p) for p in prompts_for(scenario, vocab)]
-        params = SamplingParams(
-            max_tokens=scenario.output_len,
-            ignore_eos=True,
-            detokenize=False,
-            temperature=scenario.temperature,
-            top_k=scenario.top_k if scenario.top_k > 0 else -1,
-            top_p=scenario.top_p,
-            seed=scenario.seed if scenario.temperature > 0 else None,
-        )
+        params = [
+            SamplingParams(
+                max_tokens=n,
+                ignore_eos=True,
+                detokenize=False,
+                temperature=scenario.temperature,
+                top_k=scenario.top_k if scenario.top_k > 0 else -1,
+                top_p=scenario.top_p,
+                seed=scenario.seed if scenario.temperature > 0 else None,
+            )
+            for n in scenario.output_lengths()
+        ]
         return prompts, params
 
     def start(self, count_only: bool, out_dir: Optional[Path], autosave_s: float = 10.0) -> HookStatus:

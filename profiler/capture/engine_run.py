@@ -11,6 +11,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+from fi_profile.capture.lengths import Length, draw_lengths
 from fi_profile.capture.output import CaptureSummary, merge_parts
 from fi_profile.capture.recorder import PARTS_DIR
 
@@ -19,6 +20,9 @@ TINY_MODEL = "fi-profile/tiny-llama"
 
 @dataclass(frozen=True)
 class Scenario:
+    """What a capture generates. ``input_len`` / ``output_len`` are the longest prompt and output;
+    with ``input_len_min`` / ``output_len_min`` each request's length is drawn (seeded) between."""
+
     num_prompts: int = 4
     input_len: int = 32
     output_len: int = 8
@@ -27,6 +31,21 @@ class Scenario:
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    input_len_min: int | None = None
+    output_len_min: int | None = None
+
+    @classmethod
+    def of_lengths(cls, input_len: Length, output_len: Length, **options: Any) -> "Scenario":
+        return cls(input_len=input_len.high, output_len=output_len.high, input_len_min=input_len.low,
+                   output_len_min=output_len.low, **options)
+
+    def prompt_lengths(self) -> list[int]:
+        return draw_lengths(self.seed, self.num_prompts, Length(self.input_len_min or self.input_len, self.input_len),
+                            "prompt")
+
+    def output_lengths(self) -> list[int]:
+        return draw_lengths(self.seed, self.num_prompts, Length(self.output_len_min or self.output_len, self.output_len),
+                            "output")
 
 
 @dataclass
@@ -94,8 +113,9 @@ def model_problem(model: str) -> str | None:
 
 
 def prompts_for(scenario: Scenario, vocab_size: int) -> list[list[int]]:
+    """Random token ids, each prompt of its drawn length (seeded)."""
     rng = random.Random(scenario.seed)
-    return [[rng.randrange(vocab_size) for _ in range(scenario.input_len)] for _ in range(scenario.num_prompts)]
+    return [[rng.randrange(vocab_size) for _ in range(n)] for n in scenario.prompt_lengths()]
 
 
 class EngineFailed(RuntimeError):
