@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -275,7 +276,12 @@ def replay(
         Optional[list[str]],
         typer.Option("--definitions", help="Only these Definitions (repeat the flag or separate with commas)."),
     ] = None,
-    device: Annotated[Optional[str], typer.Option(help="cuda:N, or cpu (wall-clock timing). Default: cuda:0 if present.")] = None,
+    device: Annotated[Optional[str], typer.Option(help="cuda:N, or cpu (wall-clock timing): one device.")] = None,
+    devices: Annotated[
+        Optional[list[str]],
+        typer.Option(help="One worker per device, pairs spread over them (cuda:0,cuda:1,...). Default: every "
+                     "visible GPU, else cpu."),
+    ] = None,
     baseline: Annotated[
         str, typer.Option(help="Solution (name or label, e.g. torch) that 'x baseline' compares with.")
     ] = "torch",
@@ -289,7 +295,7 @@ def replay(
 ) -> None:
     """Benchmark candidate solutions against the references on the dataset's workloads."""
     solutions, definition_names = _names(solutions) or [], _names(definition_names)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from fi_profile.replay.dataset import DatasetError, load_dataset, load_solutions
     from fi_profile.replay.projection import project
@@ -312,24 +318,52 @@ def replay(
         dataset.workloads = {
             name: sorted(ws, key=lambda w: -(w.count or 0))[:max_workloads] for name, ws in dataset.workloads.items()
         }
-    options = ReplayOptions(timeout_s=timeout, min_time_s=min_time, cuda_graph=cuda_graph, baseline=baseline, resume=resume)
-    if device is not None:
-        options.device = device
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err) as bar:
-        task = bar.add_task("replay", total=None)
-        results = run_replay(
-            dataset,
-            given,
-            with_baselines,
-            results_dir,
-            options,
-            progress=lambda advance, what: bar.update(task, advance=advance, description=what[:60]),
-            plan=lambda total: bar.update(task, total=total),
-        )
+    try:
+        chosen = replay_devices(device, _names(devices))
+    except ValueError as exc:
+        err.print(str(exc), markup=False, highlight=False)
+        raise typer.Exit(code=2) from None
+    options = ReplayOptions(device=chosen[0], devices=chosen, timeout_s=timeout, min_time_s=min_time,
+                            cuda_graph=cuda_graph, baseline=baseline, resume=resume)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
+               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+    with Progress(*columns, console=err) as bar:
+        task = bar.add_task("replay", total=None, rate="")
+        began = time.monotonic()
+
+        def advanced(advance: int, what: str) -> None:
+            done = bar.tasks[0].completed + advance
+            per_minute = done / max(time.monotonic() - began, 1e-9) * 60
+            bar.update(task, advance=advance, description=what[:60], rate=f"{per_minute:.0f} pairs/min")
+
+        results = run_replay(dataset, given, with_baselines, results_dir, options, progress=advanced,
+                             plan=lambda total: bar.update(task, total=total))
     print_results(out, results)
     if dataset.record is not None:
         print_projection(out, project(dataset.record, results, dataset.workloads, baseline), dataset.record.model)
-    out.print(f"results: {results_dir / 'results.jsonl'} ({len(results)} results, device {options.device})")
+    out.print(f"results: {results_dir / 'results.jsonl'} ({len(results)} results, devices {', '.join(chosen)})")
+
+
+def replay_devices(device: Optional[str], devices: Optional[list[str]]) -> list[str]:
+    """The replay's devices: ``--device`` alone, else ``--devices``, else every visible GPU (or the CPU)."""
+    import torch
+
+    if device is not None and devices:
+        raise ValueError("--device and --devices together: give one")
+    chosen = [device] if device is not None else devices or (
+        [f"cuda:{i}" for i in range(torch.cuda.device_count())] or ["cpu"])
+    for name in chosen:
+        kind, _, index = name.partition(":")
+        if kind == "cpu" and not index:
+            continue
+        if kind != "cuda" or not index.isdigit():
+            raise ValueError(f"--devices {name}: expected cuda:N or cpu")
+        if int(index) >= torch.cuda.device_count():
+            raise ValueError(f"--devices {name}: this machine has {torch.cuda.device_count()} visible GPU(s)")
+    gpus = [d for d in chosen if d != "cpu"]
+    if len(set(gpus)) != len(gpus):
+        raise ValueError(f"--devices {','.join(chosen)}: a GPU named twice (two workers would time on it at once)")
+    return chosen
 
 
 @app.command()

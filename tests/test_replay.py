@@ -229,6 +229,33 @@ def test_resume_skips_what_is_done(baseline_run, dataset_dir):
     assert (out / "results.jsonl").read_text() == before and len(again) == len(results)
 
 
+def test_two_workers_give_the_results_of_one(baseline_run, dataset_dir, tmp_path):
+    """Pairs spread over two workers (both on the CPU here; on a GPU host one per GPU): the same
+    pairs, statuses and checks as one worker, one results.jsonl, and resume still skips them."""
+    _, results, _ = baseline_run
+    _, spread = run_replay(dataset_dir, tmp_path, [], timeout_s=300, devices=["cpu", "cpu"])
+
+    def outcomes(rs):
+        return sorted((r.kernel_id, r.workload, r.source, r.status, r.max_diff is not None) for r in rs)
+
+    assert outcomes(spread) == outcomes(results)
+    assert outcomes(read_results(tmp_path / "results.jsonl")) == outcomes(results)
+    assert all(r.speedup is not None for r in spread if r.status == "passed")  # each beside its workload's reference
+    before = (tmp_path / "results.jsonl").read_text()
+    _, again = run_replay(dataset_dir, tmp_path, [], resume=True, devices=["cpu", "cpu"])
+    assert (tmp_path / "results.jsonl").read_text() == before and len(again) == len(results)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--devices", "gpu0"], "--devices gpu0: expected cuda:N or cpu"),
+    (["--devices", "cuda:99"], "--devices cuda:99: this machine has"),
+    (["--device", "cpu", "--devices", "cpu"], "--device and --devices together"),
+])
+def test_cli_bad_devices_are_one_line(dataset_dir, tmp_path, flags, message):
+    result = CliRunner().invoke(app, ["replay", str(dataset_dir), "--out", str(tmp_path), *flags])
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+
+
 def test_cli_replay_prints_tables_and_projection(dataset_dir, tmp_path):
     result = CliRunner().invoke(
         app,

@@ -1,14 +1,17 @@
 """Replay every (workload × solution) of a dataset and write one Benchmark Result per pair.
 
 Per workload the reference runs first (its time is what ``speedup`` divides), then each solution;
-each in the worker, with a timeout. Results are appended to ``results.jsonl`` as each workload
+each in a worker process, with a timeout. With several devices, one worker per device takes the
+next workload when it is free. Results are appended to ``results.jsonl`` as each workload
 finishes, so ``resume`` skips what is already there.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
-from dataclasses import dataclass
+import threading
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -28,6 +31,8 @@ LIBRARIES = ("torch", "triton", "vllm", "flashinfer-python", "sglang")
 @dataclass
 class ReplayOptions:
     device: str = "cuda:0" if torch.cuda.is_available() else "cpu"
+    #: one worker per device, pairs spread over them (empty: ``device`` alone)
+    devices: list[str] = field(default_factory=list)
     timeout_s: float = 120.0
     draws: int = 3
     min_time_s: float = 0.1
@@ -83,54 +88,100 @@ def replay(
     progress: Callable[[int, str], None] = lambda advance, what: None,
     plan: Callable[[int], None] = lambda total: None,
 ) -> list[BenchmarkResult]:
+    """Every pair, a workload's pairs together (its reference first: speedups divide its time), on
+    one worker per device in ``options.devices`` (default: ``options.device``): each device runs
+    one pair at a time, so two pairs never time on the same GPU at once."""
     out_dir.mkdir(parents=True, exist_ok=True)
     results_path = out_dir / "results.jsonl"
     previous = read_results(results_path) if options.resume else []
     if not options.resume:
         results_path.write_text("")
     done = {(r.kernel_id, r.workload, r.source): r.model_dump(mode="json", exclude_none=True) for r in previous}
-    work = [
+    pending = deque(
         (definition, workload, [None, *solutions_for(definition, solutions, with_baselines)])
         for definition in dataset.definitions.values()
         for workload in dataset.workloads.get(definition.name, [])
-    ]
-    plan(sum(len(candidates) for _, _, candidates in work))
-    device, libs = device_info(options.device), library_versions()
-    worker = Worker()
+    )
+    plan(sum(len(candidates) for _, _, candidates in pending))
+    libs = library_versions()
     results = list(previous)
-    try:
-        for definition, workload, candidates in work:
-            fresh: list[dict] = []
-            by_source = {s: r for (k, w, s), r in done.items() if k == definition.name and w == workload.uuid}
-            for solution in candidates:
-                source = REFERENCE if solution is None else solution.name
-                if source in by_source:
-                    progress(1, source)
-                    continue
-                task = Task(
-                    definition=definition.to_dict(),
-                    workload=workload.model_dump(mode="json", exclude_none=True),
-                    root=str(dataset.root),
-                    solution=None if solution is None else solution.model_dump(mode="json", exclude_none=True),
-                    device=options.device,
-                    draws=options.draws,
-                    min_time_s=options.min_time_s,
-                    cuda_graph=options.cuda_graph,
-                )
-                outcome = worker.run(task, options.timeout_s)
-                result = _result(definition, workload, solution, outcome, device, libs)
-                by_source[source] = result
-                fresh.append(result)
-                progress(1, source)
-            _speedups(fresh, by_source, options.baseline)
-            validated = [BenchmarkResult.model_validate(r) for r in fresh]
-            with results_path.open("a") as f:
-                for result in validated:
-                    f.write(result.model_dump_json(exclude_none=True) + "\n")
-            results += validated
-    finally:
-        worker.close()
+    lock = threading.Lock()
+    failures: list[BaseException] = []
+
+    def report(advance: int, what: str) -> None:
+        with lock:
+            progress(advance, what)
+
+    def serve(device: str) -> None:
+        worker, info = Worker(), device_info(device)
+        try:
+            while not failures:
+                with lock:
+                    if not pending:
+                        return
+                    definition, workload, candidates = pending.popleft()
+                by_source = {s: r for (k, w, s), r in done.items() if k == definition.name and w == workload.uuid}
+                fresh = _replay_workload(dataset, definition, workload, candidates, by_source, device, info, libs,
+                                         worker, options, lambda source: report(1, f"{device} {source}"))
+                validated = [BenchmarkResult.model_validate(r) for r in fresh]
+                with lock:
+                    with results_path.open("a") as f:
+                        for result in validated:
+                            f.write(result.model_dump_json(exclude_none=True) + "\n")
+                    results.extend(validated)
+        except BaseException as exc:  # noqa: BLE001 - re-raised by the caller once every device stopped
+            failures.append(exc)
+        finally:
+            worker.close()
+
+    devices = options.devices or [options.device]
+    threads = [threading.Thread(target=serve, args=(d,), name=f"replay {d}", daemon=True) for d in devices]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise failures[0]
     return results
+
+
+def _replay_workload(
+    dataset: Dataset,
+    definition: Definition,
+    workload: Workload,
+    candidates: list[Optional[Solution]],
+    by_source: dict[str, dict],
+    device: str,
+    info: Device,
+    libs: dict[str, str],
+    worker: Worker,
+    options: ReplayOptions,
+    progress: Callable[[str], None],
+) -> list[dict]:
+    """One workload's pairs not already in ``by_source`` (results of a resumed run), on ``device``."""
+    fresh: list[dict] = []
+    for solution in candidates:
+        source = REFERENCE if solution is None else solution.name
+        if source in by_source:
+            progress(source)
+            continue
+        task = Task(
+            definition=definition.to_dict(),
+            workload=workload.model_dump(mode="json", exclude_none=True),
+            root=str(dataset.root),
+            solution=None if solution is None else solution.model_dump(mode="json", exclude_none=True),
+            device=device,
+            draws=options.draws,
+            min_time_s=options.min_time_s,
+            cuda_graph=options.cuda_graph,
+        )
+        outcome = worker.run(task, options.timeout_s)
+        result = _result(definition, workload, solution, outcome, info, libs)
+        by_source[source] = result
+        fresh.append(result)
+        progress(source)
+    _speedups(fresh, by_source, options.baseline)
+    return fresh
 
 
 def _result(
