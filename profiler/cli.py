@@ -282,6 +282,11 @@ def replay(
         typer.Option(help="One worker per device, pairs spread over them (cuda:0,cuda:1,...). Default: every "
                      "visible GPU, else cpu."),
     ] = None,
+    ray: Annotated[
+        Optional[str],
+        typer.Option(help="Replay on a Ray cluster: its address (ray://host:10001, auto), or 'local' to start one "
+                     "here; each pair a Ray task with one GPU (one CPU where the cluster has none)."),
+    ] = None,
     baseline: Annotated[
         str, typer.Option(help="Solution (name or label, e.g. torch) that 'x baseline' compares with.")
     ] = "torch",
@@ -320,10 +325,17 @@ def replay(
         }
     try:
         chosen = replay_devices(device, _names(devices))
+        if ray is not None:
+            if device is not None or devices:
+                raise ValueError("--ray with --device/--devices: Ray places each pair on a GPU of the cluster")
+            import importlib.util
+
+            if importlib.util.find_spec("ray") is None:
+                raise ValueError("--ray: Ray is not installed here (pip install 'fi-profile[ray]')")
     except ValueError as exc:
         err.print(str(exc), markup=False, highlight=False)
         raise typer.Exit(code=2) from None
-    options = ReplayOptions(device=chosen[0], devices=chosen, timeout_s=timeout, min_time_s=min_time,
+    options = ReplayOptions(device=chosen[0], devices=chosen, ray=ray, timeout_s=timeout, min_time_s=min_time,
                             cuda_graph=cuda_graph, baseline=baseline, resume=resume)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
@@ -341,7 +353,8 @@ def replay(
     print_results(out, results)
     if dataset.record is not None:
         print_projection(out, project(dataset.record, results, dataset.workloads, baseline), dataset.record.model)
-    out.print(f"results: {results_dir / 'results.jsonl'} ({len(results)} results, devices {', '.join(chosen)})")
+    where = f"Ray cluster {ray}" if ray is not None else f"devices {', '.join(chosen)}"
+    out.print(f"results: {results_dir / 'results.jsonl'} ({len(results)} results, {where})")
 
 
 def replay_devices(device: Optional[str], devices: Optional[list[str]]) -> list[str]:

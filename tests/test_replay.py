@@ -246,6 +246,51 @@ def test_two_workers_give_the_results_of_one(baseline_run, dataset_dir, tmp_path
     assert (tmp_path / "results.jsonl").read_text() == before and len(again) == len(results)
 
 
+KILLS_ITS_RAY_TASK = GOOD_RMSNORM.replace("def run(", "def good(") + """
+import os
+import signal
+from pathlib import Path
+
+def run(hidden_states, weight):
+    parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
+    if b"ray::" in parent or b"default_worker" in parent:  # the pair's worker process is the Ray task's child
+        os.kill(os.getppid(), signal.SIGKILL)
+    return good(hidden_states, weight)
+"""
+
+
+def test_ray_local_cluster_gives_the_results_of_one_worker_and_survives_a_dead_task(dataset_dir, tmp_path):
+    """``--ray local`` on this machine's CPUs: every pair a Ray task; the same pairs and statuses
+    as one local worker; a solution that kills the process running its Ray task is a ``crashed``
+    result of that pair, and the run goes on."""
+    pytest.importorskip("ray")
+    import ray
+
+    folder = tmp_path / "solutions"
+    folder.mkdir()
+    for s in (solution("kills_task", RMSNORM, KILLS_ITS_RAY_TASK), solution("good", RMSNORM, GOOD_RMSNORM)):
+        (folder / f"{s['name']}.json").write_text(json.dumps(s))
+    given = load_solutions([folder])
+    dataset = load_dataset(dataset_dir, [RMSNORM, GEMM])
+    options = {"device": "cpu", "min_time_s": 0.02, "timeout_s": 120}
+    local = replay(dataset, given, True, tmp_path / "local", ReplayOptions(**options))
+    try:
+        on_ray = replay(dataset, given, True, tmp_path / "ray", ReplayOptions(**options, ray="local"))
+    finally:
+        ray.shutdown()
+
+    def outcomes(rs):
+        return sorted((r.kernel_id, r.workload, r.source, r.status.value) for r in rs if r.source != "kills_task")
+
+    assert outcomes(on_ray) == outcomes(local) and len(on_ray) == len(local)
+    assert outcomes(read_results(tmp_path / "ray" / "results.jsonl")) == outcomes(local)
+    assert all(r.status.value == "passed" for r in local if r.source == "kills_task")  # outside Ray it is correct
+    killed = [r for r in on_ray if r.source == "kills_task"]
+    assert len(killed) == 2 and all(r.status.value == "crashed" for r in killed)
+    assert all("Ray task died" in r.error for r in killed)
+    assert all(r.status.value == "passed" and r.speedup for r in on_ray if r.source == "good")
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--devices", "gpu0"], "--devices gpu0: expected cuda:N or cpu"),
     (["--devices", "cuda:99"], "--devices cuda:99: this machine has"),

@@ -33,6 +33,8 @@ class ReplayOptions:
     device: str = "cuda:0" if torch.cuda.is_available() else "cpu"
     #: one worker per device, pairs spread over them (empty: ``device`` alone)
     devices: list[str] = field(default_factory=list)
+    #: a Ray cluster's address, or ``local`` to start one: each pair a Ray task with one GPU
+    ray: Optional[str] = None
     timeout_s: float = 120.0
     draws: int = 3
     min_time_s: float = 0.1
@@ -88,29 +90,95 @@ def replay(
     progress: Callable[[int, str], None] = lambda advance, what: None,
     plan: Callable[[int], None] = lambda total: None,
 ) -> list[BenchmarkResult]:
-    """Every pair, a workload's pairs together (its reference first: speedups divide its time), on
-    one worker per device in ``options.devices`` (default: ``options.device``): each device runs
-    one pair at a time, so two pairs never time on the same GPU at once."""
+    """Every pair, a workload's pairs together (speedups divide its reference's time): on one
+    worker per device in ``options.devices`` (default: ``options.device``), each device running
+    one pair at a time so that two pairs never time on one GPU at once; or, with ``options.ray``,
+    as Ray tasks of one GPU each (:mod:`fi_profile.replay.ray_cluster`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     results_path = out_dir / "results.jsonl"
     previous = read_results(results_path) if options.resume else []
     if not options.resume:
         results_path.write_text("")
     done = {(r.kernel_id, r.workload, r.source): r.model_dump(mode="json", exclude_none=True) for r in previous}
-    pending = deque(
-        (definition, workload, [None, *solutions_for(definition, solutions, with_baselines)])
+    groups = [
+        Group(dataset, definition, workload, [None, *solutions_for(definition, solutions, with_baselines)],
+              {s: r for (k, w, s), r in done.items() if k == definition.name and w == workload.uuid})
         for definition in dataset.definitions.values()
         for workload in dataset.workloads.get(definition.name, [])
-    )
-    plan(sum(len(candidates) for _, _, candidates in pending))
+    ]
+    plan(sum(len(g.candidates) for g in groups))
+    for group in groups:  # what a resumed run has already
+        for source in group.by_source:
+            progress(1, source)
     libs = library_versions()
     results = list(previous)
     lock = threading.Lock()
-    failures: list[BaseException] = []
 
-    def report(advance: int, what: str) -> None:
+    def finished(group: Group, fresh: list[dict]) -> None:
+        """A workload's new results, appended as one block once all its pairs are back."""
+        _speedups(fresh, group.by_source, options.baseline)
+        validated = [BenchmarkResult.model_validate(r) for r in fresh]
         with lock:
-            progress(advance, what)
+            with results_path.open("a") as f:
+                for result in validated:
+                    f.write(result.model_dump_json(exclude_none=True) + "\n")
+            results.extend(validated)
+
+    def report(device: str, source: str) -> None:
+        with lock:
+            progress(1, f"{device} {source}")
+
+    if options.ray is not None:
+        from fi_profile.replay.ray_cluster import run_on_ray
+
+        run_on_ray(options.ray, groups, options, libs, finished, report)
+    else:
+        run_on_devices(options.devices or [options.device], groups, options, libs, finished, report)
+    return results
+
+
+@dataclass
+class Group:
+    """One workload's pairs: the reference (``None``) and each solution; ``by_source`` holds the
+    results it has (a resumed run's, then each new one)."""
+
+    dataset: Dataset
+    definition: Definition
+    workload: Workload
+    candidates: list[Optional[Solution]]
+    by_source: dict[str, dict]
+
+    def todo(self) -> list[Optional[Solution]]:
+        return [s for s in self.candidates if source_of(s) not in self.by_source]
+
+    def task(self, solution: Optional[Solution], device: str, options: ReplayOptions) -> Task:
+        return Task(
+            definition=self.definition.to_dict(),
+            workload=self.workload.model_dump(mode="json", exclude_none=True),
+            root=str(self.dataset.root),
+            solution=None if solution is None else solution.model_dump(mode="json", exclude_none=True),
+            device=device,
+            draws=options.draws,
+            min_time_s=options.min_time_s,
+            cuda_graph=options.cuda_graph,
+        )
+
+    def result(self, solution: Optional[Solution], outcome: Outcome, device: Device, libs: dict[str, str]) -> dict:
+        result = _result(self.definition, self.workload, solution, outcome, device, libs)
+        self.by_source[source_of(solution)] = result
+        return result
+
+
+def source_of(solution: Optional[Solution]) -> str:
+    return REFERENCE if solution is None else solution.name
+
+
+def run_on_devices(devices: list[str], groups: list[Group], options: ReplayOptions, libs: dict[str, str],
+                   finished: Callable[[Group, list[dict]], None], report: Callable[[str, str], None]) -> None:
+    """One thread and worker process per device; each takes the next workload when free."""
+    pending = deque(g for g in groups if g.todo())
+    lock = threading.Lock()
+    failures: list[BaseException] = []
 
     def serve(device: str) -> None:
         worker, info = Worker(), device_info(device)
@@ -119,22 +187,18 @@ def replay(
                 with lock:
                     if not pending:
                         return
-                    definition, workload, candidates = pending.popleft()
-                by_source = {s: r for (k, w, s), r in done.items() if k == definition.name and w == workload.uuid}
-                fresh = _replay_workload(dataset, definition, workload, candidates, by_source, device, info, libs,
-                                         worker, options, lambda source: report(1, f"{device} {source}"))
-                validated = [BenchmarkResult.model_validate(r) for r in fresh]
-                with lock:
-                    with results_path.open("a") as f:
-                        for result in validated:
-                            f.write(result.model_dump_json(exclude_none=True) + "\n")
-                    results.extend(validated)
-        except BaseException as exc:  # noqa: BLE001 - re-raised by the caller once every device stopped
+                    group = pending.popleft()
+                fresh = []
+                for solution in group.todo():
+                    fresh.append(group.result(solution, worker.run(group.task(solution, device, options), options.timeout_s),
+                                              info, libs))
+                    report(device, source_of(solution))
+                finished(group, fresh)
+        except BaseException as exc:  # noqa: BLE001 - re-raised once every device has stopped
             failures.append(exc)
         finally:
             worker.close()
 
-    devices = options.devices or [options.device]
     threads = [threading.Thread(target=serve, args=(d,), name=f"replay {d}", daemon=True) for d in devices]
     for thread in threads:
         thread.start()
@@ -142,46 +206,6 @@ def replay(
         thread.join()
     if failures:
         raise failures[0]
-    return results
-
-
-def _replay_workload(
-    dataset: Dataset,
-    definition: Definition,
-    workload: Workload,
-    candidates: list[Optional[Solution]],
-    by_source: dict[str, dict],
-    device: str,
-    info: Device,
-    libs: dict[str, str],
-    worker: Worker,
-    options: ReplayOptions,
-    progress: Callable[[str], None],
-) -> list[dict]:
-    """One workload's pairs not already in ``by_source`` (results of a resumed run), on ``device``."""
-    fresh: list[dict] = []
-    for solution in candidates:
-        source = REFERENCE if solution is None else solution.name
-        if source in by_source:
-            progress(source)
-            continue
-        task = Task(
-            definition=definition.to_dict(),
-            workload=workload.model_dump(mode="json", exclude_none=True),
-            root=str(dataset.root),
-            solution=None if solution is None else solution.model_dump(mode="json", exclude_none=True),
-            device=device,
-            draws=options.draws,
-            min_time_s=options.min_time_s,
-            cuda_graph=options.cuda_graph,
-        )
-        outcome = worker.run(task, options.timeout_s)
-        result = _result(definition, workload, solution, outcome, info, libs)
-        by_source[source] = result
-        fresh.append(result)
-        progress(source)
-    _speedups(fresh, by_source, options.baseline)
-    return fresh
 
 
 def _result(
