@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from enum import Enum
 from pathlib import Path
@@ -302,9 +303,10 @@ def replay(
     solutions, definition_names = _names(solutions) or [], _names(definition_names)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+    from fi_profile.replay.breakdown import FILE as BREAKDOWN_FILE
     from fi_profile.replay.dataset import DatasetError, load_dataset, load_solutions
     from fi_profile.replay.projection import project
-    from fi_profile.replay.report import print_projection, print_results
+    from fi_profile.replay.report import print_breakdown, print_projection, print_results
     from fi_profile.replay.runner import ReplayOptions
     from fi_profile.replay.runner import replay as run_replay
 
@@ -353,6 +355,7 @@ def replay(
     print_results(out, results)
     if dataset.record is not None:
         print_projection(out, project(dataset.record, results, dataset.workloads, baseline), dataset.record.model)
+    print_breakdown(out, json.loads((results_dir / BREAKDOWN_FILE).read_text()))
     where = f"Ray cluster {ray}" if ray is not None else f"devices {', '.join(chosen)}"
     out.print(f"results: {results_dir / 'results.jsonl'} ({len(results)} results, {where})")
 

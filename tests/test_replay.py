@@ -2,6 +2,7 @@
 the shipped baselines, and adversarial solutions that must each be caught and recorded."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -222,11 +223,14 @@ def test_compile_failure_is_a_result_with_the_compiler_message(dataset_dir, tmp_
     assert built.status.value == "passed", built.error
 
 
-def test_resume_skips_what_is_done(baseline_run, dataset_dir):
-    dataset, results, out = baseline_run
+def test_resume_skips_what_is_done(baseline_run, dataset_dir, tmp_path):
+    dataset, results, done = baseline_run
+    out = tmp_path / "resumed"
+    shutil.copytree(done, out)
     before = (out / "results.jsonl").read_text()
     _, again = run_replay(dataset_dir, out, [], resume=True)
     assert (out / "results.jsonl").read_text() == before and len(again) == len(results)
+    assert json.loads((out / "time_breakdown.json").read_text())["pairs"] == 0  # this run's own time
 
 
 def test_two_workers_give_the_results_of_one(baseline_run, dataset_dir, tmp_path):
@@ -320,6 +324,20 @@ def test_cli_replay_prints_tables_and_projection(dataset_dir, tmp_path):
     assert result.exit_code == 0, result.output
     assert "× reference" in result.output and "test-model" in result.output and "saved" in result.output
     assert len(read_results(tmp_path / "r" / "results.jsonl")) == 3
+    assert "Where the time went: 3 pairs" in result.output
+
+
+def test_time_breakdown_is_kept_beside_the_results(baseline_run):
+    """Every phase of every pair is accounted for: the reference is computed once per workload and
+    draw (so fewer reference seconds than pairs would cost), the timed calls take the time asked."""
+    dataset, results, out = baseline_run
+    document = json.loads((out / "time_breakdown.json").read_text())
+    assert document["pairs"] == len(results) and document["devices"] == ["cpu"]
+    phases = document["phases_s"]
+    assert set(phases) >= {"build", "inputs", "reference", "check", "timed calls"}
+    assert all(seconds >= 0 for seconds in phases.values()) and phases["check"] > 0
+    assert phases["timed calls"] >= 0.02 * len(results) * 0.9  # --min-time of timed calls per pair
+    assert sum(phases.values()) <= document["pairs_wall_s"] + 1e-6 <= document["wall_s"] * 1.01 + 1
 
 
 @pytest.mark.parametrize(

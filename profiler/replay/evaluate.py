@@ -7,11 +7,13 @@ are measured against.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -49,6 +51,8 @@ class Outcome:
     timing: Optional[dict] = None
     #: the worker's CUDA context may be broken: start a fresh worker
     restart: bool = False
+    #: seconds spent in each phase of this evaluation (build, inputs, reference, check, timed calls)
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 class Failed(Exception):
@@ -65,31 +69,51 @@ def evaluate(task: Task) -> Outcome:
     definition = Definition.model_validate(task.definition)
     workload = Workload.model_validate(task.workload)
     device = torch.device(task.device)
+    phases = Phases()
     try:
-        run, destination_passing = _entry(definition, task)
+        with phases("build"):
+            run, destination_passing = _entry(definition, task)
     except BuildError as exc:
-        return Outcome("compile_error", compiled=False, error=str(exc))
+        return Outcome("compile_error", compiled=False, error=str(exc), phases=phases.seconds)
     try:
-        draws = [_inputs(definition, workload, Path(task.root), device, seed) for seed in range(task.draws)]
+        draws = [_inputs(definition, workload, Path(task.root), device, seed, phases) for seed in range(task.draws)]
         method = check_method(definition)
-        check = method.check(definition, run, destination_passing, draws, device)
+        with phases("check"):
+            check = method.check(definition, run, destination_passing, draws, device)
         inputs, reference = draws[0]
         call, prepare = _bound(definition, run, destination_passing, inputs, reference, device)
-        measured = measure(call, prepare, device, min_time_s=task.min_time_s, cuda_graph=task.cuda_graph)
+        with phases("timed calls"):
+            measured = measure(call, prepare, device, min_time_s=task.min_time_s, cuda_graph=task.cuda_graph)
         if method.recheck_last_output:
-            last = _named(definition, measured.last_output, destination_passing)
-            diff = _diff_all(definition, last, reference)
+            with phases("check"):
+                last = _named(definition, measured.last_output, destination_passing)
+                diff = _diff_all(definition, last, reference)
             if not diff.ok:
                 raise Failed(
                     "stale_output",
                     f"the last timed call's output differs from the reference (mismatch {diff.ratio:.1%}): "
                     "work escaped the timed region (a side stream?) or an output was reused",
                 )
-        return Outcome("passed", check=check, timing=measured.stats())
+        return Outcome("passed", check=check, timing=measured.stats(), phases=phases.seconds)
     except Failed as exc:
-        return Outcome(exc.status, error=str(exc), check=exc.check)
+        return Outcome(exc.status, error=str(exc), check=exc.check, phases=phases.seconds)
     except Exception as exc:  # the solution raised: a runtime error, maybe a broken CUDA context
-        return Outcome("runtime_error", error=_tail(exc), restart=_cuda_broken(device))
+        return Outcome("runtime_error", error=_tail(exc), restart=_cuda_broken(device), phases=phases.seconds)
+
+
+class Phases:
+    """Wall-clock seconds per phase of one evaluation (``with phases("check"): ...``)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - began
 
 
 def _entry(definition: Definition, task: Task) -> tuple[Callable[..., Any], bool]:
@@ -112,15 +136,17 @@ def _entry(definition: Definition, task: Task) -> tuple[Callable[..., Any], bool
     return (lambda **kw: built.fn(*(kw[n] for n in order))), destination_passing
 
 
-def _inputs(definition: Definition, workload: Workload, root: Path, device: torch.device, seed: int):
+def _inputs(definition: Definition, workload: Workload, root: Path, device: torch.device, seed: int, phases: Phases):
     """Inputs of one draw (captured index tensors kept, float data drawn with ``seed``) and the
-    reference's outputs on them; cached for the worker's current workload."""
+    reference's outputs on them; cached for the worker's current workload (its other pairs)."""
     key = (f"{definition.name}/{workload.uuid}/{device}", seed)
     if key not in _INPUTS:
         if len(_INPUTS) >= 8:
             _INPUTS.clear()
-        inputs = workload_inputs(definition, workload, root, device=device, seed=seed)
-        reference = run_reference(definition, inputs)
+        with phases("inputs"):
+            inputs = workload_inputs(definition, workload, root, device=device, seed=seed)
+        with phases("reference"):
+            reference = run_reference(definition, inputs)
         _INPUTS[key] = (inputs, reference)
     return _INPUTS[key]
 

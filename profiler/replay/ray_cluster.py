@@ -17,6 +17,7 @@ from fi_profile.replay.evaluate import Outcome, Task
 from fi_profile.replay.worker import Worker
 
 if TYPE_CHECKING:
+    from fi_profile.replay.breakdown import TimeBreakdown
     from fi_profile.replay.runner import Group, ReplayOptions
 
 #: this Ray worker process's replay worker, kept across tasks (its builds and JIT caches with it),
@@ -39,7 +40,8 @@ def run_pair(task: Task, timeout_s: float) -> tuple[Outcome, dict]:
 
 
 def run_on_ray(address: str, groups: list["Group"], options: "ReplayOptions", libs: dict[str, str],
-               finished: Callable[["Group", list[dict]], None], report: Callable[[str, str], None]) -> None:
+               finished: Callable[["Group", list[dict]], None], report: Callable[[str, str], None],
+               breakdown: "TimeBreakdown") -> None:
     import ray
     from ray.exceptions import GetTimeoutError, RayError
 
@@ -74,6 +76,7 @@ def run_on_ray(address: str, groups: list["Group"], options: "ReplayOptions", li
             outcome, where = ray.get(ref, timeout=60)
         except (RayError, GetTimeoutError) as exc:
             outcome = Outcome("crashed", error=f"the Ray task died ({type(exc).__name__}): {exc}"[:1000])
+        breakdown.add(outcome)  # its phases: the task's own wait is not seen from here
         info = Device.model_validate(where) if where else Device(name="unknown (the Ray task died)")
         fresh[index].append(group.result(solution, outcome, info, libs))
         report(info.name if gpus else "ray", "reference" if solution is None else solution.name)

@@ -66,3 +66,15 @@ def print_projection(console: Console, rows: list[KernelProjection], model: str)
         f"model kernel time: baseline {base_total:.3f} ms, best {base_total - saved:.3f} ms, "
         f"saved {saved:.3f} ms ({100 * saved / base_total if base_total else 0:.1f}%)"
     )
+
+
+def print_breakdown(console: Console, document: dict) -> None:
+    """Where the replay's time went (``time_breakdown.json``)."""
+    table = Table(title=f"Where the time went: {document['pairs']} pairs in {document['wall_s']:.1f} s "
+                        f"({document['pairs_per_minute']} pairs/min) on {', '.join(document['devices'])}")
+    table.add_column("phase")
+    table.add_column("s (summed over pairs)", justify="right")
+    for phase, seconds in document["phases_s"].items():
+        table.add_row(phase, f"{seconds:.1f}")
+    table.add_row("worker start, transfers", f"{document['worker_start_and_transfer_s']:.1f}")
+    console.print(table)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Callable, Optional
 import torch
 
 from fi_profile.replay.baseline_solutions import baseline_solutions
+from fi_profile.replay.breakdown import TimeBreakdown
 from fi_profile.replay.dataset import Dataset
 from fi_profile.replay.evaluate import Outcome, Task
 from fi_profile.replay.worker import Worker
@@ -113,6 +115,7 @@ def replay(
     libs = library_versions()
     results = list(previous)
     lock = threading.Lock()
+    breakdown, began = TimeBreakdown(), time.perf_counter()
 
     def finished(group: Group, fresh: list[dict]) -> None:
         """A workload's new results, appended as one block once all its pairs are back."""
@@ -131,9 +134,12 @@ def replay(
     if options.ray is not None:
         from fi_profile.replay.ray_cluster import run_on_ray
 
-        run_on_ray(options.ray, groups, options, libs, finished, report)
+        run_on_ray(options.ray, groups, options, libs, finished, report, breakdown)
+        where = [f"ray {options.ray}"]
     else:
-        run_on_devices(options.devices or [options.device], groups, options, libs, finished, report)
+        where = options.devices or [options.device]
+        run_on_devices(where, groups, options, libs, finished, report, breakdown)
+    breakdown.write(out_dir, time.perf_counter() - began, where)
     return results
 
 
@@ -174,7 +180,8 @@ def source_of(solution: Optional[Solution]) -> str:
 
 
 def run_on_devices(devices: list[str], groups: list[Group], options: ReplayOptions, libs: dict[str, str],
-                   finished: Callable[[Group, list[dict]], None], report: Callable[[str, str], None]) -> None:
+                   finished: Callable[[Group, list[dict]], None], report: Callable[[str, str], None],
+                   breakdown: TimeBreakdown) -> None:
     """One thread and worker process per device; each takes the next workload when free."""
     pending = deque(g for g in groups if g.todo())
     lock = threading.Lock()
@@ -190,8 +197,10 @@ def run_on_devices(devices: list[str], groups: list[Group], options: ReplayOptio
                     group = pending.popleft()
                 fresh = []
                 for solution in group.todo():
-                    fresh.append(group.result(solution, worker.run(group.task(solution, device, options), options.timeout_s),
-                                              info, libs))
+                    waited = time.perf_counter()
+                    outcome = worker.run(group.task(solution, device, options), options.timeout_s)
+                    breakdown.add(outcome, time.perf_counter() - waited)
+                    fresh.append(group.result(solution, outcome, info, libs))
                     report(device, source_of(solution))
                 finished(group, fresh)
         except BaseException as exc:  # noqa: BLE001 - re-raised once every device has stopped

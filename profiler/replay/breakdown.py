@@ -1,0 +1,51 @@
+"""Where a replay's time went: each pair's phases (build/compile, input synthesis, reference runs,
+checks, timed calls) summed over the run, beside the pairs' wall time as the runner saw it (the
+rest: worker starts and transfers) and the run's own wall time. Kept as
+``RESULTS/time_breakdown.json`` and printed at the end of a replay."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any, Optional
+
+from fi_profile.replay.evaluate import Outcome
+
+PHASES = ("build", "inputs", "reference", "check", "timed calls")
+FILE = "time_breakdown.json"
+
+
+class TimeBreakdown:
+    def __init__(self) -> None:
+        self.phases: Counter[str] = Counter()
+        self.pairs = 0
+        self.pairs_wall_s = 0.0
+        self._lock = threading.Lock()
+
+    def add(self, outcome: Outcome, wall_s: Optional[float] = None) -> None:
+        """One pair's phases; ``wall_s``: how long the runner waited for it (None: not known)."""
+        with self._lock:
+            self.phases.update(outcome.phases)
+            self.pairs += 1
+            self.pairs_wall_s += sum(outcome.phases.values()) if wall_s is None else wall_s
+
+    def document(self, wall_s: float, devices: list[str]) -> dict[str, Any]:
+        in_phases = sum(self.phases.values())
+        phases = {p: round(self.phases.get(p, 0.0), 3) for p in PHASES}
+        phases.update({p: round(s, 3) for p, s in self.phases.items() if p not in PHASES})
+        return {
+            "pairs": self.pairs,
+            "wall_s": round(wall_s, 3),
+            "pairs_per_minute": round(self.pairs / wall_s * 60, 1) if wall_s > 0 else None,
+            "devices": devices,
+            "phases_s": phases,
+            "worker_start_and_transfer_s": round(max(0.0, self.pairs_wall_s - in_phases), 3),
+            "pairs_wall_s": round(self.pairs_wall_s, 3),
+        }
+
+    def write(self, out_dir: Path, wall_s: float, devices: list[str]) -> dict[str, Any]:
+        document = self.document(wall_s, devices)
+        (out_dir / FILE).write_text(json.dumps(document, indent=1) + "\n")
+        return document
