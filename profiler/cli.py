@@ -313,7 +313,7 @@ def replay(
     with_baselines = "baselines" in solutions
     try:
         dataset = load_dataset(dataset_dir, definition_names)
-        given = load_solutions([Path(p) for p in solutions if p != "baselines"])
+        given = load_solutions([Path(p) for p in solutions if p != "baselines"], dataset.definitions)
     except DatasetError as exc:
         err.print(str(exc), markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(code=1) from None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import types
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
@@ -28,9 +28,10 @@ def load_function(source: str, function: str = "run", label: str = "entry") -> C
     return fn
 
 
-def outputs_by_name(definition: Definition, result: Any) -> dict[str, Any]:
-    """Name a value-returning ``run``'s result by the Definition's outputs."""
-    names: Sequence[str] = list(definition.outputs)
+def outputs_by_name(definition: Definition, result: Any, names: Optional[Sequence[str]] = None) -> dict[str, Any]:
+    """Name a value-returning ``run``'s result by the Definition's outputs (or by ``names``, the
+    outputs it returns when others are written into its inputs)."""
+    names = list(definition.outputs) if names is None else list(names)
     if isinstance(result, Mapping):
         if set(result) != set(names):
             raise ValueError(f"returned keys {sorted(result)}, expected {sorted(names)}")

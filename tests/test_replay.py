@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from fi_profile.capture.definition_factory import definition_for
 from fi_profile.catalog import shipped_definition
 from fi_profile.cli import app
-from fi_profile.replay.dataset import load_dataset, load_solutions
+from fi_profile.replay.dataset import DatasetError, load_dataset, load_solutions
 from fi_profile.replay.projection import project
 from fi_profile.replay.runner import REFERENCE, ReplayOptions, read_results, replay
 from fi_profile.schema import DType, Solution
@@ -527,3 +527,68 @@ def test_native_rope_baseline_is_a_multi_file_solution_that_matches_the_referenc
     ours = build(native).fn(q=q, k=k, positions=positions)
     for got, want in zip(ours, run_reference(definition, {"q": q, "k": k, "positions": positions}).values()):
         torch.testing.assert_close(got, want, atol=3e-2, rtol=1.6e-2)
+
+
+FUSED = "fused_add_rmsnorm_h4096"
+FUSED_IN_PLACE = """
+import torch.nn.functional as F
+
+def run(hidden_states, residual, weight):
+    x = hidden_states.float() + residual.float()
+    residual.copy_(x){wrong}
+    hidden_states.copy_(F.rms_norm(x, (x.shape[-1],), weight.float(), eps=1e-5))
+"""
+
+
+def in_place_dataset(root: Path) -> None:
+    definition = shipped_definition(FUSED)
+    (root / "definitions" / "rmsnorm").mkdir(parents=True)
+    (root / "definitions" / "rmsnorm" / f"{FUSED}.json").write_text(definition.to_json())
+    (root / "workloads" / "rmsnorm").mkdir(parents=True)
+    inputs = {n: {"type": "random"} for n in definition.inputs}
+    (root / "workloads" / "rmsnorm" / f"{FUSED}.jsonl").write_text(json.dumps(
+        {"definition": FUSED, "workload": {"uuid": "w0", "axes": {"batch_size": 5}, "inputs": inputs}}) + "\n")
+
+
+def test_in_place_solutions_get_fresh_copies_and_their_overwritten_inputs_are_checked(tmp_path):
+    """The engine's fused add + RMSNorm works in place: a Solution that says which inputs it
+    overwrites (and which output each then holds) is given fresh copies of them, outside the
+    timed calls, and is judged on what it left there; writing an input it did not declare is
+    caught; so is a wrong new residual."""
+    in_place_dataset(tmp_path / "data")
+    full = {"hidden_states": "output", "residual": "residual_out"}
+    cases = {
+        "declared": (FUSED_IN_PLACE.format(wrong=""), full, "passed"),
+        "wrong_residual": (FUSED_IN_PLACE.format(wrong=" ; residual.mul_(2)"), full, "incorrect_numerical"),
+        "undeclared": (FUSED_IN_PLACE.format(wrong="") + "    return hidden_states.clone(), residual.clone()\n",
+                       None, "mutates_input"),
+    }
+    folder = tmp_path / "solutions"
+    folder.mkdir()
+    for name, (source, overwrites, _) in cases.items():
+        s = solution(name, FUSED, source)
+        if overwrites:
+            s["spec"]["overwrites"] = overwrites
+        (folder / f"{name}.json").write_text(json.dumps(s))
+    dataset = load_dataset(tmp_path / "data")
+    given = load_solutions([folder], dataset.definitions)
+    results = replay(dataset, given, True, tmp_path / "out", ReplayOptions(device="cpu", min_time_s=0.02, timeout_s=120))
+    status = {r.source: r.status.value for r in results}
+    assert {name: status[name] for name in cases} == {name: expected for name, (_, _, expected) in cases.items()}
+    assert status[f"{FUSED}__torch"] == "passed" and status[REFERENCE] == "passed"  # both outputs, out of place
+    assert "inputs changed by the call: hidden_states, residual" in next(r.error for r in results if r.source == "undeclared")
+
+
+def test_overwrites_that_contradict_the_definition_name_file_and_field(tmp_path):
+    in_place_dataset(tmp_path / "data")
+    bad = solution("bad", FUSED, FUSED_IN_PLACE.format(wrong=""))
+    bad["spec"]["overwrites"] = {"hidden_states": "output", "weight": "residual", "nope": None}
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    dataset = load_dataset(tmp_path / "data")
+    with pytest.raises(DatasetError) as raised:
+        load_solutions([tmp_path / "bad.json"], dataset.definitions)
+    lines = str(raised.value).splitlines()
+    assert lines == [
+        f"{tmp_path / 'bad.json'}: spec.overwrites.weight: 'residual' is not an output of {FUSED} (output, residual_out)",
+        f"{tmp_path / 'bad.json'}: spec.overwrites.nope: 'nope' is not an input of {FUSED} (hidden_states, residual, weight)",
+    ]

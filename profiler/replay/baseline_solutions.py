@@ -8,6 +8,7 @@ const axes (``top_k``), so one source serves every shape of an op.
 
 from __future__ import annotations
 
+import ast
 import re
 from importlib import resources
 from typing import Optional
@@ -18,6 +19,7 @@ from fi_profile.schema.solution import Solution
 
 #: family source -> the reference constants and const axes it takes from the Definition
 FAMILIES: dict[str, tuple[str, ...]] = {
+    "fused_add_rmsnorm": ("EPS",),
     "rmsnorm": ("EPS",),
     "silu_and_mul": (),
     "gemm": (),
@@ -30,6 +32,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 }
 #: op types a family may serve (input names alone would let a GEMM family take any (A, B) op)
 OP_TYPES: dict[str, tuple[str, ...]] = {
+    "fused_add_rmsnorm": ("rmsnorm",),
     "rmsnorm": ("rmsnorm",),
     "silu_and_mul": ("activation",),
     "gemm": ("gemm",),
@@ -47,8 +50,22 @@ def family_source(family: str) -> str:
 
 
 def _fits(definition: Definition, source: str) -> bool:
+    """The Definition's inputs are ``run``'s parameters (the required ones at least), and its outputs
+    those the source's ``OUTPUTS`` names, where it names them (families are tried in order, so a
+    family that names them comes before the one it refines)."""
     signature = entry_signature(source, "run")
+    outputs = _declared_outputs(source)
+    if outputs is not None and tuple(definition.outputs) != outputs:
+        return False
     return set(signature.required) <= set(definition.inputs) <= set(signature.params)
+
+
+def _declared_outputs(source: str) -> Optional[tuple[str, ...]]:
+    """A family's ``OUTPUTS = (...)``, or None where it returns the Definition's one output."""
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "OUTPUTS" for t in node.targets):
+            return tuple(ast.literal_eval(node.value))
+    return None
 
 
 def _constant(definition: Definition, name: str) -> Optional[str]:
@@ -87,16 +104,20 @@ def baseline_solutions(definition: Definition) -> list[Solution]:
 
 
 def _solution(definition: Definition, label: str, language: str, source: str, description: str,
-              siblings: Optional[dict[str, str]] = None) -> Solution:
-    """``source`` as ``main.py``; ``siblings``: other files of the Solution, which it imports."""
+              siblings: Optional[dict[str, str]] = None, overwrites: Optional[dict[str, Optional[str]]] = None) -> Solution:
+    """``source`` as ``main.py``; ``siblings``: other files of the Solution, which it imports;
+    ``overwrites``: the inputs it works in place on."""
     sources = [{"path": "main.py", "content": source}] + [{"path": p, "content": c} for p, c in (siblings or {}).items()]
+    spec = {"language": language, "target_hardware": [], "entry_point": "main.py::run"}
+    if overwrites:
+        spec["overwrites"] = overwrites
     return Solution.model_validate(
         {
             "name": f"{definition.name}__{label}",
             "definition": definition.name,
             "description": description,
             "author": "fi-profile",
-            "spec": {"language": language, "target_hardware": [], "entry_point": "main.py::run"},
+            "spec": spec,
             "sources": sources,
         }
     )
@@ -110,11 +131,10 @@ _NATIVE: dict[str, dict[str, str]] = {
             "def run(hidden_states, weight):\n    out = torch.empty_like(hidden_states)\n"
             "    torch.ops._C.rms_norm(out, hidden_states, weight, EPS)\n    return out\n"
         ),
-        "fused_add_rmsnorm": (
+        "fused_add_rmsnorm": (  # in place on both (spec.overwrites): replay hands it fresh copies, untimed
             "import torch\nimport vllm._custom_ops  # registers torch.ops._C\n\nEPS = {EPS}\n\n\n"
-            "def run(hidden_states, residual, weight):\n    # in place on both: work on copies (the copy is timed too)\n"
-            "    x, r = hidden_states.clone(), residual.clone()\n"
-            "    torch.ops._C.fused_add_rms_norm(x, r, weight, EPS)\n    return x\n"
+            "def run(hidden_states, residual, weight):\n"
+            "    torch.ops._C.fused_add_rms_norm(hidden_states, residual, weight, EPS)\n"
         ),
         "silu_and_mul": (
             "import torch\nimport vllm._custom_ops  # registers torch.ops._C\n\n\n"
@@ -130,11 +150,9 @@ _NATIVE: dict[str, dict[str, str]] = {
             "import flashinfer\n\nEPS = {EPS}\n\n\ndef run(hidden_states, weight):\n"
             "    return flashinfer.norm.rmsnorm(hidden_states, weight, eps=EPS)\n"
         ),
-        "fused_add_rmsnorm": (
+        "fused_add_rmsnorm": (  # in place on both, as vLLM's
             "import flashinfer\n\nEPS = {EPS}\n\n\ndef run(hidden_states, residual, weight):\n"
-            "    # in place on both: work on copies (the copy is timed too)\n"
-            "    x, r = hidden_states.clone(), residual.clone()\n"
-            "    flashinfer.norm.fused_add_rmsnorm(x, r, weight, eps=EPS)\n    return x\n"
+            "    flashinfer.norm.fused_add_rmsnorm(hidden_states, residual, weight, eps=EPS)\n"
         ),
         "silu_and_mul": "import flashinfer\n\n\ndef run(input):\n    return flashinfer.activation.silu_and_mul(input)\n",
         "paged_attention": "file:flashinfer_paged_attention",
@@ -144,6 +162,14 @@ _NATIVE: dict[str, dict[str, str]] = {
     },
 }
 
+
+#: kind -> the inputs its native kernels overwrite (vLLM's and FlashInfer's fused add + RMSNorm write
+#: the output into hidden_states and the new residual into residual; a Definition without that
+#: output leaves the residual as scratch)
+_NATIVE_OVERWRITES = {
+    "fused_add_rmsnorm": lambda d: d.overwrites or {"hidden_states": "output",
+                                                   "residual": "residual_out" if "residual_out" in d.outputs else None},
+}
 
 #: (library, kind) -> the compiled module the kernel lives in, when not the library's main one
 _NATIVE_MODULES = {("vllm", "moe"): "vllm._moe_C"}
@@ -199,5 +225,6 @@ def native_solutions(definition: Definition) -> list[Solution]:
         if module is not None and importlib.util.find_spec(module) is None:
             continue  # e.g. a vLLM build without its MoE kernels
         source, siblings = _native_source(definition, kind, sources[kind])
-        found.append(_solution(definition, library, "python", source, f"{library}'s kernel, as the engine calls it", siblings))
+        found.append(_solution(definition, library, "python", source, f"{library}'s kernel, as the engine calls it", siblings,
+                               _NATIVE_OVERWRITES.get(kind, lambda d: None)(definition)))
     return found

@@ -81,8 +81,10 @@ def _read_definition(path: Path) -> Definition:
     return parsed.to_definition() if isinstance(parsed, LegacyKernelDescription) else parsed
 
 
-def load_solutions(paths: list[Path]) -> list[Solution]:
-    """Solution JSON files, or folders of them (the caller checks the Definitions they name)."""
+def load_solutions(paths: list[Path], definitions: Optional[dict[str, Definition]] = None) -> list[Solution]:
+    """Solution JSON files, or folders of them. With ``definitions``, what a Solution says about its
+    Definition's tensors (``spec.overwrites``) is checked against it (the caller checks that the
+    Definitions named exist)."""
     files: list[Path] = []
     for path in paths:
         if path.is_dir():
@@ -103,5 +105,9 @@ def load_solutions(paths: list[Path]) -> list[Solution]:
                 solution = Solution.model_validate(item)
             except ValidationError as exc:
                 raise _fail(label, exc) from None
+            definition = (definitions or {}).get(solution.definition)
+            problems = solution.problems_with(definition) if definition is not None else []
+            if problems:
+                raise DatasetError("\n".join(f"{label}: {'.'.join(map(str, loc))}: {message}" for loc, message in problems))
             solutions.append(solution)
     return solutions

@@ -13,7 +13,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import torch
 
@@ -72,21 +72,21 @@ def evaluate(task: Task) -> Outcome:
     phases = Phases()
     try:
         with phases("build"):
-            run, destination_passing = _entry(definition, task)
+            calling = _entry(definition, task)
     except BuildError as exc:
         return Outcome("compile_error", compiled=False, error=str(exc), phases=phases.seconds)
     try:
         draws = [_inputs(definition, workload, Path(task.root), device, seed, phases) for seed in range(task.draws)]
         method = check_method(definition)
         with phases("check"):
-            check = method.check(definition, run, destination_passing, draws, device)
+            check = method.check(definition, calling, draws, device)
         inputs, reference = draws[0]
-        call, prepare = _bound(definition, run, destination_passing, inputs, reference, device)
+        call, prepare = _bound(definition, calling, inputs, reference, device)
         with phases("timed calls"):
             measured = measure(call, prepare, device, min_time_s=task.min_time_s, cuda_graph=task.cuda_graph)
         if method.recheck_last_output:
             with phases("check"):
-                last = _named(definition, measured.last_output, destination_passing)
+                last = _named(definition, measured.last_output, calling)
                 diff = _diff_all(definition, last, reference)
             if not diff.ok:
                 raise Failed(
@@ -116,24 +116,46 @@ class Phases:
             self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - began
 
 
-def _entry(definition: Definition, task: Task) -> tuple[Callable[..., Any], bool]:
+@dataclass(frozen=True)
+class Calling:
+    """How to call an entry point: ``run`` by name; whether it takes the outputs
+    (destination-passing); the inputs it overwrites, each with the output it holds afterwards
+    (None: scratch). Overwritten inputs get fresh copies before every call, outside the timed region."""
+
+    run: Callable[..., Any]
+    destination_passing: bool
+    overwrites: Mapping[str, Optional[str]] = field(default_factory=dict)
+
+    def returned(self, definition: Definition) -> list[str]:
+        """The outputs ``run`` returns or fills: those no overwritten input holds."""
+        held = {o for o in self.overwrites.values() if o is not None}
+        return [n for n in definition.outputs if n not in held]
+
+
+def _entry(definition: Definition, task: Task) -> Calling:
     if task.solution is None:
         fn = load_function(definition.reference, "run", label=definition.name)
-        return fn, definition.reference_destination_passing
+        return Calling(fn, definition.reference_destination_passing)
     solution = Solution.model_validate(task.solution)
+    return _solution_calling(definition, solution)
+
+
+def _solution_calling(definition: Definition, solution: Solution) -> Calling:
     key = content_hash(solution)
     if key not in _BUILT:
         _BUILT[key] = build(solution)
     built = _BUILT[key]
+    overwrites = dict(solution.spec.overwrites or {})
+    returned = Calling(built.fn, False, overwrites).returned(definition)  # the outputs no input holds
     destination_passing = (
-        solution.is_destination_passing(list(definition.inputs), list(definition.outputs))
+        solution.is_destination_passing(list(definition.inputs), returned)
         if solution.spec.language.entry_is_python
         else bool(solution.spec.destination_passing)
     )
     if built.by_name:
-        return built.fn, destination_passing
-    order = list(definition.inputs) + (list(definition.outputs) if destination_passing else [])
-    return (lambda **kw: built.fn(*(kw[n] for n in order))), destination_passing
+        return Calling(built.fn, destination_passing, overwrites)
+    order = list(definition.inputs) + (returned if destination_passing else [])
+    return Calling(lambda **kw: built.fn(*(kw[n] for n in order)), destination_passing, overwrites)
 
 
 def _inputs(definition: Definition, workload: Workload, root: Path, device: torch.device, seed: int, phases: Phases):
@@ -151,8 +173,8 @@ def _inputs(definition: Definition, workload: Workload, root: Path, device: torc
     return _INPUTS[key]
 
 
-def _outputs(definition: Definition, device: torch.device, like: dict[str, Any]) -> dict[str, torch.Tensor]:
-    return {name: torch.empty_like(like[name], device=device) for name in definition.outputs}
+def _outputs(names: list[str], device: torch.device, like: dict[str, Any]) -> dict[str, torch.Tensor]:
+    return {name: torch.empty_like(like[name], device=device) for name in names}
 
 
 def _poison(outputs: dict[str, torch.Tensor]) -> None:
@@ -163,43 +185,69 @@ def _poison(outputs: dict[str, torch.Tensor]) -> None:
             tensor.fill_(-1 if tensor.dtype.is_signed else 0)
 
 
-def _bound(definition, run, destination_passing, inputs, reference, device):
-    """A zero-argument call on these inputs, and its untimed preparation (poisoned outputs)."""
-    if not destination_passing:
-        return (lambda: run(**inputs)), (lambda: None)
-    outputs = _outputs(definition, device, reference)
+@dataclass
+class _InPlace:
+    """What an overwriting call left: its return value and the inputs it wrote into."""
 
-    def call():
-        run(**inputs, **outputs)
-        return outputs
-
-    return call, (lambda: _poison(outputs))
+    result: Any
+    written: dict[str, torch.Tensor]
 
 
-def _named(definition: Definition, result: Any, destination_passing: bool) -> dict[str, Any]:
-    if destination_passing:
-        return result
-    return outputs_by_name(definition, result)
+def _bound(definition: Definition, calling: Calling, inputs, reference, device):
+    """A zero-argument call on these inputs, and its untimed preparation: poisoned outputs, and
+    fresh copies of the inputs the call overwrites (so the copies are never timed)."""
+    filled = calling.returned(definition) if calling.destination_passing else []
+    outputs = _outputs(filled, device, reference)
+    written = {n: torch.empty_like(inputs[n]) for n in calling.overwrites}
+    arguments = {**inputs, **written, **outputs}
+
+    def prepare() -> None:
+        for name, copy in written.items():
+            copy.copy_(inputs[name])
+        _poison(outputs)
+
+    def call() -> Any:
+        result = calling.run(**arguments)
+        if calling.destination_passing:
+            result = outputs
+        return _InPlace(result, written) if written else result
+
+    return call, prepare
 
 
-def _check_draws(definition, run, destination_passing, draws, device) -> dict:
+def _named(definition: Definition, result: Any, calling: Calling) -> dict[str, Any]:
+    """The call's outputs by name: returned (or filled), and held by the inputs it overwrote."""
+    returned = calling.returned(definition)
+    written: dict[str, torch.Tensor] = {}
+    if isinstance(result, _InPlace):
+        result, written = result.result, result.written
+    named = result if calling.destination_passing else (outputs_by_name(definition, result, returned) if returned else {})
+    named = dict(named)
+    for source, output in calling.overwrites.items():
+        if output is not None:
+            named[output] = written[source]
+    return named
+
+
+def _check_draws(definition, calling, draws, device) -> dict:
     """Outputs against the reference's on every draw: exact shape and dtype, inputs unchanged,
     allclose per dtype, and a fresh input must not give the previous output."""
     total: Optional[Diff] = None
     previous: Optional[tuple[dict, dict]] = None
     for inputs, reference in draws:
         before = {n: v.clone() for n, v in inputs.items() if isinstance(v, torch.Tensor)}
-        call, prepare = _bound(definition, run, destination_passing, inputs, reference, _device_of(inputs))
+        call, prepare = _bound(definition, calling, inputs, reference, _device_of(inputs))
         prepare()
         try:
             result = call()
         except Exception as exc:
+            _restore(inputs, before)
             raise Failed("runtime_error", _tail(exc)) from None
         try:
-            outputs = _named(definition, result, destination_passing)
+            outputs = _named(definition, result, calling)
         except ValueError as exc:
             raise Failed("incorrect_shape", f"outputs: {exc}") from None
-        changed = [n for n, v in before.items() if not torch.equal(v, inputs[n])]
+        changed = _restore(inputs, before)
         if changed:
             raise Failed("mutates_input", f"inputs changed by the call: {', '.join(changed)}")
         for name, ref in reference.items():
@@ -224,6 +272,15 @@ def _check_draws(definition, run, destination_passing, draws, device) -> dict:
         previous = ({n: o.clone() for n, o in outputs.items()}, reference)
     assert total is not None
     return _check_dict(total, len(draws))
+
+
+def _restore(inputs: dict[str, Any], before: dict[str, torch.Tensor]) -> list[str]:
+    """The inputs a call changed, put back as they were: they are the worker's cached draw, which
+    the workload's other solutions get next."""
+    changed = [n for n, v in before.items() if not torch.equal(v, inputs[n])]
+    for name in changed:
+        inputs[name].copy_(before[name])
+    return changed
 
 
 def _device_of(inputs: dict[str, Any]) -> torch.device:
@@ -255,16 +312,16 @@ def _check_dict(diff: Diff, draws: int) -> dict:
     }
 
 
-def _check_distribution(definition, run, destination_passing, draws, device) -> dict:
+def _check_distribution(definition, calling, draws, device) -> dict:
     """Sampling: the solution's draws and the reference's, over the same probabilities (the first
     draw's), must have close empirical distributions (mean total-variation distance over rows)."""
     inputs, reference = draws[0]
     name = next(iter(definition.outputs))
-    call, prepare = _bound(definition, run, destination_passing, inputs, reference, device)
+    call, prepare = _bound(definition, calling, inputs, reference, device)
     ours, theirs = [], []
     for _ in range(SAMPLING_DRAWS):
         prepare()
-        out = _named(definition, call(), destination_passing)[name]
+        out = _named(definition, call(), calling)[name]
         if tuple(out.shape) != tuple(reference[name].shape):
             raise Failed("incorrect_shape", f"{name}: shape {tuple(out.shape)}, expected {tuple(reference[name].shape)}")
         if out.dtype != reference[name].dtype:
@@ -290,7 +347,7 @@ def _check_distribution(definition, run, destination_passing, draws, device) -> 
 class CheckMethod:
     """How an op family's outputs are judged against its reference."""
 
-    #: (definition, run, destination_passing, draws, device) -> the check record; raises Failed
+    #: (definition, calling, draws, device) -> the check record; raises Failed
     check: Callable[..., dict]
     #: the last timed call's output is compared with the reference again (not for random outputs)
     recheck_last_output: bool = True

@@ -13,6 +13,7 @@ from fi_profile.schema.base import StrictModel
 from fi_profile.schema.constraint import Constraint, ConstraintError
 from fi_profile.schema.dtype import DType, parse_dtype
 from fi_profile.schema.reference import entry_signature
+from fi_profile.schema.solution import overwrite_problems
 
 
 class AxisConst(StrictModel):
@@ -53,6 +54,10 @@ class Definition(StrictModel):
     outputs: dict[str, TensorSpec]
     reference: str
     constraints: Optional[list[str]] = None
+    #: where the engine's kernel works in place: each input it overwrites, with the output it holds
+    #: afterwards (null: scratch). The reference still returns every output; Solutions that work in
+    #: place say so themselves (``spec.overwrites``), so this is what a native kernel is held to.
+    overwrites: Optional[dict[str, Optional[str]]] = None
 
     @model_validator(mode="before")
     @classmethod
@@ -83,6 +88,7 @@ class Definition(StrictModel):
             errors.append((("axes", clash), f"{clash!r} is also a tensor name"))
         errors.extend(self._check_reference())
         errors.extend(self._check_constraints())
+        errors.extend(overwrite_problems(self.overwrites, self, ("overwrites",)))
         if errors:
             raise FieldErrors(errors)
         return self

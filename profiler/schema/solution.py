@@ -57,6 +57,10 @@ class SolutionSpec(StrictModel):
     dependencies: list[str] = Field(default_factory=list)
     entry_point: str
     destination_passing: Optional[bool] = None
+    #: the inputs the call writes into (as the engines' in-place kernels do), each with the output
+    #: it holds afterwards, or null (scratch). Replay gives the call fresh copies of them, made
+    #: before each call outside the timed region, and checks the outputs they hold.
+    overwrites: Optional[dict[str, Optional[str]]] = None
 
     @field_validator("entry_point")
     @classmethod
@@ -116,3 +120,32 @@ class Solution(StrictModel):
             return self.spec.destination_passing
         signature = self.entry_signature()
         return bool(outputs) and set(outputs) <= set(signature.params)
+
+    def problems_with(self, definition: Any) -> list[tuple[Loc, str]]:
+        """What this Solution says that its Definition contradicts (field path, message)."""
+        return overwrite_problems(self.spec.overwrites, definition, ("spec", "overwrites"))
+
+
+def overwrite_problems(overwrites: Optional[dict[str, Optional[str]]], definition: Any,
+                       at: Loc) -> list[tuple[Loc, str]]:
+    """An ``overwrites`` map checked against a Definition: inputs it writes, outputs they hold,
+    each output held by one input at most."""
+    problems: list[tuple[Loc, str]] = []
+    held: dict[str, str] = {}
+    inputs, outputs = ", ".join(definition.inputs), ", ".join(definition.outputs)
+    for source, output in (overwrites or {}).items():
+        if source not in definition.inputs:
+            problems.append(((*at, source), f"{source!r} is not an input of {definition.name} ({inputs})"))
+        if output is None:
+            continue
+        if output not in definition.outputs:
+            problems.append(((*at, source), f"{output!r} is not an output of {definition.name} ({outputs})"))
+        elif output in held:
+            problems.append(((*at, source), f"{output!r} is held by {held[output]!r} already"))
+        else:
+            held[output] = source
+        if source in definition.inputs and output in definition.outputs:
+            a, b = definition.inputs[source], definition.outputs[output]
+            if (a.shape, a.dtype) != (b.shape, b.dtype):
+                problems.append(((*at, source), f"{source} {a.dtype}{a.shape} cannot hold {output} {b.dtype}{b.shape}"))
+    return problems
