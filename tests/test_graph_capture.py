@@ -120,3 +120,25 @@ def test_a_graph_captured_while_recording_adds_nothing_to_the_step(tmp_path, mon
     RECORDER.flush(tmp_path)
     assert RECORDER.calls == {"gemm_n64_k32": 4} and not RECORDER.errors
     RECORDER.active = False
+
+
+def test_a_graph_runner_whose_backend_captured_no_calls_is_a_hook_error(monkeypatch):
+    """SGLang's CPU graph runner and its torch.compile backends run no hooked layer at capture:
+    their steps are said (hook errors), never silently empty; the capturing backends pass."""
+    RECORDER.reset()
+    monkeypatch.setattr(RECORDER, "active", True)
+
+    class CPUGraphRunner:
+        def execute(self, forward_batch):
+            return forward_batch
+
+    class DecodeCudaGraphRunner(CPUGraphRunner):
+        backend = make_backend("FullCudaGraphBackend")()
+
+    for runner in (CPUGraphRunner, DecodeCudaGraphRunner):
+        runner.execute = wrap_boundary(runner.execute, "graph_step", adapter._graph_runner_runs, runner)
+    assert DecodeCudaGraphRunner().execute(7) == 7 and not RECORDER.errors
+    assert CPUGraphRunner().execute(7) == 7  # the engine's step still runs
+    (error,) = RECORDER.errors
+    assert "SGLang's CPUGraphRunner (NoneType), whose layer calls fi-profile does not record" in error
+    RECORDER.active = False

@@ -179,3 +179,23 @@ def test_device_samples_are_copied_to_pinned_memory_and_land_in_the_blob(tmp_pat
     blob = load_file(tmp_path / part["blob"])
     for w in part["workloads"]:
         assert torch.equal(blob[w["tensors"]["idx"]], expected[w["axes"]["M"]])
+
+
+@pytest.mark.parametrize("gap, said", [
+    ({"hooks_missing": ["sglang.x.RadixAttention: none of ('forward',)"]}, "hook points not found (their calls are not in the record)"),
+    ({"not_covered": {"Fp8LinearMethod": 32}}, "layers whose kernels no hook records"),
+])
+def test_what_the_hooks_could_not_see_makes_the_record_incomplete(tmp_path, monkeypatch, gap, said):
+    """A hook point this engine version lacks, or layers no hook covers: the record says it is
+    incomplete (and the command exits 1), never a record that only looks whole."""
+    from fi_profile.capture.output import merge_parts
+
+    monkeypatch.setattr(RECORDER, "active", True)
+    RECORDER.reset()
+    hooked_linear, boundary, _ = make_hooks()
+    step(hooked_linear, boundary, 2, 1)
+    RECORDER.flush(tmp_path)
+    run = {"hooks_missing": [], **gap}
+    summary = merge_parts(tmp_path, "m", "vLLM", 8, run)
+    assert said in summary.record.run["incomplete"] and said in run["incomplete"]
+    RECORDER.active = False

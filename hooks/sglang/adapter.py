@@ -50,13 +50,6 @@ def _model_step(self: Any, forward_batch: Any) -> None:
     if layout is not None:
         shape = ops.step_shape(layout[0], len(layout[1]))
         RECORDER.begin_step(shape, tokens=shape[0])
-    graph = _graph_runner_for(self, forward_batch)
-    if graph is not None and type(getattr(graph, "backend", None)).__name__ not in _CAPTURED_BACKENDS:
-        # no Python layer runs in it, and no capture templates: said, never silently dropped
-        raise NotImplementedError(
-            f"this step runs SGLang's {type(graph).__name__} ({type(getattr(graph, 'backend', None)).__name__}), "
-            "whose layer calls fi-profile does not record: they are not in the record (capture with --eager)"
-        )
 
 
 #: SGLang's CUDA graph backends that capture by running the model's Python forward (its layer
@@ -64,20 +57,16 @@ def _model_step(self: Any, forward_batch: Any) -> None:
 _CAPTURED_BACKENDS = {"FullCudaGraphBackend": "full_cuda_graph", "BreakableCudaGraphBackend": "piecewise_cuda_graph"}
 
 
-def _graph_runner_for(runner: Any, batch: Any) -> Any:
-    """SGLang's graph runner that will run this step, if one will (0.5.16 and 0.5.23 name them
-    ``decode_cuda_graph_runner`` / ``prefill_cuda_graph_runner``)."""
-    if getattr(getattr(runner, "server_args", None), "disable_cuda_graph", False):
-        return None  # eager: nothing to ask
-    mode = batch.forward_mode
-    decode = getattr(runner, "decode_cuda_graph_runner", None)
-    if decode is not None and mode.is_cuda_graph() and decode.can_run_graph(batch):
-        return decode
-    prefill = getattr(runner, "prefill_cuda_graph_runner", None)
-    if (prefill is not None and type(prefill).__name__ != "EagerRunner" and mode.is_extend()
-            and prefill.can_run_graph(batch)):
-        return prefill
-    return None
+def _graph_runner_runs(self: Any) -> None:
+    """One of SGLang's graph runners runs this step (``execute``): its layer calls are recorded only
+    where its backend captured them by running the model (replayed in :func:`_graph_replay`); any
+    other (the CPU graph runner, torch.compile backends) is said, never silently dropped."""
+    backend = type(getattr(self, "backend", None)).__name__
+    if backend not in _CAPTURED_BACKENDS:
+        raise NotImplementedError(
+            f"this step runs SGLang's {type(self).__name__} ({backend}), whose layer calls fi-profile does not "
+            "record: they are not in the record (capture with --eager)"
+        )
 
 
 def _graph_capture(self: Any, shape_key: Any) -> Any:
@@ -182,16 +171,23 @@ POINTS = [
               nested=("silu_and_mul", "gemm")),
     HookPoint("sglang.srt.layers.sampler", "Sampler", ("forward",), "sampling", _sampler),
     HookPoint("sglang.srt.model_executor.model_runner", "ModelRunner", ("forward",), "step", _model_step, boundary=True),
-    # graph mode: the calls each CUDA graph captured, and each replay of it in a step
+    # graph mode: a graph runner runs a step; the calls each CUDA graph captured, and each replay of it
+    *(
+        HookPoint(f"sglang.srt.model_executor.{module}", runner, ("execute",), "graph_step", _graph_runner_runs,
+                  boundary=True)
+        for module, runner in (("runner.decode_cuda_graph_runner", "DecodeCudaGraphRunner"),
+                               ("runner.prefill_cuda_graph_runner", "PrefillCudaGraphRunner"),
+                               ("cpu_graph_runner", "CPUGraphRunner"))
+    ),
     *(
         point
         for module, backend in (("full_cuda_graph_backend", "FullCudaGraphBackend"),
                                 ("breakable_cuda_graph_backend", "BreakableCudaGraphBackend"))
         for point in (
             HookPoint(f"sglang.srt.model_executor.runner_backend.{module}", backend, ("capture_one",), "graph_capture",
-                      _graph_capture, optional=True, around=True),
+                      _graph_capture, around=True),
             HookPoint(f"sglang.srt.model_executor.runner_backend.{module}", backend, ("replay",), "graph_replay",
-                      _graph_replay, optional=True, boundary=True),
+                      _graph_replay, boundary=True),
         )
     ),
 ]

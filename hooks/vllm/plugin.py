@@ -52,6 +52,14 @@ class CaptureWorkerExtension:
         return {"pid": os.getpid(), **STATUS, "not_covered": _not_covered(self)}
 
     def fi_profile_stop(self, out_dir: str) -> str:
-        from fi_profile.capture.recorder import stop_recording
+        from fi_profile.capture.recorder import RECORDER, stop_recording
+        from fi_profile.hooks.traced import TRACES
 
+        stepped = sum(RECORDER.step_stats.values()) or RECORDER.step_tokens
+        if any(t.templates for t in TRACES.values()) and not RECORDER.graph_runs and stepped:
+            # every step of a compiled model runs its compiled forward: none seen means this vLLM
+            # runs it where no hook point is, and its calls are missing
+            RECORDER.error("compiled_forward", RuntimeError(
+                "the model's forward was traced by torch.compile, but no run of the compiled forward was seen: "
+                "its calls are not in the record (this vLLM version runs it past fi-profile's hook points)"))
         return str(stop_recording(out_dir))

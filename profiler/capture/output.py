@@ -86,6 +86,8 @@ def merge_parts(
         impact = hook_error_impact(errors, lost, ops)
         gaps.append(impact.pop("incomplete"))
         run_block.update(impact)
+    if run_block.get("hooks_missing"):  # this engine version lacks them: whatever they record is not in the record
+        gaps.append(f"hook points not found (their calls are not in the record): {', '.join(run_block['hooks_missing'])}")
     if run_block.get("not_covered"):
         layers = ", ".join(f"{n} x {kind}" for kind, n in run_block["not_covered"].items())
         gaps.append(f"layers whose kernels no hook records (not in the record): {layers}")

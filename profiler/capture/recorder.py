@@ -64,9 +64,10 @@ class Recorder:
         self.lost_calls: Counter[str] = Counter()
         #: the op each recorded Definition came from (which counts a lost invocation may lower)
         self.ops: dict[str, str] = {}
-        #: how each Definition's calls ran: "eager" (its own call) and/or "compiled" (traced into a graph)
+        #: how each Definition's calls ran: "eager" (its own call), "compiled" (traced into a
+        #: torch.compile graph), "cuda_graph" (its own kernel, replayed from a CUDA graph)
         self.execution: dict[str, set[str]] = {}
-        #: compiled-forward runs by how they ran (vLLM's cudagraph mode: NONE, PIECEWISE, FULL)
+        #: compiled-forward and CUDA-graph runs by how they ran (compiled, piecewise_cuda_graph, full_cuda_graph)
         self.graph_runs: Counter[str] = Counter()
         #: compiled-forward runs by (tokens the compiled code ran with, tokens the step scheduled)
         self.padding: Counter[tuple[int, int]] = Counter()
@@ -169,7 +170,7 @@ class Recorder:
                times: int = 1) -> str:
         """Record one hooked invocation's calls; returns its NVTX label (first Definition, or op).
         ``learned=False``: a live invocation, recorded in every step, not part of the step's list.
-        ``where``: how the calls ran (``eager``, or ``compiled``: inside a torch.compile graph).
+        ``where``: how the calls ran (``eager``, ``compiled`` or ``cuda_graph``: see ``execution``).
         ``times``: the same invocation that many times (layers of one shape in a compiled step)."""
         label = op
         with self._lock:

@@ -127,9 +127,13 @@ class Calling:
     overwrites: Mapping[str, Optional[str]] = field(default_factory=dict)
 
     def returned(self, definition: Definition) -> list[str]:
-        """The outputs ``run`` returns or fills: those no overwritten input holds."""
-        held = {o for o in self.overwrites.values() if o is not None}
-        return [n for n in definition.outputs if n not in held]
+        return returned_outputs(definition, self.overwrites)
+
+
+def returned_outputs(definition: Definition, overwrites: Mapping[str, Optional[str]]) -> list[str]:
+    """The outputs a call returns or fills: those no input it overwrites holds afterwards."""
+    held = {o for o in overwrites.values() if o is not None}
+    return [n for n in definition.outputs if n not in held]
 
 
 def _entry(definition: Definition, task: Task) -> Calling:
@@ -146,7 +150,7 @@ def _solution_calling(definition: Definition, solution: Solution) -> Calling:
         _BUILT[key] = build(solution)
     built = _BUILT[key]
     overwrites = dict(solution.spec.overwrites or {})
-    returned = Calling(built.fn, False, overwrites).returned(definition)  # the outputs no input holds
+    returned = returned_outputs(definition, overwrites)
     destination_passing = (
         solution.is_destination_passing(list(definition.inputs), returned)
         if solution.spec.language.entry_is_python
