@@ -152,7 +152,10 @@ def test_baselines_pass_everywhere_and_results_are_valid(baseline_run):
     assert {r.status.value for r in results} == {"passed"}, [(r.source, r.error) for r in results if r.error]
     sources = {(r.kernel_id, r.source) for r in results}
     for name in dataset.definitions:
-        assert {(name, REFERENCE), (name, f"{name}__torch"), (name, f"{name}__torch_compile")} <= sources
+        assert {(name, REFERENCE), (name, f"{name}__torch")} <= sources
+        # attention and MoE loop over requests / experts in Python: no torch.compile baseline for them
+        compiled = name not in (DECODE, PREFILL, RAGGED, MOE)
+        assert ((name, f"{name}__torch_compile") in sources) == compiled, name
     for r in results:
         assert r.device.name == "cpu" and r.timing.method == "cpu_wall" and not r.timing.cold_l2
         assert r.timing.repetitions >= 10 and r.timing.p10_ms <= r.timing.median_ms <= r.timing.p90_ms
@@ -187,10 +190,13 @@ def test_adversarial_solutions_are_caught_and_the_run_goes_on(dataset_dir, tmp_p
     given = load_solutions([folder])
     results = replay(dataset, given, False, tmp_path / "out", ReplayOptions(device="cpu", min_time_s=0.02, timeout_s=20))
     status = {(r.source, r.workload): r.status.value for r in results}
+    # the untimed first call saw a buffer that the check's outputs may reuse: then the poisoned
+    # output shows in the check already
     also = {"stale_after_warmup": {"incorrect_numerical"}}
     for name, (expected, _) in ADVERSARIAL.items():
         seen = [status[(f"bad_{name}", w)] for w in (f"{RMSNORM}-0", f"{RMSNORM}-1")]
-        assert expected in seen and set(seen) <= {expected} | also.get(name, set()), (name, seen)
+        allowed = {expected} | also.get(name, set())
+        assert seen and set(seen) <= allowed and (expected in seen or name in also), (name, seen)
     assert all(status[("good", w)] == "passed" for w in (f"{RMSNORM}-0", f"{RMSNORM}-1"))
     crashed = next(r for r in results if r.source == "bad_exits")
     assert "exit code 3" in crashed.error and crashed.time is None and crashed.speedup is None
@@ -248,6 +254,24 @@ def test_two_workers_give_the_results_of_one(baseline_run, dataset_dir, tmp_path
     before = (tmp_path / "results.jsonl").read_text()
     _, again = run_replay(dataset_dir, tmp_path, [], resume=True, devices=["cpu", "cpu"])
     assert (tmp_path / "results.jsonl").read_text() == before and len(again) == len(results)
+
+
+def test_each_device_keeps_to_a_definition_until_it_runs_out():
+    """Two devices on three Definitions: each starts on its own, keeps to it (its builds and
+    compiled code stay useful), then takes one nobody works on, then helps where most is left."""
+    from types import SimpleNamespace
+
+    from fi_profile.replay.runner import DefinitionQueue
+
+    groups = [SimpleNamespace(definition=SimpleNamespace(name=d), i=i) for d, n in (("a", 3), ("b", 4), ("c", 1)) for i in range(n)]
+    queue = DefinitionQueue(groups)
+    first, second = queue.take(None), queue.take(None)
+    assert (first.definition.name, second.definition.name) == ("a", "b")
+    assert [queue.take("a").definition.name for _ in range(2)] == ["a", "a"]
+    assert queue.take("a").definition.name == "c"  # a is done; c has no device, b has one
+    assert queue.take("c").definition.name == "b"  # helps with b
+    taken = [queue.take("b") for _ in range(3)]
+    assert [g.definition.name if g else None for g in taken] == ["b", "b", None]
 
 
 KILLS_ITS_RAY_TASK = GOOD_RMSNORM.replace("def run(", "def good(") + """
@@ -340,6 +364,26 @@ def test_time_breakdown_is_kept_beside_the_results(baseline_run):
     assert sum(phases.values()) <= document["pairs_wall_s"] + 1e-6 <= document["wall_s"] * 1.01 + 1
 
 
+def test_torch_compile_compiles_once_per_definition_not_per_workload():
+    """Token counts differ between workloads: the var axes are marked dynamic, so one graph serves
+    them all (Dynamo specializes size 1 on its own: one more graph for a 1-token workload)."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    from fi_profile.replay.baseline_solutions import baseline_solutions
+    from fi_profile.replay.evaluate import _solution_calling
+
+    definition = shipped_definition("fused_add_rmsnorm_h4096")
+    compiled = next(s for s in baseline_solutions(definition) if s.name.endswith("__torch_compile"))
+    calling = _solution_calling(definition, compiled)
+    torch._dynamo.reset()
+    counters.clear()
+    for tokens in (7, 33, 130, 513):
+        x, r = torch.randn(tokens, 4096, dtype=torch.bfloat16), torch.randn(tokens, 4096, dtype=torch.bfloat16)
+        calling.run(hidden_states=x, residual=r, weight=torch.ones(4096, dtype=torch.bfloat16))
+    assert counters["stats"]["unique_graphs"] == 1
+
+
 @pytest.mark.parametrize(
     "flags",
     [["--definitions", f"{GEMM},{RMSNORM}"], ["--definitions", GEMM, "--definitions", RMSNORM]],
@@ -390,7 +434,8 @@ def test_flashinfer_trace_dataset_replays_as_is(tmp_path):
     assert set(dataset.workloads) == {"rmsnorm_h4096", "gqa_paged_decode_h32_kv8_d128_ps1"}
     # its blobs are not in the copy we have: the worker warns and synthesises those inputs
     results = replay(dataset, [], True, tmp_path, ReplayOptions(device="cpu", min_time_s=0.02, timeout_s=300))
-    assert len(results) == 6 and {r.status.value for r in results} == {"passed"}, [r.error for r in results]
+    # reference, torch, torch_compile for the norm; reference and torch for attention
+    assert len(results) == 5 and {r.status.value for r in results} == {"passed"}, [r.error for r in results]
 
 
 TRITON_RMSNORM = """
@@ -446,6 +491,21 @@ def test_cuda_triton_solution_passes_and_side_stream_work_is_caught(dataset_dir,
     assert side and set(side) <= {"incorrect_numerical", "stale_output"}, side
     graph = replay(dataset, given[:1], False, tmp_path / "graph", ReplayOptions(device="cuda:0", cuda_graph=True))
     assert {r.timing.method for r in graph if r.time} == {"cuda_graph"}
+
+
+@pytest.mark.skipif(__import__("torch").cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_second_gpu_times_what_runs_on_it(dataset_dir, tmp_path):
+    """A worker on cuda:1 times its own GPU's work: events recorded on cuda:0 (the process's
+    default device) around kernels on cuda:1 once read ~3 us for every call."""
+    import statistics
+
+    dataset = load_dataset(dataset_dir, [RMSNORM, GEMM])
+    times = {}
+    for device in ("cuda:0", "cuda:1"):
+        results = replay(dataset, [], True, tmp_path / device, ReplayOptions(device=device, devices=[device]))
+        times[device] = {(r.workload, r.source): r.time for r in results if r.time}
+    ratios = [times["cuda:1"][k] / t for k, t in times["cuda:0"].items()]
+    assert 0.8 < statistics.median(ratios) < 1.25, ratios
 
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")

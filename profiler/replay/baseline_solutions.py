@@ -30,6 +30,10 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "sampling": (),
     "moe": ("top_k", "RENORMALIZE"),
 }
+#: families whose ``run`` loops in Python over data-dependent values (requests, experts): under
+#: torch.compile Dynamo would specialize on them and compile again for every workload (and, past
+#: its recompile limit, silently run them eagerly), so they get no ``torch_compile`` baseline
+NOT_COMPILED = frozenset({"paged_attention", "ragged_attention", "moe"})
 #: op types a family may serve (input names alone would let a GEMM family take any (A, B) op)
 OP_TYPES: dict[str, tuple[str, ...]] = {
     "fused_add_rmsnorm": ("rmsnorm",),
@@ -76,6 +80,12 @@ def _constant(definition: Definition, name: str) -> Optional[str]:
 
 def torch_source(definition: Definition) -> Optional[str]:
     """The family source fitted to ``definition``, or None when no family fits."""
+    fitted = torch_family(definition)
+    return None if fitted is None else fitted[1]
+
+
+def torch_family(definition: Definition) -> Optional[tuple[str, str]]:
+    """The family fitted to ``definition`` and its source, or None when no family fits."""
     for family, constants in FAMILIES.items():
         if definition.op_type not in OP_TYPES[family]:
             continue
@@ -88,15 +98,17 @@ def torch_source(definition: Definition) -> Optional[str]:
                 break  # the family's defaults would be a different op: not this family
             source = re.sub(rf"^{re.escape(name)} = .*$", f"{name} = {value}", source, count=1, flags=re.M)
         else:
-            return source
+            return family, source
     return None
 
 
 def baseline_solutions(definition: Definition) -> list[Solution]:
-    source = torch_source(definition)
+    fitted = torch_family(definition)
     solutions = []
-    if source is not None:
-        for language in ("python", "torch_compile"):
+    if fitted is not None:
+        family, source = fitted
+        languages = ("python",) if family in NOT_COMPILED else ("python", "torch_compile")
+        for language in languages:
             label = "torch" if language == "python" else "torch_compile"
             solutions.append(_solution(definition, label, language, source, "PyTorch baseline shipped with fi-profile"))
     solutions += native_solutions(definition)

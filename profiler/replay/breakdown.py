@@ -1,6 +1,7 @@
-"""Where a replay's time went: each pair's phases (build/compile, input synthesis, reference runs,
-checks, timed calls) summed over the run, beside the pairs' wall time as the runner saw it (the
-rest: worker starts and transfers) and the run's own wall time. Kept as
+"""Where a replay's time went: each pair's phases (build, first call (JIT, torch.compile,
+autotuning), input synthesis, reference runs, checks, timed calls) summed over the run and per
+solution label (``torch_compile``, ``flashinfer``...), beside the pairs' wall time as the runner saw
+it (the rest: worker starts and transfers) and the run's own wall time. Kept as
 ``RESULTS/time_breakdown.json`` and printed at the end of a replay."""
 
 from __future__ import annotations
@@ -13,21 +14,27 @@ from typing import Any, Optional
 
 from fi_profile.replay.evaluate import Outcome
 
-PHASES = ("build", "inputs", "reference", "check", "timed calls")
+PHASES = ("build", "first call", "inputs", "reference", "check", "timed calls")
 FILE = "time_breakdown.json"
 
 
 class TimeBreakdown:
     def __init__(self) -> None:
         self.phases: Counter[str] = Counter()
+        #: solution label -> [pairs, seconds in phases]
+        self.by_label: dict[str, list[float]] = {}
         self.pairs = 0
         self.pairs_wall_s = 0.0
         self._lock = threading.Lock()
 
-    def add(self, outcome: Outcome, wall_s: Optional[float] = None) -> None:
-        """One pair's phases; ``wall_s``: how long the runner waited for it (None: not known)."""
+    def add(self, outcome: Outcome, wall_s: Optional[float] = None, label: str = "?") -> None:
+        """One pair's phases; ``wall_s``: how long the runner waited for it (None: not known);
+        ``label``: the solution's label (``reference`` for the Definition's own)."""
         with self._lock:
             self.phases.update(outcome.phases)
+            pairs_seconds = self.by_label.setdefault(label, [0, 0.0])
+            pairs_seconds[0] += 1
+            pairs_seconds[1] += sum(outcome.phases.values())
             self.pairs += 1
             self.pairs_wall_s += sum(outcome.phases.values()) if wall_s is None else wall_s
 
@@ -43,6 +50,8 @@ class TimeBreakdown:
             "phases_s": phases,
             "worker_start_and_transfer_s": round(max(0.0, self.pairs_wall_s - in_phases), 3),
             "pairs_wall_s": round(self.pairs_wall_s, 3),
+            "by_solution": {label: {"pairs": int(n), "s": round(s, 3)}
+                            for label, (n, s) in sorted(self.by_label.items(), key=lambda kv: -kv[1][1])},
         }
 
     def write(self, out_dir: Path, wall_s: float, devices: list[str]) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from fi_profile.replay.build import BuildError, Built, build, content_hash
 from fi_profile.replay.check import Diff, compare, distribution_distance
 from fi_profile.replay.timing import measure
 from fi_profile.schema.definition import Definition
-from fi_profile.schema.solution import Solution
+from fi_profile.schema.solution import Language, Solution
 from fi_profile.schema.workload import Workload
 from fi_profile.workload_inputs import workload_inputs
 
@@ -69,6 +69,8 @@ def evaluate(task: Task) -> Outcome:
     definition = Definition.model_validate(task.definition)
     workload = Workload.model_validate(task.workload)
     device = torch.device(task.device)
+    if device.type == "cuda":  # a solution's own allocations and launches go to the current device
+        torch.cuda.set_device(device)
     phases = Phases()
     try:
         with phases("build"):
@@ -77,6 +79,8 @@ def evaluate(task: Task) -> Outcome:
         return Outcome("compile_error", compiled=False, error=str(exc), phases=phases.seconds)
     try:
         draws = [_inputs(definition, workload, Path(task.root), device, seed, phases) for seed in range(task.draws)]
+        with phases("first call"):
+            _first_call(definition, calling, *draws[0], device)
         method = check_method(definition)
         with phases("check"):
             check = method.check(definition, calling, draws, device)
@@ -156,10 +160,32 @@ def _solution_calling(definition: Definition, solution: Solution) -> Calling:
         if solution.spec.language.entry_is_python
         else bool(solution.spec.destination_passing)
     )
+    fn = built.fn
+    if solution.spec.language is Language.torch_compile:
+        fn = _var_axes_dynamic(definition, fn)
     if built.by_name:
-        return Calling(built.fn, destination_passing, overwrites)
+        return Calling(fn, destination_passing, overwrites)
     order = list(definition.inputs) + (returned if destination_passing else [])
-    return Calling(lambda **kw: built.fn(*(kw[n] for n in order)), destination_passing, overwrites)
+    return Calling(lambda **kw: fn(*(kw[n] for n in order)), destination_passing, overwrites)
+
+
+def _var_axes_dynamic(definition: Definition, compiled: Callable[..., Any]) -> Callable[..., Any]:
+    """A torch.compile'd entry whose inputs' var-axis dimensions are marked dynamic before each call,
+    so that Dynamo compiles once per Definition, not once per workload (token counts differ from
+    one workload to the next: unmarked, every new one recompiled, and past Dynamo's recompile limit
+    ran eagerly under the ``torch_compile`` label). Const axes stay static, as an engine has them."""
+    var = set(definition.var_axes)
+    dims = {name: [i for i, axis in enumerate(spec.shape or []) if axis in var] for name, spec in definition.inputs.items()}
+    dims = {name: d for name, d in dims.items() if d}
+
+    def run(**kwargs: Any) -> Any:
+        for name, d in dims.items():
+            value = kwargs.get(name)
+            if isinstance(value, torch.Tensor):
+                torch._dynamo.maybe_mark_dynamic(value, d)
+        return compiled(**kwargs)
+
+    return run
 
 
 def _inputs(definition: Definition, workload: Workload, root: Path, device: torch.device, seed: int, phases: Phases):
@@ -231,6 +257,22 @@ def _named(definition: Definition, result: Any, calling: Calling) -> dict[str, A
         if output is not None:
             named[output] = written[source]
     return named
+
+
+def _first_call(definition: Definition, calling: Calling, inputs, reference, device: torch.device) -> None:
+    """One untimed call before the checks, so that what it costs once (Triton and FlashInfer JIT,
+    torch.compile, autotuning) shows as its own phase; inputs it changed are put back (the check
+    that follows reports the change)."""
+    before = {n: v.clone() for n, v in inputs.items() if isinstance(v, torch.Tensor)}
+    call, prepare = _bound(definition, calling, inputs, reference, device)
+    prepare()
+    try:
+        call()  # raising: a runtime error, handled (and the worker restarted if CUDA broke) by evaluate
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    finally:
+        with contextlib.suppress(Exception):  # a broken CUDA context: the worker is restarted anyway
+            _restore(inputs, before)
 
 
 def _check_draws(definition, calling, draws, device) -> dict:

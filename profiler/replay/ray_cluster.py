@@ -45,6 +45,7 @@ def run_on_ray(address: str, groups: list["Group"], options: "ReplayOptions", li
     import ray
     from ray.exceptions import GetTimeoutError, RayError
 
+    from fi_profile.replay.runner import label_of, source_of
     from fi_profile.schema.benchmark_result import Device
 
     if not ray.is_initialized():
@@ -53,7 +54,9 @@ def run_on_ray(address: str, groups: list["Group"], options: "ReplayOptions", li
         else:
             ray.init(address=address, log_to_driver=False)
     gpus = int(ray.cluster_resources().get("GPU", 0))
-    remote = ray.remote(num_gpus=1 if gpus else 0, num_cpus=0 if gpus else 1, max_retries=0)(run_pair)
+    # max_calls=0: Ray ends a GPU task's worker process after each task by default (max_calls=1),
+    # which would start a fresh replay worker (CUDA context, imports, JIT loads) for every pair
+    remote = ray.remote(num_gpus=1 if gpus else 0, num_cpus=0 if gpus else 1, max_retries=0, max_calls=0)(run_pair)
     device = "cuda:0" if gpus else "cpu"
     running: dict = {}
     left: dict[int, int] = {}
@@ -76,10 +79,11 @@ def run_on_ray(address: str, groups: list["Group"], options: "ReplayOptions", li
             outcome, where = ray.get(ref, timeout=60)
         except (RayError, GetTimeoutError) as exc:
             outcome = Outcome("crashed", error=f"the Ray task died ({type(exc).__name__}): {exc}"[:1000])
-        breakdown.add(outcome)  # its phases: the task's own wait is not seen from here
+        # its phases: the task's own wait is not seen from here
+        breakdown.add(outcome, label=label_of(source_of(solution)))
         info = Device.model_validate(where) if where else Device(name="unknown (the Ray task died)")
         fresh[index].append(group.result(solution, outcome, info, libs))
-        report(info.name if gpus else "ray", "reference" if solution is None else solution.name)
+        report(info.name if gpus else "ray", source_of(solution))
         left[index] -= 1
         if left[index] == 0:
             finished(group, fresh.pop(index))

@@ -78,3 +78,7 @@ def print_breakdown(console: Console, document: dict) -> None:
         table.add_row(phase, f"{seconds:.1f}")
     table.add_row("worker start, transfers", f"{document['worker_start_and_transfer_s']:.1f}")
     console.print(table)
+    by_solution = document.get("by_solution") or {}
+    if by_solution:
+        console.print("by solution: " + ", ".join(f"{label} {v['s']:.1f} s ({v['pairs']} pairs)"
+                                                  for label, v in by_solution.items()))

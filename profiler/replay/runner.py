@@ -11,10 +11,10 @@ from __future__ import annotations
 import importlib.metadata
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional
 
 import torch
 
@@ -116,6 +116,7 @@ def replay(
     results = list(previous)
     lock = threading.Lock()
     breakdown, began = TimeBreakdown(), time.perf_counter()
+    where = [f"ray {options.ray}"] if options.ray is not None else (options.devices or [options.device])
 
     def finished(group: Group, fresh: list[dict]) -> None:
         """A workload's new results, appended as one block once all its pairs are back."""
@@ -126,6 +127,7 @@ def replay(
                 for result in validated:
                     f.write(result.model_dump_json(exclude_none=True) + "\n")
             results.extend(validated)
+            breakdown.write(out_dir, time.perf_counter() - began, where)  # so far: a stopped run keeps it
 
     def report(device: str, source: str) -> None:
         with lock:
@@ -135,9 +137,7 @@ def replay(
         from fi_profile.replay.ray_cluster import run_on_ray
 
         run_on_ray(options.ray, groups, options, libs, finished, report, breakdown)
-        where = [f"ray {options.ray}"]
     else:
-        where = options.devices or [options.device]
         run_on_devices(where, groups, options, libs, finished, report, breakdown)
     breakdown.write(out_dir, time.perf_counter() - began, where)
     return results
@@ -175,6 +175,32 @@ class Group:
         return result
 
 
+class DefinitionQueue:
+    """The workloads left, by Definition. A device keeps to one Definition while it has workloads
+    (its worker has built, compiled and JIT-loaded that Definition's solutions once), then takes
+    one no device works on, else helps with the one that has the most left."""
+
+    def __init__(self, groups: Iterable[Group]) -> None:
+        self._left: dict[str, deque[Group]] = {}
+        for group in groups:
+            self._left.setdefault(group.definition.name, deque()).append(group)
+        self._taken: Counter[str] = Counter()  # devices on each Definition
+        self._lock = threading.Lock()
+
+    def take(self, current: Optional[str]) -> Optional[Group]:
+        with self._lock:
+            if current is not None:
+                self._taken[current] -= 1
+            left = [name for name, queue in self._left.items() if queue]
+            if not left:
+                return None
+            if current not in left:
+                free = [name for name in left if not self._taken[name]]
+                current = free[0] if free else max(left, key=lambda name: len(self._left[name]))
+            self._taken[current] += 1
+            return self._left[current].popleft()
+
+
 def source_of(solution: Optional[Solution]) -> str:
     return REFERENCE if solution is None else solution.name
 
@@ -183,23 +209,23 @@ def run_on_devices(devices: list[str], groups: list[Group], options: ReplayOptio
                    finished: Callable[[Group, list[dict]], None], report: Callable[[str, str], None],
                    breakdown: TimeBreakdown) -> None:
     """One thread and worker process per device; each takes the next workload when free."""
-    pending = deque(g for g in groups if g.todo())
-    lock = threading.Lock()
+    queue = DefinitionQueue(g for g in groups if g.todo())
     failures: list[BaseException] = []
 
     def serve(device: str) -> None:
         worker, info = Worker(), device_info(device)
+        current: Optional[str] = None
         try:
             while not failures:
-                with lock:
-                    if not pending:
-                        return
-                    group = pending.popleft()
+                group = queue.take(current)
+                if group is None:
+                    return
+                current = group.definition.name
                 fresh = []
                 for solution in group.todo():
                     waited = time.perf_counter()
                     outcome = worker.run(group.task(solution, device, options), options.timeout_s)
-                    breakdown.add(outcome, time.perf_counter() - waited)
+                    breakdown.add(outcome, time.perf_counter() - waited, label_of(source_of(solution)))
                     fresh.append(group.result(solution, outcome, info, libs))
                     report(device, source_of(solution))
                 finished(group, fresh)

@@ -85,14 +85,17 @@ def measure(
     warmup_calls: int = 3,
     cuda_graph: bool = False,
 ) -> Measured:
-    """Time ``call`` (``prepare`` runs untimed before each); the loop runs for ``min_time_s``."""
+    """Time ``call`` (``prepare`` runs untimed before each); the loop runs for ``min_time_s``.
+    On CUDA, ``device`` is made the current device meanwhile: events, the spin kernel and the
+    call's own launches must all go to its streams (events recorded on another GPU time nothing)."""
     if device.type != "cuda":
         _warm_up(call, prepare, warmup_calls)
         return _measure_cpu(call, prepare, min_time_s, min_reps, max_reps)
-    if cuda_graph:
-        return _measure_graph(call, prepare, device, min_time_s, min_reps, max_reps, warmup_calls)
-    enqueue_s = _warm_up(call, prepare, warmup_calls, device)
-    return _event_loop(call, prepare, device, "cuda_events", min_time_s, min_reps, max_reps, enqueue_s)
+    with torch.cuda.device(device):
+        if cuda_graph:
+            return _measure_graph(call, prepare, device, min_time_s, min_reps, max_reps, warmup_calls)
+        enqueue_s = _warm_up(call, prepare, warmup_calls, device)
+        return _event_loop(call, prepare, device, "cuda_events", min_time_s, min_reps, max_reps, enqueue_s)
 
 
 def _warm_up(call, prepare, calls: int, device: torch.device | None = None) -> float:
