@@ -277,7 +277,8 @@ def replay(
     ray: Annotated[
         Optional[str],
         typer.Option(help="Replay on a Ray cluster: its address (ray://host:10001, auto), or 'local' to start one "
-                     "here; each pair a Ray task with one GPU (one CPU where the cluster has none)."),
+                     "here; each workload (its reference and solutions) a Ray task with one GPU (one CPU "
+                     "where the cluster has none)."),
     ] = None,
     baseline: Annotated[
         str, typer.Option(help="Solution (name or label, e.g. torch) that 'x baseline' compares with.")

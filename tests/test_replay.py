@@ -288,9 +288,9 @@ def run(hidden_states, weight):
 
 
 def test_ray_local_cluster_gives_the_results_of_one_worker_and_survives_a_dead_task(dataset_dir, tmp_path):
-    """``--ray local`` on this machine's CPUs: every pair a Ray task; the same pairs and statuses
-    as one local worker; a solution that kills the process running its Ray task is a ``crashed``
-    result of that pair, and the run goes on."""
+    """``--ray local`` on this machine's CPUs: every workload a Ray task; the same pairs and
+    statuses as one local worker; a solution that kills the process running its Ray task takes its
+    workload's task down, the pairs are sent again one per task, and only that one is ``crashed``."""
     pytest.importorskip("ray")
     import ray
 

@@ -1,17 +1,20 @@
-"""Replay past one host: each (workload, solution) pair a Ray task with one GPU of the cluster
-(one CPU where the cluster has no GPU), results streamed back as they finish.
+"""Replay past one host: each workload's pairs (its reference and every solution) one Ray task
+with one GPU of the cluster (one CPU where the cluster has no GPU), results streamed back per
+workload as they finish.
 
 Inside its task a pair runs as it does locally, in a worker process with the pair's timeout (a
-solution that hangs or crashes costs one result); a task that dies itself (its node lost, its
-process killed) is a ``crashed`` result, and the run goes on. Ray places each task on a GPU of its
-own, so no two pairs time on one GPU at once. A workload's results are written together once its
-last pair is back (speedups divide its reference's time).
+solution that hangs or crashes costs one result). A workload's pairs share a task so that its
+reference and solutions are timed on the same GPU (speedups divide one by the other; a cluster's
+GPUs need not be alike) and its inputs and reference outputs are drawn once. A task that dies
+itself (its node lost, its process killed) is sent again as one task per pair, so that only the
+pair that takes its task down is a ``crashed`` result; the run goes on. Ray places each task on a
+GPU of its own, so no two pairs time on one GPU at once.
 """
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable
 
 from fi_profile.replay.evaluate import Outcome, Task
 from fi_profile.replay.worker import Worker
@@ -39,6 +42,11 @@ def run_pair(task: Task, timeout_s: float) -> tuple[Outcome, dict]:
     return worker.run(task, timeout_s), device_info(task.device).model_dump(exclude_none=True)
 
 
+def run_pairs(tasks: list[Task], timeout_s: float) -> list[tuple[Outcome, dict]]:
+    """A Ray task: one workload's pairs, in order, on the GPU Ray gave it."""
+    return [run_pair(task, timeout_s) for task in tasks]
+
+
 def run_on_ray(address: str, groups: list["Group"], options: "ReplayOptions", libs: dict[str, str],
                finished: Callable[["Group", list[dict]], None], report: Callable[[str, str], None],
                breakdown: "TimeBreakdown") -> None:
@@ -56,34 +64,40 @@ def run_on_ray(address: str, groups: list["Group"], options: "ReplayOptions", li
     gpus = int(ray.cluster_resources().get("GPU", 0))
     # max_calls=0: Ray ends a GPU task's worker process after each task by default (max_calls=1),
     # which would start a fresh replay worker (CUDA context, imports, JIT loads) for every pair
-    remote = ray.remote(num_gpus=1 if gpus else 0, num_cpus=0 if gpus else 1, max_retries=0, max_calls=0)(run_pair)
+    remote = ray.remote(num_gpus=1 if gpus else 0, num_cpus=0 if gpus else 1, max_retries=0, max_calls=0)(run_pairs)
     device = "cuda:0" if gpus else "cpu"
-    running: dict = {}
+    running: dict = {}  # task -> (group index, its solutions)
     left: dict[int, int] = {}
     fresh: dict[int, list[dict]] = {}
+
+    def submit(index: int, solutions: list) -> None:
+        # the pairs' own timeouts are enforced in the task, around each pair
+        tasks = [groups[index].task(solution, device, options) for solution in solutions]
+        running[remote.remote(tasks, options.timeout_s)] = (index, solutions)
+
     for index, group in enumerate(groups):
         todo = group.todo()
-        if not todo:
-            continue
-        left[index], fresh[index] = len(todo), []
-        for solution in todo:
-            # a generous wait: the pair's own timeout is enforced in its task, around the pair only
-            running[remote.remote(group.task(solution, device, options), options.timeout_s)] = (index, solution)
+        if todo:
+            left[index], fresh[index] = len(todo), []
+            submit(index, todo)
     while running:
         ready, _ = ray.wait(list(running), num_returns=1)
-        ref = ready[0]
-        index, solution = running.pop(ref)
+        index, solutions = running.pop(ready[0])
         group = groups[index]
-        where: Optional[dict] = None
         try:
-            outcome, where = ray.get(ref, timeout=60)
+            returned = ray.get(ready[0], timeout=60)
         except (RayError, GetTimeoutError) as exc:
-            outcome = Outcome("crashed", error=f"the Ray task died ({type(exc).__name__}): {exc}"[:1000])
-        # its phases: the task's own wait is not seen from here
-        breakdown.add(outcome, label=label_of(source_of(solution)))
-        info = Device.model_validate(where) if where else Device(name="unknown (the Ray task died)")
-        fresh[index].append(group.result(solution, outcome, info, libs))
-        report(info.name if gpus else "ray", source_of(solution))
-        left[index] -= 1
+            if len(solutions) > 1:  # which pair took the task down is unknown: each again, alone
+                for solution in solutions:
+                    submit(index, [solution])
+                continue
+            returned = [(Outcome("crashed", error=f"the Ray task died ({type(exc).__name__}): {exc}"[:1000]), None)]
+        for solution, (outcome, where) in zip(solutions, returned):
+            # its phases: the task's own wait is not seen from here
+            breakdown.add(outcome, label=label_of(source_of(solution)))
+            info = Device.model_validate(where) if where else Device(name="unknown (the Ray task died)")
+            fresh[index].append(group.result(solution, outcome, info, libs))
+            report(info.name if gpus else "ray", source_of(solution))
+            left[index] -= 1
         if left[index] == 0:
             finished(group, fresh.pop(index))

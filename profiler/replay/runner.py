@@ -35,7 +35,7 @@ class ReplayOptions:
     device: str = "cuda:0" if torch.cuda.is_available() else "cpu"
     #: one worker per device, pairs spread over them (empty: ``device`` alone)
     devices: list[str] = field(default_factory=list)
-    #: a Ray cluster's address, or ``local`` to start one: each pair a Ray task with one GPU
+    #: a Ray cluster's address, or ``local`` to start one: each workload's pairs a Ray task with one GPU
     ray: Optional[str] = None
     timeout_s: float = 120.0
     draws: int = 3
