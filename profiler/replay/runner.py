@@ -2,7 +2,8 @@
 
 Per workload the reference runs first (its time is what ``speedup`` divides), then each solution;
 each in a worker process, with a timeout. With several devices, one worker per device takes the
-next workload when it is free. Results are appended to ``results.jsonl`` as each workload
+next workload when it is free, of the Definition it is on while that has any (``DefinitionQueue``).
+Results are appended to ``results.jsonl`` as each workload
 finishes, so ``resume`` skips what is already there.
 """
 
