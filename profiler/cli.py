@@ -7,7 +7,7 @@ import json
 import time
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -336,11 +336,19 @@ def replay(
     with Progress(*columns, console=err) as bar:
         task = bar.add_task("replay", total=None, rate="")
         began = time.monotonic()
+        per_device: dict[str, Any] = {}  # device -> its own line: pairs done there and its rate
 
-        def advanced(advance: int, what: str) -> None:
+        def advanced(advance: int, what: str, device: Optional[str] = None) -> None:
             done = bar.tasks[0].completed + advance
             per_minute = done / max(time.monotonic() - began, 1e-9) * 60
-            bar.update(task, advance=advance, description=what[:60], rate=f"{per_minute:.0f} pairs/min")
+            bar.update(task, advance=advance, description=f"all: {what}"[:60], rate=f"{per_minute:.0f} pairs/min")
+            if device is None:  # a resumed pair, already in results.jsonl
+                return
+            if device not in per_device:
+                per_device[device] = bar.add_task(device, total=None, rate="")
+            line = per_device[device]
+            there = bar.tasks[line].completed + advance
+            bar.update(line, advance=advance, rate=f"{there / max(time.monotonic() - began, 1e-9) * 60:.0f} pairs/min")
 
         results = run_replay(dataset, given, with_baselines, results_dir, options, progress=advanced,
                              plan=lambda total: bar.update(task, total=total))

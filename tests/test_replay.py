@@ -2,6 +2,7 @@
 the shipped baselines, and adversarial solutions that must each be caught and recorded."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -349,6 +350,9 @@ def test_cli_replay_prints_tables_and_projection(dataset_dir, tmp_path):
     assert "× reference" in result.output and "test-model" in result.output and "saved" in result.output
     assert len(read_results(tmp_path / "r" / "results.jsonl")) == 3
     assert "Where the time went: 3 pairs" in result.output
+    # progress: a line for all pairs and one per device, each with its rate
+    assert re.search(r"^all: .* 3/3 +\d+ pairs/min", result.output, re.M), result.output
+    assert re.search(r"^cpu +.* 3/\? +\d+ pairs/min", result.output, re.M), result.output
 
 
 def test_time_breakdown_is_kept_beside_the_results(baseline_run):

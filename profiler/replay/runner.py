@@ -90,7 +90,7 @@ def replay(
     with_baselines: bool,
     out_dir: Path,
     options: ReplayOptions,
-    progress: Callable[[int, str], None] = lambda advance, what: None,
+    progress: Callable[[int, str, Optional[str]], None] = lambda advance, what, device=None: None,
     plan: Callable[[int], None] = lambda total: None,
 ) -> list[BenchmarkResult]:
     """Every pair, a workload's pairs together (speedups divide its reference's time): on one
@@ -132,7 +132,7 @@ def replay(
 
     def report(device: str, source: str) -> None:
         with lock:
-            progress(1, f"{device} {source}")
+            progress(1, source, device)
 
     if options.ray is not None:
         from fi_profile.replay.ray_cluster import run_on_ray
