@@ -8,7 +8,10 @@ from fi_profile.schema import Definition
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
-FLASHINFER_TRACE = REPO.parent / "shared" / "flashinfer-trace"
+#: flashinfer-bench's dataset folder, copied unchanged from the workplace's ``../shared/flashinfer-trace``
+#: (its SOURCE.md says where it comes from), so that a clone alone runs the tests
+FLASHINFER_TRACE = FIXTURES / "flashinfer-trace"
+SHARED_FLASHINFER_TRACE = REPO.parent / "shared" / "flashinfer-trace"
 
 
 @pytest.fixture(scope="session")

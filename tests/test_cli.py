@@ -1,3 +1,4 @@
+import pytest
 from typer.testing import CliRunner
 
 from fi_profile.catalog import shipped_definitions
@@ -51,6 +52,17 @@ def test_flashinfer_trace_validates_unchanged(flashinfer_trace):
     counts = {k.value: v for k, v in report.counts().items()}
     assert counts == {"definition": 156, "workload": 663}
     assert all(p.warning and "captured-tensor file(s) missing" in p.message for p in report.problems)
+
+
+@pytest.mark.skipif(not __import__("conftest").SHARED_FLASHINFER_TRACE.is_dir(),
+                    reason="no ../shared/flashinfer-trace beside this checkout to compare the copy with")
+def test_the_tests_copy_of_flashinfer_trace_is_the_shared_one_unchanged():
+    from conftest import FLASHINFER_TRACE, SHARED_FLASHINFER_TRACE
+
+    def files(root):
+        return {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+    assert files(FLASHINFER_TRACE) == files(SHARED_FLASHINFER_TRACE)
 
 
 def test_bad_request_lengths_are_one_line_before_any_engine_starts():
