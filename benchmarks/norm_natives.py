@@ -20,6 +20,7 @@ import statistics
 from pathlib import Path
 
 import torch
+from replay_gpu import copy_bandwidth  # this folder's: a measured device-to-device copy
 
 from fi_profile.catalog import shipped_definition
 from fi_profile.replay.baseline_solutions import native_solutions
@@ -35,13 +36,6 @@ def largest_batch(capture: Path, definition: str) -> int:
     return max(json.loads(line)["workload"]["axes"]["batch_size"] for line in path.read_text().splitlines() if line.strip())
 
 
-def copy_bandwidth(device: torch.device) -> float:
-    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    m = measure(lambda: dst.copy_(src), lambda: None, device, min_time_s=0.2)
-    return 2 * src.numel() / (statistics.median(m.times_ms) * 1e-3)
-
-
 def time_native(name: str, tokens: int, device: torch.device) -> dict[str, dict[str, float]]:
     """library -> {in_place_us, copy_timed_us, bytes} for ``name`` at ``tokens``."""
     definition = shipped_definition(name)
@@ -54,7 +48,10 @@ def time_native(name: str, tokens: int, device: torch.device) -> dict[str, dict[
     activations = sum(v.numel() for k, v in inputs.items() if k != "weight")
     nbytes = 2 * (2 * activations + HIDDEN)  # read and write each activation once, read the weight
     rows = {}
-    for solution in native_solutions(definition):
+    natives = native_solutions(definition)
+    if not natives:
+        raise SystemExit(f"{name}: no native kernel imports here (needs CUDA and vLLM or FlashInfer)")
+    for solution in natives:
         calling = _solution_calling(definition, solution)
         reference = {n: torch.empty(tokens, HIDDEN, dtype=torch.bfloat16, device=device) for n in definition.outputs}
         call, prepare = _bound(definition, calling, inputs, reference, device)
@@ -76,6 +73,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, nargs="*", default=[14509], help="more token counts to time")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("norm_natives: needs a CUDA device")
     device = torch.device("cuda:0")
     tokens = list(args.tokens)
     if args.capture is not None:

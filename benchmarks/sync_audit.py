@@ -16,9 +16,15 @@ import collections
 import sys
 import traceback
 import warnings
+from pathlib import Path
 
 import torch
 
+import fi_profile.capture
+import fi_profile.hooks
+
+#: fi-profile's capture code (wherever it is installed: a wheel, or this checkout)
+OURS = tuple(str(Path(m.__file__).parent) for m in (fi_profile.hooks, fi_profile.capture))
 seen: collections.Counter[str] = collections.Counter()
 ours: collections.Counter[str] = collections.Counter()
 
@@ -27,12 +33,13 @@ def _show(message, category, filename, lineno, file=None, line=None) -> None:
     if "synchroniz" not in str(message):
         return
     stack = traceback.extract_stack()[:-1]
-    where = "engine construction" if any(f.name == "__init__" and "/hooks/" in f.filename and "runner" in f.filename
-                                          for f in stack) else "steps"
+    hooks = [f for f in stack if f.filename.startswith(OURS)]
+    building = any(f.name == "__init__" and Path(f.filename).name == "runner.py" for f in hooks)
+    where = "engine construction" if building else "steps"
     seen[where] += 1
-    hooks = [f for f in stack if "fi_profile/hooks" in f.filename or "fi_profile/capture" in f.filename]
     if where == "steps" and hooks:
-        ours[" <- ".join(f"{f.filename.split('fi_profile/')[-1]}:{f.lineno} {f.name}" for f in reversed(hooks[-4:]))] += 1
+        ours[" <- ".join(f"{Path(f.filename).parent.name}/{Path(f.filename).name}:{f.lineno} {f.name}"
+                         for f in reversed(hooks[-4:]))] += 1
 
 
 def main() -> None:
@@ -42,12 +49,15 @@ def main() -> None:
         torch.cuda.set_sync_debug_mode("warn")
     from fi_profile.cli import app
 
+    code = 1
     try:
-        app(sys.argv[1:], standalone_mode=False)
+        returned = app(sys.argv[1:], standalone_mode=False)  # an exit code where the command exited
+        code = returned if isinstance(returned, int) else 0
     finally:
         print(f"synchronizing CUDA calls: {dict(seen) or 0}; in steps through fi-profile's hooks: {sum(ours.values())}")
         for frames, n in ours.most_common(20):
             print(f"  {n:6d}  {frames}")
+    sys.exit(code)
 
 
 if __name__ == "__main__":

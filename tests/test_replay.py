@@ -375,16 +375,22 @@ def test_torch_compile_compiles_once_per_definition_not_per_workload():
     from torch._dynamo.utils import counters
 
     from fi_profile.replay.baseline_solutions import baseline_solutions
-    from fi_profile.replay.evaluate import _solution_calling
+    from fi_profile.replay.evaluate import _bound, _solution_calling
 
     definition = shipped_definition("fused_add_rmsnorm_h4096")
     compiled = next(s for s in baseline_solutions(definition) if s.name.endswith("__torch_compile"))
     calling = _solution_calling(definition, compiled)
     torch._dynamo.reset()
     counters.clear()
+    cpu = torch.device("cpu")
     for tokens in (7, 33, 130, 513):
-        x, r = torch.randn(tokens, 4096, dtype=torch.bfloat16), torch.randn(tokens, 4096, dtype=torch.bfloat16)
-        calling.run(hidden_states=x, residual=r, weight=torch.ones(4096, dtype=torch.bfloat16))
+        inputs = {"hidden_states": torch.randn(tokens, 4096, dtype=torch.bfloat16),
+                  "residual": torch.randn(tokens, 4096, dtype=torch.bfloat16),
+                  "weight": torch.ones(4096, dtype=torch.bfloat16)}
+        reference = {n: torch.empty(tokens, 4096, dtype=torch.bfloat16) for n in definition.outputs}
+        call, prepare = _bound(definition, calling, inputs, reference, cpu)
+        prepare()
+        call()
     assert counters["stats"]["unique_graphs"] == 1
 
 

@@ -27,7 +27,7 @@ class TimeBreakdown:
         self.pairs_wall_s = 0.0
         self._lock = threading.Lock()
 
-    def add(self, outcome: Outcome, wall_s: Optional[float] = None, label: str = "?") -> None:
+    def add(self, outcome: Outcome, wall_s: Optional[float], label: str) -> None:
         """One pair's phases; ``wall_s``: how long the runner waited for it (None: not known);
         ``label``: the solution's label (``reference`` for the Definition's own)."""
         with self._lock:

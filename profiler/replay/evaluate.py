@@ -129,6 +129,8 @@ class Calling:
     run: Callable[..., Any]
     destination_passing: bool
     overwrites: Mapping[str, Optional[str]] = field(default_factory=dict)
+    #: input -> its dimensions marked dynamic for torch.compile when the call is bound
+    dynamic: Mapping[str, list[int]] = field(default_factory=dict)
 
     def returned(self, definition: Definition) -> list[str]:
         return returned_outputs(definition, self.overwrites)
@@ -160,32 +162,21 @@ def _solution_calling(definition: Definition, solution: Solution) -> Calling:
         if solution.spec.language.entry_is_python
         else bool(solution.spec.destination_passing)
     )
-    fn = built.fn
-    if solution.spec.language is Language.torch_compile:
-        fn = _var_axes_dynamic(definition, fn)
+    dynamic = var_axis_dims(definition) if solution.spec.language is Language.torch_compile else {}
     if built.by_name:
-        return Calling(fn, destination_passing, overwrites)
+        return Calling(built.fn, destination_passing, overwrites, dynamic)
     order = list(definition.inputs) + (returned if destination_passing else [])
-    return Calling(lambda **kw: fn(*(kw[n] for n in order)), destination_passing, overwrites)
+    return Calling(lambda **kw: built.fn(*(kw[n] for n in order)), destination_passing, overwrites, dynamic)
 
 
-def _var_axes_dynamic(definition: Definition, compiled: Callable[..., Any]) -> Callable[..., Any]:
-    """A torch.compile'd entry whose inputs' var-axis dimensions are marked dynamic before each call,
-    so that Dynamo compiles once per Definition, not once per workload (token counts differ from
-    one workload to the next: unmarked, every new one recompiled, and past Dynamo's recompile limit
-    ran eagerly under the ``torch_compile`` label). Const axes stay static, as an engine has them."""
+def var_axis_dims(definition: Definition) -> dict[str, list[int]]:
+    """Each input's var-axis dimensions. A torch.compile'd solution gets them marked dynamic, so
+    Dynamo compiles once per Definition, not once per workload (token counts differ from one
+    workload to the next: unmarked, every new one recompiled, and past Dynamo's recompile limit ran
+    eagerly under the ``torch_compile`` label). Const axes stay static, as an engine has them."""
     var = set(definition.var_axes)
     dims = {name: [i for i, axis in enumerate(spec.shape or []) if axis in var] for name, spec in definition.inputs.items()}
-    dims = {name: d for name, d in dims.items() if d}
-
-    def run(**kwargs: Any) -> Any:
-        for name, d in dims.items():
-            value = kwargs.get(name)
-            if isinstance(value, torch.Tensor):
-                torch._dynamo.maybe_mark_dynamic(value, d)
-        return compiled(**kwargs)
-
-    return run
+    return {name: d for name, d in dims.items() if d}
 
 
 def _inputs(definition: Definition, workload: Workload, root: Path, device: torch.device, seed: int, phases: Phases):
@@ -230,6 +221,9 @@ def _bound(definition: Definition, calling: Calling, inputs, reference, device):
     outputs = _outputs(filled, device, reference)
     written = {n: torch.empty_like(inputs[n]) for n in calling.overwrites}
     arguments = {**inputs, **written, **outputs}
+    for name, dims in calling.dynamic.items():  # once here, not inside the timed call
+        if isinstance(arguments.get(name), torch.Tensor):
+            torch._dynamo.maybe_mark_dynamic(arguments[name], dims)
 
     def prepare() -> None:
         for name, copy in written.items():

@@ -94,7 +94,7 @@ def run_on_ray(address: str, groups: list["Group"], options: "ReplayOptions", li
             returned = [(Outcome("crashed", error=f"the Ray task died ({type(exc).__name__}): {exc}"[:1000]), None)]
         for solution, (outcome, where) in zip(solutions, returned):
             # its phases: the task's own wait is not seen from here
-            breakdown.add(outcome, label=label_of(source_of(solution)))
+            breakdown.add(outcome, None, label_of(source_of(solution)))
             info = Device.model_validate(where) if where else Device(name="unknown (the Ray task died)")
             fresh[index].append(group.result(solution, outcome, info, libs))
             report(info.name if gpus else "ray", source_of(solution))
