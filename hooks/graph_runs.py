@@ -32,11 +32,10 @@ def count_graph_run(trace: Trace, sizes: Mapping[str, int], mode: str, ran_with:
                 try:
                     RECORDER.record(live(), op, learned=False, where=where, times=layers)
                 except Exception as exc:  # noqa: BLE001 - a hook must never break the engine
-                    for _ in range(layers):
-                        RECORDER.lost(op, exc, learned=False)
+                    RECORDER.lost(op, exc, learned=False, times=layers)
         return
-    for template in trace.templates:  # a step being learned: call by call
-        observe(template.op, functools.partial(_realize, template, sizes), live=template.live is not None, where=where)
+    for op, template, layers in trace.groups():  # a step being learned: layers of one shape at once
+        observe(op, functools.partial(_realize, template, sizes), live=template.live is not None, where=where, times=layers)
 
 
 def _realize(template: Template, sizes: Mapping[str, int]) -> list[KernelCall]:

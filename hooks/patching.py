@@ -84,20 +84,21 @@ class HookPoint:
 
 
 def observe(op: str, make_calls: Callable[[], Sequence[Optional[KernelCall]]], live: bool = False,
-            where: str = "eager") -> str:
-    """One hooked invocation of ``op``: recorded in a step being learned (or live), only counted
-    in a replayed step; returns its NVTX label. ``make_calls`` raising is counted as lost, never
-    passed on. ``where`` the calls ran: ``eager``, or ``compiled`` (from a trace template)."""
+            where: str = "eager", times: int = 1) -> str:
+    """One hooked invocation of ``op`` (``times``: that many of the same, such as a compiled
+    step's layers of one shape): recorded in a step being learned (or live), only counted in a
+    replayed step; returns its NVTX label. ``make_calls`` raising is counted as lost, never passed
+    on. ``where`` the calls ran: ``eager``, or ``compiled`` (from a trace template)."""
     replay = RECORDER.replay
     learned = not (live and not RECORDER.count_only)  # part of the learned step, or recorded live
     if replay is not None and learned:  # a known step: count only (the hot path, a few operations)
         index = RECORDER.replayed
-        RECORDER.replayed = index + 1
+        RECORDER.replayed = index + times
         return replay[index] if index < len(replay) else op
     try:
-        return RECORDER.record(make_calls(), op, learned, where)
+        return RECORDER.record(make_calls(), op, learned, where, times)
     except Exception as exc:  # a hook must never break the engine
-        return RECORDER.lost(op, exc, learned)  # counted, and the step's invocation count kept right
+        return RECORDER.lost(op, exc, learned, times)  # counted, and the step's invocation count kept right
 
 
 def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls, live: bool = False, nested: tuple[str, ...] = (),

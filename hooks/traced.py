@@ -23,7 +23,7 @@ import functools
 import inspect
 from dataclasses import dataclass, field
 from types import CodeType
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Hashable, Mapping, Optional
 
 from fi_profile.capture.ops import KernelCall
 
@@ -57,27 +57,51 @@ class Trace:
     #: how its calls ran, for the record: ``compiled`` (inside a torch.compile graph) or
     #: ``cuda_graph`` (each its own kernel, replayed from a CUDA graph)
     where: str = "compiled"
-    _groups: Optional[tuple[int, int, list]] = None  # (templates seen, fixed, live groups), computed once
+    _groups: Optional[tuple[int, list, list, int]] = None  # (templates seen, groups, live groups, fixed), computed once
+
+    def groups(self) -> list[tuple[str, "Template", int]]:
+        """The templates as (op, template, layers): templates that make the same calls (the
+        layers of one shape: the same Definitions, the same axis expressions; for live ones the
+        same per-step callable) are one group, so a step realizes and records each group once."""
+        if self._groups is None or self._groups[0] != len(self.templates):
+            groups: dict[Hashable, list] = {}
+            for t in self.templates:
+                groups.setdefault(_same_calls(t), [t.op, t, 0])[2] += 1
+            grouped = [tuple(g) for g in groups.values()]
+            live = [(op, t.live, n) for op, t, n in grouped if t.live is not None]
+            fixed = len(self.templates) - sum(n for _, _, n in live)
+            self._groups = (len(self.templates), grouped, live, fixed)
+        return self._groups[1]  # type: ignore[return-value]
 
     def live_groups(self) -> list[tuple[str, LiveCalls, int]]:
-        """Live templates that make the same calls (the attention layers of one shape), with how
-        many layers each: a step's calls of them are built, and recorded, once per group."""
-        if self._groups is None or self._groups[0] != len(self.templates):
-            groups: dict[tuple, list] = {}
-            for t in self.templates:
-                if t.live is not None:
-                    key = (t.op, getattr(t.live, "func", t.live), getattr(t.live, "args", ()))
-                    groups.setdefault(key, [t.op, t.live, 0])[2] += 1
-            fixed = sum(1 for t in self.templates if t.live is None)
-            self._groups = (len(self.templates), fixed, [tuple(g) for g in groups.values()])
-        return self._groups[2]  # type: ignore[return-value]
+        """The live groups (attention layers of one shape), with how many layers each: a step's
+        calls of them are built, and recorded, once per group."""
+        self.groups()
+        assert self._groups is not None
+        return self._groups[2]
 
     @property
     def fixed(self) -> int:
         """Templates that are the same in every step of one size (all but the live ones)."""
-        self.live_groups()
+        self.groups()
         assert self._groups is not None
-        return self._groups[1]
+        return self._groups[3]
+
+
+def _same_calls(template: Template) -> Hashable:
+    """A key equal for templates that make the same calls in every step."""
+    if template.live is not None:
+        live = template.live
+        return ("live", template.op, getattr(live, "func", live), getattr(live, "args", ()))
+    try:
+        key = ("fixed", template.op, template.error, tuple(
+            (c.definition.name, tuple((k, getattr(getattr(v, "node", None), "expr", v)) for k, v in c.axes.items()),
+             tuple(c.scalars.items()), tuple((k, id(v)) for k, v in c.tensors.items()))
+            for c in template.calls))
+        hash(key)
+        return key
+    except TypeError:  # an axis value that cannot be compared: a group of its own
+        return ("own", id(template))
 
 
 class _NotTracedYet:
@@ -183,8 +207,8 @@ def _evaluate(value: Any, sizes: Mapping[str, int]) -> int:
     expr = getattr(node, "expr", value)
     if isinstance(expr, int):
         return expr
-    if expr.is_Symbol:  # the common case: an axis is the token count itself
-        return sizes[str(expr)]
+    if expr.is_Symbol:  # the common case: an axis is the token count itself (``str`` costs ~10 us)
+        return sizes[expr.name]
     names, fn = _compiled_expression(expr)
     return int(fn(*(sizes[n] for n in names)))
 

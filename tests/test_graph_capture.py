@@ -142,3 +142,35 @@ def test_a_graph_runner_whose_backend_captured_no_calls_is_a_hook_error(monkeypa
     (error,) = RECORDER.errors
     assert "SGLang's CPUGraphRunner (NoneType), whose layer calls fi-profile does not record" in error
     RECORDER.active = False
+
+
+def test_layers_of_one_shape_are_realized_once_a_learned_step_and_counted_per_layer(tmp_path, monkeypatch):
+    """A learned step of an 8B model's graph realizes ~290 templates; layers that make the same
+    calls are one group (realized once, counted once per layer), a hook that failed while the
+    graph was captured is lost once per layer, and a replayed step counts the same."""
+    from fi_profile.hooks.traced import Template
+
+    realized = []
+    realize = Template.realize
+    monkeypatch.setattr(Template, "realize", lambda self, sizes: realized.append(self.op) or realize(self, sizes))
+    qkv = wrap(lambda x: x, "gemm", lambda x: [ops.gemm(x, 96, 32)])
+    down = wrap(lambda x: x, "gemm", lambda x: [ops.gemm(x, 32, 64)])
+    broken = wrap(lambda x: x, "rmsnorm", lambda x: [1 / 0])
+    buffer = torch.zeros(4, 32, dtype=torch.bfloat16, device=DEVICE)
+    backend = make_backend("FullCudaGraphBackend")()
+    RECORDER.reset()
+    backend.capture_one(ShapeKey(4), lambda: [f(buffer) for _ in range(5) for f in (broken, qkv, down)])
+    trace = graph_capture.CAPTURED[(backend, ShapeKey(4))]
+    assert [(op, layers) for op, _, layers in trace.groups()] == [("rmsnorm", 5), ("gemm", 5), ("gemm", 5)]
+    monkeypatch.setattr(RECORDER, "active", True)
+    for _ in range(2):  # learned, then replayed
+        RECORDER.begin_step(("decode", 4), tokens=4)
+        backend.replay(ShapeKey(4))
+    RECORDER.flush(tmp_path)
+    assert realized == ["gemm", "gemm"]  # once per group, in the learned step only (the failed one is lost)
+    assert RECORDER.step_stats == {"learned": 1, "replayed": 1}
+    assert RECORDER.calls == {"gemm_n96_k32": 10, "gemm_n32_k64": 10}
+    assert RECORDER.lost_calls == {"rmsnorm": 10}
+    assert list(RECORDER.errors.values()) == [5]  # the learned step's failures; a replay counts them as lost
+    assert not any("step replay" in e for e in RECORDER.errors)
+    RECORDER.active = False

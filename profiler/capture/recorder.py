@@ -206,19 +206,20 @@ class Recorder:
             self.graph_runs[mode] += 1
             self.padding[(ran_with, scheduled)] += 1
 
-    def error(self, where: str, exc: BaseException) -> None:
+    def error(self, where: str, exc: BaseException, times: int = 1) -> None:
         with self._lock:
-            self.errors[f"{where}: {type(exc).__name__}: {exc}"[:300]] += 1
+            self.errors[f"{where}: {type(exc).__name__}: {exc}"[:300]] += times
 
-    def lost(self, op: str, exc: BaseException, learned: bool = True) -> str:
-        """A hooked invocation of ``op`` whose calls are unknown (its hook raised ``exc``): counted
-        as an error and as lost, in this step and in every later step that replays it."""
-        self.error(op, exc)
+    def lost(self, op: str, exc: BaseException, learned: bool = True, times: int = 1) -> str:
+        """A hooked invocation of ``op`` (``times`` of them) whose calls are unknown (its hook
+        raised ``exc``): counted as an error and as lost, in this step and in every later step
+        that replays it."""
+        self.error(op, exc, times)
         with self._lock:
-            self.lost_calls[op] += 1
+            self.lost_calls[op] += times
             if self._learning is not None and learned:
-                self._learning_lost[op] += 1
-        return self.record((), op, learned)  # keeps the step's invocation count right
+                self._learning_lost[op] += times
+        return self.record((), op, learned, times=times)  # keeps the step's invocation count right
 
     def flush(self, directory: Path) -> Path:
         """End the current step and write this process's part atomically; returns the part file."""
