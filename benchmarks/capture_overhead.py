@@ -29,14 +29,17 @@ MODES = ("off", "count", "full")
 
 def build_engine(args: argparse.Namespace, scenario: Scenario):
     """The runner's own engine (hooks installed, recorder inactive until ``start``)."""
+    from fi_profile.capture.engine_run import parse_engine_args
+
     options = {"attention_backend": args.attention_backend, "eager": not args.no_eager}
     if args.framework == "sglang":
-        from fi_profile.hooks.sglang.runner import SglangEngine
+        from fi_profile.hooks.sglang.runner import OWN_ARGUMENTS, SglangEngine
 
-        return SglangEngine(args.model, scenario, **options)
-    from fi_profile.hooks.vllm.runner import VllmEngine
+        return SglangEngine(args.model, scenario, engine_args=parse_engine_args(args.engine_arg, OWN_ARGUMENTS), **options)
+    from fi_profile.hooks.vllm.runner import OWN_ARGUMENTS, VllmEngine
 
-    return VllmEngine(args.model, scenario, single_process=args.single_process, **options)
+    return VllmEngine(args.model, scenario, single_process=args.single_process,
+                      engine_args=parse_engine_args(args.engine_arg, OWN_ARGUMENTS), **options)
 
 
 def profile_one_generate(engine, generate, mode: str, out: Path) -> None:
@@ -71,6 +74,8 @@ def main() -> None:
         help="engine core in this process: every request is queued before the first step, so each "
         "generate schedules the same steps (multi-process vLLM receives them one by one over ZMQ); vLLM only",
     )
+    parser.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="passed to the engine's constructor by name, as fi-profile's --engine-arg")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--cprofile", choices=("count", "full"),
                         help="after the rounds, one more generate in this mode under cProfile (with --single-process "

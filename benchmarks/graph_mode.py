@@ -31,12 +31,17 @@ def run_one(args: argparse.Namespace, mode: str, out: Path) -> dict:
     from fi_profile.capture.recorder import PARTS_DIR
 
     if args.framework == "sglang":
+        from fi_profile.hooks.sglang.runner import OWN_ARGUMENTS
         from fi_profile.hooks.sglang.runner import run_sglang as run_engine
     else:
+        from fi_profile.hooks.vllm.runner import OWN_ARGUMENTS
         from fi_profile.hooks.vllm.runner import run_vllm as run_engine
+    from fi_profile.capture.engine_run import parse_engine_args
+
     scenario = Scenario(num_prompts=args.num_prompts, input_len=args.input_len, output_len=args.output_len)
     options = {"eager": mode == "eager", "tp": args.tp, "attention_backend": args.attention_backend,
-               "capture": mode != "graph-off", "gpu_memory_utilization": args.gpu_memory_utilization}
+               "capture": mode != "graph-off", "gpu_memory_utilization": args.gpu_memory_utilization,
+               "engine_args": parse_engine_args(args.engine_arg, OWN_ARGUMENTS)}
     if args.single_process:
         options["single_process"] = True
     summary, tokens, run = run_engine(args.model, out, scenario, **{k: v for k, v in options.items() if v is not None})
@@ -60,6 +65,8 @@ def main() -> None:
     parser.add_argument("--single-process", action="store_true", help="vLLM: engine core in the driver process, "
                         "so both runs schedule the same steps")
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="passed to the engine's constructor by name, as fi-profile's --engine-arg")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--one", choices=MODES, help=argparse.SUPPRESS)  # a child: one run, JSON on stdout
     args = parser.parse_args()

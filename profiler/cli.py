@@ -77,6 +77,14 @@ def capture(
     ] = None,
     gpu_memory_utilization: Annotated[Optional[float], typer.Option(min=0.05, max=1.0)] = None,
     count_only: Annotated[bool, typer.Option("--count-only", help="Calls per Definition only, no workloads (cheapest).")] = False,
+    engine_arg: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--engine-arg",
+            help="KEY=VALUE passed to the engine's constructor by name (vllm.LLM, sglang.Engine); VALUE as JSON "
+            "where it parses (true, 0.5, {...}), else a string. Repeatable.",
+        ),
+    ] = None,
     save_every: Annotated[
         float, typer.Option(min=0.0, help="Seconds between saves of each engine process's part (kept if the engine dies).")
     ] = 10.0,
@@ -113,9 +121,18 @@ def capture(
         err.print(problem, markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(code=2)
     if framework is Framework.sglang:
+        from fi_profile.hooks.sglang.runner import OWN_ARGUMENTS
         from fi_profile.hooks.sglang.runner import run_sglang as run_engine
     else:
+        from fi_profile.hooks.vllm.runner import OWN_ARGUMENTS
         from fi_profile.hooks.vllm.runner import run_vllm as run_engine
+    from fi_profile.capture.engine_run import parse_engine_args
+
+    try:
+        engine_args = parse_engine_args(engine_arg or [], OWN_ARGUMENTS)
+    except ValueError as exc:
+        err.print(str(exc), markup=False, highlight=False)
+        raise typer.Exit(code=2) from None
 
     scenario = Scenario.of_lengths(*lengths, num_prompts=num_prompts, batch_size=batch_size, seed=seed,
                                    temperature=temperature, top_k=top_k, top_p=top_p)
@@ -141,6 +158,7 @@ def capture(
                     gpu_memory_utilization=gpu_memory_utilization,
                     autosave_s=save_every,
                     count_only=count_only,
+                    engine_args=engine_args,
                 )
             except EngineFailed as exc:
                 failed = exc

@@ -289,6 +289,30 @@ def test_cli_capture_with_failing_hooks_exits_1_and_names_what_is_missing(tmp_pa
     assert accepted.returncode == 0 and "accepted with --accept-hook-errors" in accepted.stderr
 
 
+def test_engine_args_reach_the_engine_by_name(tmp_path):
+    """``--engine-arg``: vLLM's own scheduling option splits the 60-token prefill into chunks of 32
+    (every GEMM sees M=32, then 28); the record's run says which arguments were given."""
+    out = tmp_path / "chunked"
+    proc = run_cli("--model", "fi-profile/tiny-llama", "--single-process", "--num-prompts", "3", "--input-len", "20",
+                   "--output-len", "5", "--batch-size", "8", "--engine-arg", "max_num_batched_tokens=32",
+                   "--engine-arg", "enable_prefix_caching=false", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    record = json.loads((out / "record.json").read_text())
+    assert record["run"]["engine_args"] == {"max_num_batched_tokens": 32, "enable_prefix_caching": False}
+    m = {dict(axes)["M"] for axes in workloads(out, QKV)}
+    assert max(m) == 32 and PROMPTS * INPUT_LEN not in m, m
+
+
+@pytest.mark.parametrize(("arg", "says"), [
+    ("enforce_eager=true", "enforce_eager is set by fi-profile (--eager / --no-eager)"),
+    ("max_num_batched_tokens", "expected KEY=VALUE"),
+])
+def test_engine_args_fi_profile_sets_or_malformed_are_one_line_before_the_engine(arg, says):
+    proc = run_cli("--model", "fi-profile/tiny-llama", "--engine-arg", arg)
+    assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert "INFO" not in proc.stdout + proc.stderr  # no engine was started
+
+
 def test_cli_unknown_model_offline_is_one_line():
     proc = run_cli("--model", "no/such-model", env={"HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 2

@@ -19,6 +19,14 @@ from fi_profile.capture.engine_run import (
     run_capture,
 )
 
+#: ``sglang.Engine`` arguments that fi-profile sets itself: not taken from ``--engine-arg``
+OWN_ARGUMENTS = {
+    "model_path": "--model", "load_format": "--load-format", "dtype": "--dtype", "tp_size": "--tp",
+    "disable_cuda_graph": "--eager / --no-eager", "random_seed": "--seed", "max_running_requests": "--batch-size",
+    "attention_backend": "--attention-backend", "mem_fraction_static": "--gpu-memory-utilization",
+    "skip_tokenizer_init": "prompts are token ids",
+}
+
 
 class SglangEngine:
     """An SGLang ``Engine`` whose scheduler has the hooks (recording starts at ``start``).
@@ -38,6 +46,7 @@ class SglangEngine:
         capture: bool = True,
         attention_backend: Optional[str] = None,
         gpu_memory_utilization: Optional[float] = None,
+        engine_args: Optional[dict[str, Any]] = None,
         **_: Any,
     ) -> None:
         source = engine_model(model, capture)
@@ -72,6 +81,7 @@ class SglangEngine:
                 max_total_tokens=max(4096, 2 * scenario.num_prompts * (scenario.input_len + scenario.output_len)),
                 disable_overlap_schedule=True,
             )
+        kwargs.update(engine_args or {})  # the user's own engine arguments, by name, last
         from sglang.srt.entrypoints.engine import Engine as engine_class  # sglang.Engine is a lazy proxy
 
         if capture and hasattr(engine_class, "run_scheduler_process_func"):

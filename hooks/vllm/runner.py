@@ -19,6 +19,14 @@ from fi_profile.capture.engine_run import (
 
 WORKER_EXTENSION = "fi_profile.hooks.vllm.plugin.CaptureWorkerExtension"
 
+#: ``vllm.LLM`` arguments that fi-profile sets itself: not taken from ``--engine-arg``
+OWN_ARGUMENTS = {
+    "model": "--model", "load_format": "--load-format", "dtype": "--dtype", "tensor_parallel_size": "--tp",
+    "enforce_eager": "--eager / --no-eager", "seed": "--seed", "max_num_seqs": "--batch-size",
+    "attention_backend": "--attention-backend", "gpu_memory_utilization": "--gpu-memory-utilization",
+    "skip_tokenizer_init": "prompts are token ids", "worker_extension_cls": "fi-profile's hooks",
+}
+
 
 class VllmEngine:
     """A vLLM ``LLM`` with the hooks installed in every engine process (inactive until ``start``)."""
@@ -39,6 +47,7 @@ class VllmEngine:
         attention_backend: Optional[str] = None,
         gpu_memory_utilization: Optional[float] = None,
         kv_cache_bytes: Optional[int] = None,
+        engine_args: Optional[dict[str, Any]] = None,
     ) -> None:
         source = engine_model(model, capture)
         if single_process:
@@ -66,7 +75,7 @@ class VllmEngine:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         self.version = f"vllm {vllm.__version__}"
         self.attention_backend = attention_backend or "default"
-        self.llm = vllm.LLM(
+        arguments: dict[str, Any] = dict(
             model=source.path,
             load_format=load_format,
             skip_tokenizer_init=True,
@@ -79,6 +88,8 @@ class VllmEngine:
             worker_extension_cls=WORKER_EXTENSION,
             **kwargs,
         )
+        arguments.update(engine_args or {})  # the user's own engine arguments, by name, last
+        self.llm = vllm.LLM(**arguments)
 
     def requests(self, scenario: Scenario) -> tuple[list[Any], list[Any]]:
         """Token-id prompts and each request's sampling parameters (its output length)."""

@@ -3,6 +3,7 @@ the record, and how a run ends (merged parts, or what was saved when the engine 
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -143,7 +144,27 @@ def run_info(engine: str, scenario: Scenario, options: dict[str, Any], attention
         "scenario": asdict(scenario),
         "hooks_missing": sorted(hooks_missing),
         "not_covered": dict(sorted((not_covered or {}).items())),
+        "engine_args": dict(options.get("engine_args") or {}),
     }
+
+
+def parse_engine_args(values: list[str], owned: dict[str, str], option: str = "--engine-arg") -> dict[str, Any]:
+    """``KEY=VALUE`` pairs for the engine's constructor: a value is read as JSON where it is JSON
+    (``true``, ``0.5``, ``{"mode": 2}``), else kept as the string given. ``owned``: the arguments
+    fi-profile sets itself (argument -> the option that sets it, or why it is fixed)."""
+    parsed: dict[str, Any] = {}
+    for value in values:
+        key, sep, text = value.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key.isidentifier():
+            raise ValueError(f"{option} {value!r}: expected KEY=VALUE, KEY an argument name of the engine's constructor")
+        if key in owned:
+            raise ValueError(f"{option} {value!r}: {key} is set by fi-profile ({owned[key]})")
+        try:
+            parsed[key] = json.loads(text)
+        except json.JSONDecodeError:
+            parsed[key] = text
+    return parsed
 
 
 @dataclass
