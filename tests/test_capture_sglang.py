@@ -103,6 +103,16 @@ def test_the_command_as_the_user_wrote_it(tmp_path):
     assert "on SGLang" in proc.stdout
 
 
+def test_engine_args_reach_the_engine_by_name(tmp_path):
+    """SGLang's own chunked-prefill size splits the 60-token extend into chunks of 32; the record's
+    run keeps the arguments given."""
+    chunked = capture(tmp_path, "chunked", python=SGLANG_PYTHON, framework="sglang",
+                      engine_args={"chunked_prefill_size": 32})
+    assert chunked["record"]["run"]["engine_args"] == {"chunked_prefill_size": 32}
+    m = {dict(axes)["M"] for axes in workloads(chunked["out_dir"], "gemm_n512_k256")}
+    assert max(m) == 32 and PROMPTS * INPUT_LEN not in m, m
+
+
 def test_decode_steps_replay_though_their_kv_pages_change(tmp_path, sglang):
     """With page size 1 the KV pages change every decode step: attention is recorded live (its
     workloads are all there: see the page-size-1 test), the rest of the step replays."""
