@@ -378,5 +378,33 @@ def test_compiled_tensor_parallel_ranks_record_their_shards(tmp_path):
     """TP=2, compiled: each rank traces its own forward (its shard's shapes) and records its runs."""
     tp2 = capture(tmp_path, "tp2-compiled", tp=2, eager=False)
     check_tp2_record(tp2)
+    assert tp2["record"]["run"]["inexact"] == {}  # no sequence parallelism on a CPU
     steps = tp2["record"]["run"]["steps"]  # both ranks' steps: each ran the compiled forward
     assert steps["compiled_forward"] == {"compiled": steps["learned"] + steps["replayed"]}
+
+
+def test_norms_under_sequence_parallelism_are_said_recorded_at_other_shapes():
+    """vLLM's sequence parallelism (on by default for TP > 1 on Hopper for models of hidden size
+    >= 8192; never on a CPU) runs each RMSNorm of a large compiled step on 1/TP of the tokens,
+    which the traced forward does not show: the record says so, naming how to record exactly."""
+    from types import SimpleNamespace
+
+    import torch
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.config.compilation import CompilationMode
+    from vllm.model_executor.layers.layernorm import RMSNorm
+
+    from fi_profile.hooks.vllm.plugin import sequence_parallel_norms
+
+    with set_current_vllm_config(VllmConfig()):  # vLLM's layers are built under a config
+        model = torch.nn.ModuleList([RMSNorm(16) for _ in range(5)] + [torch.nn.Linear(2, 2)])
+
+    def config(tp: int, sp: bool, mode: str = "VLLM_COMPILE") -> SimpleNamespace:
+        passes = SimpleNamespace(enable_sp=sp, sp_min_token_num=1024)
+        return SimpleNamespace(parallel_config=SimpleNamespace(tensor_parallel_size=tp),
+                               compilation_config=SimpleNamespace(mode=CompilationMode[mode], pass_config=passes))
+
+    ((kind, layers),) = sequence_parallel_norms(config(2, True), model).items()
+    assert layers == 5 and "of at least 1024 tokens ran it on 1/2 of the tokens" in kind and "enable_sp" in kind
+    for off in (config(1, True), config(2, False), config(2, True, "NONE")):
+        assert sequence_parallel_norms(off, model) == {}

@@ -35,6 +35,35 @@ def _not_covered(worker: Any) -> dict[str, int]:
         return {f"model not inspected ({type(exc).__name__}: {exc})"[:200]: 0}
 
 
+def sequence_parallel_norms(vllm_config: Any, model: Any) -> dict[str, int]:
+    """The RMSNorm layers that vLLM's sequence parallelism runs on a shard of the tokens. With it
+    on (``pass_config.enable_sp``, vLLM's default at -O2 for TP > 1 where the model is large
+    enough: hidden size >= 8192 on Hopper and Blackwell), Inductor rewrites each all-reduce +
+    RMSNorm of a compiled forward of at least ``sp_min_token_num`` tokens into reduce-scatter +
+    RMSNorm on 1/TP of the tokens + all-gather. The hooks record the forward as traced (the full
+    token count), so those norms' workloads are not the shapes that ran: said, never silent."""
+    tp = int(getattr(vllm_config.parallel_config, "tensor_parallel_size", 1) or 1)
+    compilation = vllm_config.compilation_config
+    passes = getattr(compilation, "pass_config", None)
+    compiled = getattr(getattr(compilation, "mode", None), "name", None) == "VLLM_COMPILE"  # vLLM's passes run
+    if tp == 1 or not compiled or not getattr(passes, "enable_sp", False):
+        return {}
+    norms = sum(1 for module in model.modules() if type(module).__name__ == "RMSNorm")
+    threshold = getattr(passes, "sp_min_token_num", None)
+    at = f"of at least {threshold} tokens " if threshold is not None else ""
+    kind = (f"RMSNorm under vLLM's sequence parallelism (compiled steps {at}ran it on 1/{tp} of the tokens; recorded "
+            "at the full count; --eager, or --engine-arg 'compilation_config={\"pass_config\": {\"enable_sp\": false}}', "
+            "records exactly)")
+    return {kind: norms} if norms else {}
+
+
+def _inexact(worker: Any) -> dict[str, int]:
+    try:
+        return sequence_parallel_norms(worker.vllm_config, worker.model_runner.get_model())
+    except Exception as exc:  # noqa: BLE001 - reported, never fatal
+        return {f"sequence parallelism not inspected ({type(exc).__name__}: {exc})"[:200]: 0}
+
+
 class CaptureWorkerExtension:
     """Mixed into vLLM's Worker; methods are called with ``llm.collective_rpc(name, args)``."""
 
@@ -49,7 +78,7 @@ class CaptureWorkerExtension:
         cache = self.vllm_config.cache_config
         start_recording(count_only=count_only, out_dir=out_dir, autosave_s=autosave_s, page_size=int(cache.block_size),
                         num_pages=int(getattr(cache, "num_gpu_blocks", None) or 0))
-        return {"pid": os.getpid(), **STATUS, "not_covered": _not_covered(self)}
+        return {"pid": os.getpid(), **STATUS, "not_covered": _not_covered(self), "inexact": _inexact(self)}
 
     def fi_profile_stop(self, out_dir: str) -> str:
         from fi_profile.capture.recorder import RECORDER, stop_recording

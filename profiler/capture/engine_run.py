@@ -128,9 +128,10 @@ class EngineFailed(RuntimeError):
 
 
 def run_info(engine: str, scenario: Scenario, options: dict[str, Any], attention_backend: str, hooks_missing: list[str],
-             not_covered: dict[str, int] | None = None) -> dict[str, Any]:
+             not_covered: dict[str, int] | None = None, inexact: dict[str, int] | None = None) -> dict[str, Any]:
     """The record's ``run`` block: engine, eager or graphs, weights, dtype, TP, scenario, missing
-    hooks, and the layers whose kernels no hook records (``not_covered``: kind -> layers)."""
+    hooks, the layers whose kernels no hook records (``not_covered``: kind -> layers) and those
+    recorded at other shapes than their kernels ran (``inexact``: kind -> layers)."""
     eager = options.get("eager", True)
     load_format = options.get("load_format", "dummy")
     return {
@@ -144,6 +145,7 @@ def run_info(engine: str, scenario: Scenario, options: dict[str, Any], attention
         "scenario": asdict(scenario),
         "hooks_missing": sorted(hooks_missing),
         "not_covered": dict(sorted((not_covered or {}).items())),
+        "inexact": dict(sorted((inexact or {}).items())),
         "engine_args": dict(options.get("engine_args") or {}),
     }
 
@@ -169,19 +171,22 @@ def parse_engine_args(values: list[str], owned: dict[str, str], option: str = "-
 
 @dataclass
 class HookStatus:
-    """What an engine's processes report when recording starts: hook points not found, and layers
-    whose kernels no hook records (kind -> layers)."""
+    """What an engine's processes report when recording starts: hook points not found, layers
+    whose kernels no hook records, and layers recorded at other shapes than their kernels run
+    (both kind -> layers)."""
 
     missing: list[str] = field(default_factory=list)
     not_covered: dict[str, int] = field(default_factory=dict)
+    inexact: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def of_ranks(cls, ranks: list["HookStatus"]) -> "HookStatus":
         """Every rank has the same layers (its shard of each): missing hooks joined, layers not summed."""
         merged = cls(sorted({m for r in ranks for m in r.missing}))
         for rank in ranks:
-            for kind, layers in rank.not_covered.items():
-                merged.not_covered[kind] = max(layers, merged.not_covered.get(kind, 0))
+            for found, into in ((rank.not_covered, merged.not_covered), (rank.inexact, merged.inexact)):
+                for kind, layers in found.items():
+                    into[kind] = max(layers, into.get(kind, 0))
         return merged
 
 
@@ -225,7 +230,8 @@ def run_capture(
             if not capture:
                 raise
             tokens, failure = [], f"{type(exc).__name__}: {exc}"
-        run = run_info(engine.version, scenario, options, engine.attention_backend, status.missing, status.not_covered)
+        run = run_info(engine.version, scenario, options, engine.attention_backend, status.missing, status.not_covered,
+                       status.inexact)
         run["count_only"] = count_only
         if failure is not None:
             fail_with_saved_parts(out_dir, model, engine.framework, max_workloads, run, failure)

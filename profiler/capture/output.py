@@ -91,6 +91,9 @@ def merge_parts(
     if run_block.get("not_covered"):
         layers = ", ".join(f"{n} x {kind}" for kind, n in run_block["not_covered"].items())
         gaps.append(f"layers whose kernels no hook records (not in the record): {layers}")
+    if run_block.get("inexact"):
+        layers = ", ".join(f"{n} x {kind}" for kind, n in run_block["inexact"].items())
+        gaps.append(f"layers recorded at other shapes than their kernels ran: {layers}")
     if gaps:
         run_block["incomplete"] = "; ".join(gaps)
         if run is not None:  # the caller's run block says it too (the summary and the exit code read it)

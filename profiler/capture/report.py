@@ -39,6 +39,10 @@ def print_summary(console: Console, summary: CaptureSummary, run: dict[str, Any]
         console.print("[red]layers whose kernels no hook records (not in the record):[/]")
         for kind, layers in run["not_covered"].items():
             console.print(f"  {layers} x {kind}", markup=False)
+    if run.get("inexact"):
+        console.print("[red]layers recorded at other shapes than their kernels ran:[/]")
+        for kind, layers in run["inexact"].items():
+            console.print(f"  {layers} x {kind}", markup=False)
     if summary.errors:
         console.print(
             f"[red]{sum(summary.errors.values())} hook errors (the engine ran on; these calls are not in the record):[/]"
