@@ -383,28 +383,37 @@ def test_compiled_tensor_parallel_ranks_record_their_shards(tmp_path):
     assert steps["compiled_forward"] == {"compiled": steps["learned"] + steps["replayed"]}
 
 
-def test_norms_under_sequence_parallelism_are_said_recorded_at_other_shapes():
+def test_layers_under_sequence_parallelism_are_said_recorded_at_other_shapes():
     """vLLM's sequence parallelism (on by default for TP > 1 on Hopper for models of hidden size
-    >= 8192; never on a CPU) runs each RMSNorm of a large compiled step on 1/TP of the tokens,
-    which the traced forward does not show: the record says so, naming how to record exactly."""
+    >= 8192; never on a CPU) runs each RMSNorm of a large compiled step on 1/TP of the tokens, and
+    async TP fuses the GEMMs beside it with the collectives; the traced forward shows neither: the
+    record says so, naming how to record exactly."""
     from types import SimpleNamespace
 
     import torch
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.config.compilation import CompilationMode
     from vllm.model_executor.layers.layernorm import RMSNorm
+    from vllm.model_executor.layers import linear
 
-    from fi_profile.hooks.vllm.plugin import sequence_parallel_norms
+    from fi_profile.hooks.vllm.plugin import sequence_parallel_layers
 
+    class RowParallelLinear(torch.nn.Module):  # vLLM's needs a TP group to be built; found by its name
+        pass
+
+    assert all(c.__name__.endswith("ParallelLinear") for c in (linear.QKVParallelLinear, linear.RowParallelLinear,
+                                                                 linear.MergedColumnParallelLinear))
     with set_current_vllm_config(VllmConfig()):  # vLLM's layers are built under a config
-        model = torch.nn.ModuleList([RMSNorm(16) for _ in range(5)] + [torch.nn.Linear(2, 2)])
+        model = torch.nn.ModuleList([RMSNorm(16) for _ in range(5)] + [torch.nn.Linear(2, 2), RowParallelLinear()])
 
-    def config(tp: int, sp: bool, mode: str = "VLLM_COMPILE") -> SimpleNamespace:
-        passes = SimpleNamespace(enable_sp=sp, sp_min_token_num=1024)
+    def config(tp: int, sp: bool, mode: str = "VLLM_COMPILE", async_tp: bool = False) -> SimpleNamespace:
+        passes = SimpleNamespace(enable_sp=sp, fuse_gemm_comms=async_tp, sp_min_token_num=1024)
         return SimpleNamespace(parallel_config=SimpleNamespace(tensor_parallel_size=tp),
                                compilation_config=SimpleNamespace(mode=CompilationMode[mode], pass_config=passes))
 
-    ((kind, layers),) = sequence_parallel_norms(config(2, True), model).items()
+    ((kind, layers),) = sequence_parallel_layers(config(2, True), model).items()
     assert layers == 5 and "of at least 1024 tokens ran it on 1/2 of the tokens" in kind and "enable_sp" in kind
+    both = sequence_parallel_layers(config(2, True, async_tp=True), model)
+    assert sorted(both.values()) == [1, 5] and any(k.startswith("linear layer under vLLM's async TP") for k in both)
     for off in (config(1, True), config(2, False), config(2, True, "NONE")):
-        assert sequence_parallel_norms(off, model) == {}
+        assert sequence_parallel_layers(off, model) == {}

@@ -35,31 +35,38 @@ def _not_covered(worker: Any) -> dict[str, int]:
         return {f"model not inspected ({type(exc).__name__}: {exc})"[:200]: 0}
 
 
-def sequence_parallel_norms(vllm_config: Any, model: Any) -> dict[str, int]:
-    """The RMSNorm layers that vLLM's sequence parallelism runs on a shard of the tokens. With it
-    on (``pass_config.enable_sp``, vLLM's default at -O2 for TP > 1 where the model is large
-    enough: hidden size >= 8192 on Hopper and Blackwell), Inductor rewrites each all-reduce +
-    RMSNorm of a compiled forward of at least ``sp_min_token_num`` tokens into reduce-scatter +
-    RMSNorm on 1/TP of the tokens + all-gather. The hooks record the forward as traced (the full
-    token count), so those norms' workloads are not the shapes that ran: said, never silent."""
+def sequence_parallel_layers(vllm_config: Any, model: Any) -> dict[str, int]:
+    """The layers whose kernels vLLM's sequence parallelism runs on shards of the tokens. With it on
+    (``pass_config.enable_sp``, vLLM's default at -O2 for TP > 1 where the model is large enough:
+    hidden size >= 8192 on Hopper and Blackwell), Inductor rewrites each all-reduce + RMSNorm of a
+    compiled forward of at least ``sp_min_token_num`` tokens into reduce-scatter + RMSNorm on 1/TP
+    of the tokens + all-gather; with async TP on as well (``fuse_gemm_comms``) the GEMMs beside
+    those collectives are fused with them and run in pieces over the token shards. The hooks record
+    the forward as traced (the full token count), so those workloads are not the shapes that ran:
+    said, never silent."""
     tp = int(getattr(vllm_config.parallel_config, "tensor_parallel_size", 1) or 1)
     compilation = vllm_config.compilation_config
     passes = getattr(compilation, "pass_config", None)
     compiled = getattr(getattr(compilation, "mode", None), "name", None) == "VLLM_COMPILE"  # vLLM's passes run
     if tp == 1 or not compiled or not getattr(passes, "enable_sp", False):
         return {}
-    norms = sum(1 for module in model.modules() if type(module).__name__ == "RMSNorm")
     threshold = getattr(passes, "sp_min_token_num", None)
-    at = f"of at least {threshold} tokens " if threshold is not None else ""
-    kind = (f"RMSNorm under vLLM's sequence parallelism (compiled steps {at}ran it on 1/{tp} of the tokens; recorded "
-            "at the full count; --eager, or --engine-arg 'compilation_config={\"pass_config\": {\"enable_sp\": false}}', "
-            "records exactly)")
-    return {kind: norms} if norms else {}
+    steps = f"compiled steps of at least {threshold} tokens" if threshold is not None else "large compiled steps"
+    exactly = ("--eager, or --engine-arg 'compilation_config={\"pass_config\": {\"enable_sp\": false, "
+               "\"fuse_gemm_comms\": false}}', records exactly")
+    names = [type(module).__name__ for module in model.modules()]
+    found = {f"RMSNorm under vLLM's sequence parallelism ({steps} ran it on 1/{tp} of the tokens; recorded at the "
+             f"full count; {exactly})": names.count("RMSNorm")}
+    if getattr(passes, "fuse_gemm_comms", False):
+        found[f"linear layer under vLLM's async TP ({steps} ran its GEMM fused with an all-gather or reduce-scatter, "
+              f"in pieces over the token shards; recorded as one GEMM; {exactly})"] = sum(
+            1 for name in names if name.endswith("ParallelLinear"))
+    return {kind: layers for kind, layers in found.items() if layers}
 
 
 def _inexact(worker: Any) -> dict[str, int]:
     try:
-        return sequence_parallel_norms(worker.vllm_config, worker.model_runner.get_model())
+        return sequence_parallel_layers(worker.vllm_config, worker.model_runner.get_model())
     except Exception as exc:  # noqa: BLE001 - reported, never fatal
         return {f"sequence parallelism not inspected ({type(exc).__name__}: {exc})"[:200]: 0}
 
