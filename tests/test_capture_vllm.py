@@ -393,8 +393,8 @@ def test_layers_under_sequence_parallelism_are_said_recorded_at_other_shapes():
     import torch
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.config.compilation import CompilationMode
-    from vllm.model_executor.layers.layernorm import RMSNorm
     from vllm.model_executor.layers import linear
+    from vllm.model_executor.layers.layernorm import RMSNorm
 
     from fi_profile.hooks.vllm.plugin import sequence_parallel_layers
 
