@@ -417,3 +417,8 @@ def test_layers_under_sequence_parallelism_are_said_recorded_at_other_shapes():
     assert sorted(both.values()) == [1, 5] and any(k.startswith("linear layer under vLLM's async TP") for k in both)
     for off in (config(1, True), config(2, False), config(2, True, "NONE")):
         assert sequence_parallel_layers(off, model) == {}
+    older = SimpleNamespace(  # vLLM before 0.11: compilation level 3, the passes' longer names
+        parallel_config=SimpleNamespace(tensor_parallel_size=2),
+        compilation_config=SimpleNamespace(level=3, pass_config=SimpleNamespace(
+            enable_sequence_parallelism=True, enable_async_tp=True, sp_min_token_num=None)))
+    assert sorted(sequence_parallel_layers(older, model).values()) == [1, 5]

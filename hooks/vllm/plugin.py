@@ -47,8 +47,12 @@ def sequence_parallel_layers(vllm_config: Any, model: Any) -> dict[str, int]:
     tp = int(getattr(vllm_config.parallel_config, "tensor_parallel_size", 1) or 1)
     compilation = vllm_config.compilation_config
     passes = getattr(compilation, "pass_config", None)
-    compiled = getattr(getattr(compilation, "mode", None), "name", None) == "VLLM_COMPILE"  # vLLM's passes run
-    if tp == 1 or not compiled or not getattr(passes, "enable_sp", False):
+    # vLLM's own passes run (before 0.11 the mode was ``level`` 3; the passes had longer names)
+    compiled = getattr(getattr(compilation, "mode", None), "name", None) == "VLLM_COMPILE" or (
+        getattr(compilation, "level", None) == 3)
+    sp = getattr(passes, "enable_sp", None) or getattr(passes, "enable_sequence_parallelism", False)
+    async_tp = getattr(passes, "fuse_gemm_comms", None) or getattr(passes, "enable_async_tp", False)
+    if tp == 1 or not compiled or not sp:
         return {}
     threshold = getattr(passes, "sp_min_token_num", None)
     steps = f"compiled steps of at least {threshold} tokens" if threshold is not None else "large compiled steps"
@@ -57,7 +61,7 @@ def sequence_parallel_layers(vllm_config: Any, model: Any) -> dict[str, int]:
     names = [type(module).__name__ for module in model.modules()]
     found = {f"RMSNorm under vLLM's sequence parallelism ({steps} ran it on 1/{tp} of the tokens; recorded at the "
              f"full count; {exactly})": names.count("RMSNorm")}
-    if getattr(passes, "fuse_gemm_comms", False):
+    if async_tp:
         found[f"linear layer under vLLM's async TP ({steps} ran its GEMM fused with an all-gather or reduce-scatter, "
               f"in pieces over the token shards; recorded as one GEMM; {exactly})"] = sum(
             1 for name in names if name.endswith("ParallelLinear"))
