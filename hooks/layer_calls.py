@@ -3,40 +3,88 @@ op-table calls: norms, SwiGLU, RoPE, linear layers, lm_head, token embedding, th
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 import torch
 
 from fi_profile.capture import ops
 
+#: A layer's exact class decides its Definition: a subclass or a sibling computes something else
+#: (another RoPE scaling, a norm with another weight convention), so it is either known here by its
+#: own name or reported as not covered, never recorded as the class it derives from.
+
+
+def exact_class(*names: str) -> Callable[[Any], Optional[str]]:
+    """A rule for layers whose hook records exactly the classes ``names``."""
+
+    def problem(layer: Any) -> Optional[str]:
+        name = type(layer).__name__
+        return None if name in names else f"{name} (a {names[0]} variant no Definition computes)"
+
+    return problem
+
+
+def covered(layer: Any) -> Optional[str]:
+    """A rule for layers whose hook records every instance (or that launch no kernel themselves)."""
+    return None
+
+
+def require(problem: Optional[str]) -> None:
+    """A hooked layer no Definition computes: its calls are lost, never recorded as another's."""
+    if problem is not None:
+        raise NotImplementedError(f"{problem}: not recorded (listed in run.not_covered)")
+
+
+def rmsnorm_problem(layer: Any) -> Optional[str]:
+    problem = exact_class("RMSNorm")(layer)
+    if problem is None and getattr(layer, "variance_size_override", None) is not None:
+        return f"{type(layer).__name__} with variance_size_override (normalizes part of the hidden size)"
+    return problem
+
 
 def rmsnorm(self: Any, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> list:
+    require(rmsnorm_problem(self))
     return [ops.rmsnorm(x, residual, float(self.variance_epsilon))]
 
 
 def silu_and_mul(self: Any, x: torch.Tensor) -> list:
+    require(exact_class("SiluAndMul")(self))
     return [ops.silu_and_mul(x)]
+
+
+#: the RoPE classes a Definition computes, and how each scales its frequencies (vLLM and SGLang
+#: name them alike); YaRN, DeepSeek's YaRN, dynamic NTK, linear scaling, multimodal RoPE ... are
+#: other computations and are not covered
+ROPE_CLASSES = ("RotaryEmbedding", "Llama3RotaryEmbedding")
+
+
+def rope_problem(layer: Any) -> Optional[str]:
+    name = type(layer).__name__
+    if name not in ROPE_CLASSES:
+        return f"{name} (a RoPE no Definition computes)"
+    if not layer.is_neox_style or layer.rotary_dim != layer.head_size:
+        return (f"{name} with is_neox_style={layer.is_neox_style}, rotary_dim={layer.rotary_dim}, "
+                f"head_size={layer.head_size} (only full-head NeoX-style RoPE has a Definition)")
+    return None
 
 
 def rope(self: Any, query: torch.Tensor, key: Optional[torch.Tensor] = None) -> list:
     """Tokens and heads from ``query`` (``positions`` is not read: while torch.compile traces,
     reading a graph input before the engine does would reorder the graph's inputs)."""
-    if not self.is_neox_style or self.rotary_dim != self.head_size:
-        raise NotImplementedError(
-            f"{type(self).__name__}: only full-head NeoX-style RoPE has a Definition "
-            f"(is_neox_style={self.is_neox_style}, rotary_dim={self.rotary_dim}, head_size={self.head_size})"
-        )
+    require(rope_problem(self))
     # heads from the static last dimensions (``[tokens, heads * head_size]`` or ``[..., heads,
     # head_size]``), never from the token count, which is a symbol while torch.compile traces
     num_q_heads = _heads(query, self.head_size)
     num_kv_heads = _heads(key, self.head_size) if key is not None else 0
-    params = ops.RopeParams(
-        theta=float(self.base),
-        factor=float(getattr(self, "scaling_factor", 1.0)),
-        low_freq_factor=float(getattr(self, "low_freq_factor", 1.0)),
-        high_freq_factor=float(getattr(self, "high_freq_factor", 4.0)),
-        original_max_position=int(getattr(self, "orig_max_position", 8192)),
-    )
+    if type(self).__name__ == "Llama3RotaryEmbedding":  # its own attributes, no defaults: a renamed one is an error
+        params = ops.RopeParams(theta=float(self.base), factor=float(self.scaling_factor),
+                                low_freq_factor=float(self.low_freq_factor), high_freq_factor=float(self.high_freq_factor),
+                                original_max_position=int(self.orig_max_position))
+    else:  # unscaled: Llama-3 scaling with factor 1 is the identity
+        params = ops.RopeParams(theta=float(self.base), factor=1.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                original_max_position=8192)
     return [ops.rope(query, num_q_heads, num_kv_heads, self.head_size, params)]
 
 
@@ -94,15 +142,54 @@ def moe(hidden_states: torch.Tensor, router_logits: torch.Tensor, unsupported: M
                     intermediate_size=intermediate_size, renormalize=renormalize)]
 
 
-def uncovered_layers(model: Any) -> dict[str, int]:
-    """Layers whose kernels no hook records, by kind: a quantized linear, embedding or MoE method
-    (the hooks see the unquantized methods only; quantized weights have no Definition here). Read
-    once from the built model, so the record can say what it misses instead of dropping it."""
+@dataclass(frozen=True)
+class LayerRule:
+    """Layers of ``base`` (``module:Class``, or every instance of its subclasses) are judged by
+    ``problem``: why one is not covered, or None."""
+
+    base: str
+    problem: Callable[[Any], Optional[str]]
+
+
+def _resolve(path: str) -> Optional[type]:
+    module, _, name = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except Exception:  # noqa: BLE001 - an engine version without it: nothing of it to judge
+        return None
+
+
+def uncovered_layers(model: Any, rules: Iterable[LayerRule] = (), kernel_layers: Iterable[str] = ()) -> dict[str, int]:
+    """Layers whose kernels no hook records, by kind, read once from the built model, so the record
+    says what it misses instead of dropping it:
+
+    - a layer with a quantization method other than the unquantized ones (the hooks see those
+      only; quantized weights have no Definition here);
+    - a layer that one of ``rules`` judges not covered (a RoPE, norm or attention class or
+      configuration no Definition computes);
+    - a layer of a kernel-layer base (``kernel_layers``: the engine's custom-op and attention
+      bases) that no rule knows: a class no hook records, by its name."""
+    judged = [(cls, rule.problem) for rule in rules if (cls := _resolve(rule.base)) is not None]
+    bases = tuple(cls for path in kernel_layers if (cls := _resolve(path)) is not None)
     found: dict[str, int] = {}
-    for module in model.modules():
+
+    def judge(module: Any) -> None:
         method = getattr(module, "quant_method", None)
-        if method is None or type(method).__name__.startswith("Unquantized"):
-            continue
-        kind = f"{type(module).__name__} with {type(method).__name__}"
-        found[kind] = found.get(kind, 0) + 1
+        if method is not None:
+            kind = None if type(method).__name__.startswith("Unquantized") else (
+                f"{type(module).__name__} with {type(method).__name__}")
+        else:
+            rule = next((problem for cls, problem in judged if isinstance(module, cls)), None)
+            if rule is not None:
+                kind = rule(module)
+            elif bases and isinstance(module, bases):
+                kind = f"{type(module).__name__} (a layer class no hook records)"
+            else:  # a container: its layers are judged one by one
+                for child in module.children():
+                    judge(child)
+                return
+        if kind is not None:  # a judged layer's own parts (RoPE's rotation op) are part of its call
+            found[kind] = found.get(kind, 0) + 1
+
+    judge(model)
     return found

@@ -79,8 +79,11 @@ class HookPoint:
     #: ``to_calls`` takes the method's arguments as passed (``*args, **kwargs``), not by name
     raw: bool = False
     #: not a kernel: ``to_calls`` gives a context manager that the method runs in, recording or
-    #: not (an engine phase the hooks must know of, such as capturing a CUDA graph)
+    #: not (an engine phase the hooks must know of, such as capturing a CUDA graph, or an engine step)
     around: bool = False
+    #: runs outside the model's forward (vLLM's lm_head, sampling): its call alone does not show
+    #: that a step's forward was seen (:meth:`~fi_profile.capture.recorder.Recorder.engine_step`)
+    outside_forward: bool = False
 
 
 def observe(op: str, make_calls: Callable[[], Sequence[Optional[KernelCall]]], live: bool = False,
@@ -102,12 +105,14 @@ def observe(op: str, make_calls: Callable[[], Sequence[Optional[KernelCall]]], l
 
 
 def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls, live: bool = False, nested: tuple[str, ...] = (),
-         cls: Optional[type] = None, traced: Optional[ToCalls] = None) -> Callable[..., Any]:
+         cls: Optional[type] = None, traced: Optional[ToCalls] = None, outside_forward: bool = False) -> Callable[..., Any]:
     """``fn`` hooked: ``to_calls`` gets the arguments it names, read by name from ``fn``'s
     signature (or, for a dispatcher on ``cls``, from the method it dispatches to). While
     torch.compile traces ``fn``, ``traced`` (default ``to_calls``) records a template instead
-    (:mod:`fi_profile.hooks.traced`); nothing is added to the traced graph."""
+    (:mod:`fi_profile.hooks.traced`); nothing is added to the traced graph. A call, unless
+    ``outside_forward``, shows that the step's model forward ran where the hooks see it."""
     read = argument_reader(fn, to_calls, cls)
+    in_forward = not outside_forward
     trace_calls = traced or to_calls
     trace_read = read if traced is None else argument_reader(fn, traced, cls)
 
@@ -126,6 +131,8 @@ def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls, live: bool = False,
         if capturing:
             label = observe_captured(op, lambda: trace_calls(**trace_read(args, kwargs)))
         else:
+            if in_forward:
+                RECORDER.forward_seen = True
             label = observe(op, lambda: to_calls(**read(args, kwargs)), live)
         # the real call inside an NVTX range, marked so nested calls of the same op are not counted
         outer = [getattr(_depth, m, 0) for m in nested] if nested else ()
@@ -219,7 +226,8 @@ def install(points: Sequence[HookPoint]) -> tuple[list[str], list[str]]:
                 elif point.boundary:
                     hooked = wrap_boundary(raw, point.op, point.to_calls, cls, point.raw)
                 else:
-                    hooked = wrap(raw, point.op, point.to_calls, point.live, point.nested, cls, point.traced)
+                    hooked = wrap(raw, point.op, point.to_calls, point.live, point.nested, cls, point.traced,
+                                  point.outside_forward)
             except SignatureMismatch as exc:  # the engine's method changed: not hooked, and said so
                 missing.append(f"{point.cls}.{method}: {exc}"[:300])
                 found = True

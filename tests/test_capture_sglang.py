@@ -118,8 +118,8 @@ def test_decode_steps_replay_though_their_kv_pages_change(tmp_path, sglang):
     workloads are all there: see the page-size-1 test), the rest of the step replays."""
     counted = capture(tmp_path, "count", python=SGLANG_PYTHON, framework="sglang", count_only=True)
     assert counts(counted) == counts(sglang)
-    assert sglang["record"]["run"]["steps"] == {"learned": 2, "replayed": OUTPUT_LEN - 2}
-    assert counted["record"]["run"]["steps"] == {"learned": 2, "replayed": OUTPUT_LEN - 2}
+    assert sglang["record"]["run"]["steps"] == {"learned": 2, "replayed": OUTPUT_LEN - 2, "engine": OUTPUT_LEN}
+    assert counted["record"]["run"]["steps"] == {"learned": 2, "replayed": OUTPUT_LEN - 2, "engine": OUTPUT_LEN}
 
 
 def test_failing_hook_in_the_scheduler_does_not_break_generation(tmp_path, sglang, sglang_off):

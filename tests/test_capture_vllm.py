@@ -88,7 +88,7 @@ def test_exact_counts_follow_model_shape_and_steps(single):
     assert single["record"]["run"]["hook_errors"] == {} and single["run"]["hooks_missing"] == []
     assert "incomplete" not in single["record"]["run"]
     # the prefill step and the first decode step are learned; the other decode steps repeat it
-    assert single["record"]["run"]["steps"] == {"learned": 2, "replayed": OUTPUT_LEN - 2}
+    assert single["record"]["run"]["steps"] == {"learned": 2, "replayed": OUTPUT_LEN - 2, "engine": OUTPUT_LEN}
 
 
 @pytest.mark.parametrize("path", ["packed", "plain"])
@@ -220,7 +220,7 @@ def test_engine_killed_mid_run_leaves_the_saved_steps(tmp_path):
     steps = c["embedding_v2048_h256"]
     assert 3 <= steps < long_run["output_len"]  # whole steps only, and fewer than the run's
     assert c["rmsnorm_h256"] == steps and c[QKV] == LAYERS * steps and c[LM_HEAD] == steps
-    assert sum(record["run"]["steps"].values()) == steps
+    assert record["run"]["steps"]["learned"] + record["run"]["steps"]["replayed"] == steps
     report = validate_paths([killed["out_dir"]])
     assert report.errors == []
 
@@ -355,6 +355,11 @@ def test_compiled_forward_runs_not_seen_make_the_record_incomplete(tmp_path, com
     run = lost["record"]["run"]
     assert any("no run of the compiled forward was seen" in e for e in run["hook_errors"]), run["hook_errors"]
     assert "hook errors" in run["incomplete"] and lost["tokens"] == compiled["tokens"]
+    # and every step says its forward is not in the record (lm_head, outside the forward, ran hooked)
+    hidden = {e: n for e, n in run["hook_errors"].items() if "ran a model forward in which no hooked call" in e}
+    assert sum(hidden.values()) == OUTPUT_LEN and run["steps"]["engine"] == OUTPUT_LEN
+    assert any(f"a step of {PROMPTS * INPUT_LEN} tokens for {PROMPTS} requests (0 decoding, {PROMPTS} prefilling)" in e
+               for e in hidden), hidden
 
 
 def test_capture_does_not_change_what_vllm_compiles(tmp_path, compiled):
@@ -422,3 +427,36 @@ def test_layers_under_sequence_parallelism_are_said_recorded_at_other_shapes():
         compilation_config=SimpleNamespace(level=3, pass_config=SimpleNamespace(
             enable_sequence_parallelism=True, enable_async_tp=True, sp_min_token_num=None)))
     assert sorted(sequence_parallel_layers(older, model).values()) == [1, 5]
+
+
+MODELS = Path(__file__).parent / "fixtures" / "models"
+
+
+@pytest.mark.parametrize("model, not_covered, absent", [
+    # YaRN is a RoPE of its own (it was recorded as Llama-3's, with Llama-3's constants)
+    ("tiny-qwen3-yarn", {"YaRNScalingRotaryEmbedding (a RoPE no Definition computes)": 2}, "rope"),
+    # Gemma's norm (1 + weight) and GELU activation are other classes than those hooked
+    ("tiny-gemma", {"GemmaRMSNorm (a layer class no hook records)": 5, "GeluAndMul (a layer class no hook records)": 2},
+     "rmsnorm"),
+])
+def test_layer_classes_no_hook_knows_are_listed_never_recorded_as_another(tmp_path, model, not_covered, absent):
+    result = capture(tmp_path, model, model=str(MODELS / model), single_process=True)
+    run = result["record"]["run"]
+    assert run["not_covered"] == not_covered and "layers whose kernels no hook records" in run["incomplete"]
+    assert not any(k["id"].startswith(absent) for k in result["record"]["kernels"]), counts(result)
+    assert counts(result)["gemm_n512_k256"] == LAYERS * OUTPUT_LEN  # the layers it knows are recorded
+    assert run["steps"]["engine"] == OUTPUT_LEN
+
+
+def test_deepseek_shaped_model_says_what_it_cannot_record(tmp_path):
+    """MLA attention, DeepSeek's YaRN RoPE and its grouped sigmoid routing have no Definition yet:
+    each is listed by class, every step is counted, and no step's forward goes missing."""
+    result = capture(tmp_path, "deepseek", model=str(MODELS / "tiny-deepseek-v3"), single_process=True)
+    run = result["record"]["run"]
+    assert run["not_covered"] == {
+        "DeepseekScalingRotaryEmbedding (a layer class no hook records)": 3,
+        "MoERunner with scoring sigmoid, grouped top-k, routed scaling (no MoE Definition computes it)": 2,
+        "MultiHeadLatentAttentionWrapper (a layer class no hook records)": 3,
+    }
+    assert run["steps"]["engine"] == OUTPUT_LEN
+    assert not any("ran a model forward" in e for e in run["hook_errors"])

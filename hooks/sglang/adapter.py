@@ -8,6 +8,7 @@ and the model runner has the request-to-token table whose rows are the page ids 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any, Callable, Optional
 
@@ -19,7 +20,21 @@ from fi_profile.capture.recorder import RECORDER
 from fi_profile.capture.step_attention import Batches, StepAttention
 from fi_profile.hooks.graph_capture import CAPTURED, capturing
 from fi_profile.hooks.graph_runs import count_graph_run
-from fi_profile.hooks.layer_calls import embedding, linear, lm_head, moe, rmsnorm, rope, silu_and_mul
+from fi_profile.hooks.layer_calls import (
+    LayerRule,
+    covered,
+    embedding,
+    exact_class,
+    linear,
+    lm_head,
+    moe,
+    require,
+    rmsnorm,
+    rmsnorm_problem,
+    rope,
+    rope_problem,
+    silu_and_mul,
+)
 from fi_profile.hooks.patching import HookPoint
 from fi_profile.schema.dtype import schema_dtype
 
@@ -44,12 +59,19 @@ def _layout(batch: Any) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
     return torch.cat([torch.zeros(1, dtype=torch.int64), q_lens.cumsum(0)]), seq_lens.to(torch.int64)
 
 
-def _model_step(self: Any, forward_batch: Any) -> None:
+def _model_step(self: Any, forward_batch: Any) -> Any:
+    """``ModelRunner.forward``: one model step, the step boundary. A step with requests runs the
+    model's forward, which must be in the record (:meth:`~fi_profile.capture.recorder.Recorder.engine_step`)."""
+    if not RECORDER.active:
+        return contextlib.nullcontext()
     STEP.begin(runner=self, batch=forward_batch)
     layout = _layout(forward_batch)
-    if layout is not None:
-        shape = ops.step_shape(layout[0], len(layout[1]))
-        RECORDER.begin_step(shape, tokens=shape[0])
+    if layout is None:
+        return contextlib.nullcontext()
+    shape = ops.step_shape(layout[0], len(layout[1]))
+    RECORDER.begin_step(shape, tokens=shape[0])
+    mode = getattr(forward_batch.forward_mode, "name", "model").lower()
+    return RECORDER.engine_step(f"a {mode} step of {shape[0]} tokens for {len(layout[1])} requests")
 
 
 #: SGLang's CUDA graph backends that capture by running the model's Python forward (its layer
@@ -94,7 +116,28 @@ def _batches(batch: Any) -> Batches:
     return ops.paged_batches(*layout, table, 1)
 
 
+def attention_problem(layer: Any) -> Optional[str]:
+    """Why an attention layer is not a paged GQA call the Definitions compute, or None: only
+    ``RadixAttention`` as plain causal decoder self-attention (MLA runs through the same class with
+    a latent value head; windows, soft caps, cross attention are other computations)."""
+    name = type(layer).__name__
+    if name != "RadixAttention":
+        return f"{name} (an attention layer class no Definition computes)"
+    attn_type = str(getattr(getattr(layer, "attn_type", "decoder"), "value", getattr(layer, "attn_type", "decoder")))
+    features = {
+        f"latent attention (MLA: value head {getattr(layer, 'v_head_dim', None)} of qk head {layer.head_dim})":
+            getattr(layer, "v_head_dim", layer.head_dim) != layer.head_dim,
+        f"attention type {attn_type}": attn_type.lower() not in ("decoder", "attentiontype.decoder"),
+        f"sliding window {getattr(layer, 'sliding_window_size', -1)}": (getattr(layer, "sliding_window_size", -1) or -1) != -1,
+        "logit cap": bool(getattr(layer, "logit_cap", 0) or 0),
+        "cross attention": bool(getattr(layer, "is_cross_attention", False)),
+    }
+    problems = [what for what, applies in features.items() if applies]
+    return f"RadixAttention with {', '.join(problems)} (no Definition computes it)" if problems else None
+
+
 def _attention(self: Any, q: torch.Tensor, forward_batch: Any) -> list[KernelCall]:
+    require(attention_problem(self))
     STEP.batches(forward_batch, _batches)
     return STEP.calls((self.tp_q_head_num, self.tp_k_head_num, self.head_dim, 1, RECORDER.num_pages or 0,
                        schema_dtype(q.dtype), float(self.scaling)))
@@ -103,6 +146,7 @@ def _attention(self: Any, q: torch.Tensor, forward_batch: Any) -> list[KernelCal
 def _attention_captured(self: Any, q: torch.Tensor) -> Callable[[], list[KernelCall]]:
     """While a CUDA graph captures an attention layer: its shape, and how to build its calls in
     each step that replays the graph, from that step's batch (the replay runs no Python layer)."""
+    require(attention_problem(self))
     return functools.partial(_attention_in_graph, (self.tp_q_head_num, self.tp_k_head_num, self.head_dim,
                                                    schema_dtype(q.dtype), float(self.scaling)))
 
@@ -123,6 +167,25 @@ def _moe_routing(self: Any, router_logits: torch.Tensor) -> list:
     return []
 
 
+def _routing_unsupported(config: Any, runner: Any = None) -> dict[str, bool]:
+    """What a ``TopK`` router (its ``topk_config``) does that no MoE Definition computes."""
+    scaling = getattr(config, "routed_scaling_factor", None) or getattr(runner, "routed_scaling_factor", None)
+    scoring = getattr(config, "scoring_func", "softmax")
+    return {
+        f"scoring {scoring}": scoring != "softmax",
+        "grouped top-k": bool(getattr(config, "use_grouped_topk", False)),
+        "custom routing": getattr(config, "custom_routing_function", None) is not None,
+        "correction bias": getattr(config, "correction_bias", None) is not None,
+        "fused shared experts": bool(getattr(config, "num_fused_shared_experts", 0)),
+        "routed scaling": scaling not in (None, 1.0),
+    }
+
+
+def routing_problem(router: Any) -> Optional[str]:
+    problems = [what for what, applies in _routing_unsupported(router.topk_config).items() if applies]
+    return f"{type(router).__name__} with {', '.join(problems)} (no MoE Definition computes it)" if problems else None
+
+
 def _moe(self: Any, hidden_states: torch.Tensor) -> list:
     """``FusedMoE``: routing (from the ``TopK`` call before it) and SwiGLU experts as one call."""
     routing = STEP.context.pop("moe_routing", None)
@@ -130,15 +193,8 @@ def _moe(self: Any, hidden_states: torch.Tensor) -> list:
         raise RuntimeError("MoE experts called without a TopK call before them: routing unknown")
     router_logits, config = routing
     runner = self.moe_runner_config
-    scaling = getattr(config, "routed_scaling_factor", None) or getattr(runner, "routed_scaling_factor", None)
-    scoring = getattr(config, "scoring_func", "softmax")
     unsupported = {
-        f"scoring {scoring}": scoring != "softmax",
-        "grouped top-k": bool(getattr(config, "use_grouped_topk", False)),
-        "custom routing": getattr(config, "custom_routing_function", None) is not None,
-        "correction bias": getattr(config, "correction_bias", None) is not None,
-        "fused shared experts": bool(getattr(config, "num_fused_shared_experts", 0)),
-        "routed scaling": scaling not in (None, 1.0),
+        **_routing_unsupported(config, runner),
         f"quantization {type(self.quant_method).__name__}": type(self.quant_method).__name__ != "UnquantizedFusedMoEMethod",
         f"activation {runner.activation}": runner.activation != "silu" or not getattr(runner, "is_gated", True),
         "router weight on input": bool(getattr(runner, "apply_router_weight_on_input", False)),
@@ -169,8 +225,8 @@ POINTS = [
     HookPoint("sglang.srt.layers.moe.topk", "TopK", ("forward",), "moe_routing", _moe_routing),
     HookPoint("sglang.srt.layers.moe.fused_moe_triton.layer", "FusedMoE", ("forward",), "moe", _moe,
               nested=("silu_and_mul", "gemm")),
-    HookPoint("sglang.srt.layers.sampler", "Sampler", ("forward",), "sampling", _sampler),
-    HookPoint("sglang.srt.model_executor.model_runner", "ModelRunner", ("forward",), "step", _model_step, boundary=True),
+    HookPoint("sglang.srt.layers.sampler", "Sampler", ("forward",), "sampling", _sampler, outside_forward=True),
+    HookPoint("sglang.srt.model_executor.model_runner", "ModelRunner", ("forward",), "step", _model_step, around=True),
     # graph mode: a graph runner runs a step; the calls each CUDA graph captured, and each replay of it
     *(
         HookPoint(f"sglang.srt.model_executor.{module}", runner, ("execute",), "graph_step", _graph_runner_runs,
@@ -190,4 +246,22 @@ POINTS = [
                       _graph_replay, boundary=True),
         )
     ),
+]
+
+#: how each layer of a built model is judged (``run.not_covered``): the hooked layer classes by
+#: their own rules; any other layer of SGLang's op bases (they moved between versions) is a class
+#: no hook knows
+LAYER_RULES = [
+    LayerRule("sglang.srt.layers.layernorm:RMSNorm", rmsnorm_problem),
+    LayerRule("sglang.srt.layers.activation:SiluAndMul", exact_class("SiluAndMul")),
+    LayerRule("sglang.srt.layers.rotary_embedding.base:RotaryEmbedding", rope_problem),
+    LayerRule("sglang.srt.layers.radix_attention:RadixAttention", attention_problem),
+    LayerRule("sglang.srt.layers.moe.topk:TopK", routing_problem),
+    LayerRule("sglang.srt.layers.logits_processor:LogitsProcessor", covered),
+]
+KERNEL_LAYERS = [
+    "sglang.kernels.fused_op:BaseFusedOp",
+    "sglang.srt.layers.utils.multi_platform:MultiPlatformOp",
+    "sglang.srt.custom_op:CustomOp",
+    "sglang.srt.layers.radix_attention:RadixAttention",
 ]

@@ -30,9 +30,10 @@ def fi_profile_start(self: Any, count_only: bool = False, out_dir: Optional[str]
 
 def _not_covered(scheduler: Any) -> dict[str, int]:
     from fi_profile.hooks.layer_calls import uncovered_layers
+    from fi_profile.hooks.sglang.adapter import KERNEL_LAYERS, LAYER_RULES
 
     try:
-        return uncovered_layers(scheduler.tp_worker.model_runner.model)
+        return uncovered_layers(scheduler.tp_worker.model_runner.model, LAYER_RULES, KERNEL_LAYERS)
     except Exception as exc:  # noqa: BLE001 - reported, never fatal
         return {f"model not inspected ({type(exc).__name__}: {exc})"[:200].replace("\n", " "): 0}
 

@@ -8,6 +8,7 @@ the top, above every backend-specific path.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any, Callable, Optional
 
@@ -19,7 +20,21 @@ from fi_profile.capture.ops import KernelCall
 from fi_profile.capture.recorder import RECORDER
 from fi_profile.capture.step_attention import Batches, StepAttention
 from fi_profile.hooks.graph_runs import count_graph_run
-from fi_profile.hooks.layer_calls import embedding, linear, lm_head, moe, rmsnorm, rope, silu_and_mul
+from fi_profile.hooks.layer_calls import (
+    LayerRule,
+    covered,
+    embedding,
+    exact_class,
+    linear,
+    lm_head,
+    moe,
+    require,
+    rmsnorm,
+    rmsnorm_problem,
+    rope,
+    rope_problem,
+    silu_and_mul,
+)
 from fi_profile.hooks.patching import HookPoint
 from fi_profile.hooks.traced import TRACES, sizes_of_run
 from fi_profile.schema.dtype import schema_dtype
@@ -71,9 +86,29 @@ def _layout_source(metadata: Any) -> Any:
     return metadata
 
 
+def attention_problem(layer: Any) -> Optional[str]:
+    """Why an attention layer is not a paged GQA call the Definitions compute, or None: only
+    vLLM's ``Attention`` itself (MLA, chunked-local, encoder, cross, sink ... are other classes),
+    causal decoder self-attention without a window, soft cap or quantized KV cache."""
+    name = type(layer).__name__
+    if name != "Attention":
+        return f"{name} (an attention layer class no Definition computes)"
+    attn_type = str(getattr(getattr(layer, "attn_type", "decoder"), "value", getattr(layer, "attn_type", "decoder")))
+    features = {
+        f"attention type {attn_type}": attn_type.lower() != "decoder",
+        f"sliding window {getattr(layer, 'sliding_window', None)}": getattr(layer, "sliding_window", None) is not None,
+        "logits soft cap": bool(getattr(getattr(layer, "impl", None), "logits_soft_cap", None)),
+        f"KV cache {getattr(layer, 'kv_cache_dtype', 'auto')}": str(getattr(layer, "kv_cache_dtype", "auto")) not in (
+            "auto", "bfloat16", "float16"),
+    }
+    problems = [what for what, applies in features.items() if applies]
+    return f"Attention with {', '.join(problems)} (no Definition computes it)" if problems else None
+
+
 def _attention(self: Any, query: torch.Tensor) -> list[KernelCall]:
     from vllm.forward_context import get_forward_context
 
+    require(attention_problem(self))
     metadata = get_forward_context().attn_metadata
     if isinstance(metadata, list):  # micro-batches: the first one's layout
         metadata = metadata[0]
@@ -117,11 +152,61 @@ def _compiled_forward(self: Any, *args: Any, **kwargs: Any) -> None:
 
 
 def _cuda_graph_call(self: Any, *args: Any, **kwargs: Any) -> None:
-    """``CUDAGraphWrapper.__call__``: a whole-model (FULL) graph replays without calling the model;
-    a piecewise graph wraps a piece of the compiled code, already counted with its forward."""
-    model = getattr(self, "runnable", None)
-    if model is not None and hasattr(model, "original_code_object"):
-        _graph_run(model, args, kwargs)
+    """``CUDAGraphWrapper.__call__`` (and ``BreakableCUDAGraphWrapper``'s): a whole-model graph
+    replays without calling the model. A piecewise graph, or a wrapper whose mode is not this
+    step's, runs what it wraps: a compiled forward that counts itself."""
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+
+    if not is_forward_context_available():
+        return
+    context = get_forward_context()
+    mode = getattr(context.cudagraph_runtime_mode, "name", "NONE")
+    own = getattr(getattr(self, "runtime_mode", None), "name", None)  # breakable graphs: none, any mode
+    if mode == "NONE" or own == "PIECEWISE" or (own is not None and own != mode):
+        return
+    runnable = self.runnable
+    trace = _traced_forward(self, runnable)
+    sizes = sizes_of_run(trace, type(runnable).forward, (runnable, *args), kwargs)
+    padded = getattr(getattr(context, "batch_descriptor", None), "num_tokens", None)
+    for symbol, (name, _) in trace.symbols.items():  # the wrapped model may name its token inputs otherwise
+        if symbol not in sizes and name in _TOKEN_ARGUMENTS and padded is not None:
+            sizes[symbol] = int(padded)
+    _count_compiled(trace, sizes, mode=_RUN_MODES.get(mode, "full_cuda_graph") if own else "breakable_cuda_graph")
+
+
+def _traced_forward(wrapper: Any, runnable: Any) -> Any:
+    """The trace of the forward a whole-model graph runs: the wrapped module's own, or that of the
+    one module inside it whose forward torch.compile traced (the V1 runner wraps ``*ForCausalLM``,
+    whose inner ``*Model`` is the compiled one). The module is found once per wrapper."""
+    module = wrapper.__dict__.get("_fi_profile_traced")
+    if module is None:
+        found = [m for m in (runnable.modules() if hasattr(runnable, "modules") else (runnable,)) if _trace_of(m) is not None]
+        if len(found) != 1:
+            raise RuntimeError(
+                f"a whole-model CUDA graph of {type(runnable).__name__} ran, and {len(found)} traced forwards are inside "
+                f"it ({', '.join(type(m).__name__ for m in found) or 'none'}): its calls are not in the record")
+        module = wrapper.__dict__["_fi_profile_traced"] = found[0]
+    trace = _trace_of(module)
+    if trace is None:
+        raise RuntimeError(f"{type(module).__name__}'s forward is no longer traced: its calls are not in the record")
+    return trace
+
+
+def _trace_of(module: Any) -> Any:
+    code = getattr(module, "original_code_object", None)
+    return TRACES.get(code()) if callable(code) else None
+
+
+def _engine_step(self: Any, scheduler_output: Any, dummy_run: bool = False) -> Any:
+    """``execute_model``: one engine step. A step that schedules tokens runs the model's forward,
+    which must be in the record (:meth:`~fi_profile.capture.recorder.Recorder.engine_step`)."""
+    tokens = int(getattr(scheduler_output, "total_num_scheduled_tokens", 0) or 0)
+    if not RECORDER.active or dummy_run or tokens == 0:
+        return contextlib.nullcontext()
+    per_request = list(getattr(scheduler_output, "num_scheduled_tokens", {}).values())
+    decoding = sum(1 for n in per_request if n == 1)
+    return RECORDER.engine_step(f"a step of {tokens} tokens for {len(per_request)} requests "
+                                f"({decoding} decoding, {len(per_request) - decoding} prefilling)")
 
 
 #: the compiled forward's arguments whose first dimension is the step's (padded) token count
@@ -169,23 +254,34 @@ def _count_compiled(trace: Any, sizes: dict[str, int], mode: Optional[str] = Non
 _SOFTMAX_TOPK_ROUTERS = ("FusedTopKRouter", "CPURouter")
 
 
-def _moe(self: Any, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> list:
-    """A MoE layer (``MoERunner``): routing and experts as one fused MoE call."""
-    router, config, experts = self.router, self.moe_config, self.routed_experts
+def _moe_unsupported(runner: Any) -> dict[str, bool]:
+    """What a MoE layer (``MoERunner``) has that no MoE Definition computes."""
+    router, config, experts = runner.router, runner.moe_config, runner.routed_experts
     activation = getattr(getattr(experts, "activation", None), "value", getattr(experts, "activation", "silu"))
-    unsupported = {
+    return {
         f"router {type(router).__name__}": type(router).__name__ not in _SOFTMAX_TOPK_ROUTERS,
         f"scoring {getattr(router, 'scoring_func', None)}": getattr(router, "scoring_func", None) != "softmax",
         "grouped top-k": bool(getattr(router, "use_grouped_topk", False)),
-        "routed scaling": float(getattr(self, "routed_scaling_factor", 1.0) or 1.0) != 1.0,
+        "routed scaling": float(getattr(runner, "routed_scaling_factor", 1.0) or 1.0) != 1.0,
         f"quantization {type(experts.quant_method).__name__}": type(experts.quant_method).__name__
         != "UnquantizedFusedMoEMethod",
         f"activation {activation}": str(activation) != "silu" or not getattr(config, "is_act_and_mul", True),
         "expert bias": bool(getattr(config, "has_bias", False)),
         "expert parallelism": config.num_local_experts != router.global_num_experts,
     }
-    return moe(hidden_states, router_logits, unsupported, num_experts=config.num_local_experts, top_k=router.top_k,
-               intermediate_size=config.intermediate_size_per_partition, renormalize=bool(router.renormalize))
+
+
+def moe_problem(runner: Any) -> Optional[str]:
+    problems = [what for what, applies in _moe_unsupported(runner).items() if applies]
+    return f"{type(runner).__name__} with {', '.join(problems)} (no MoE Definition computes it)" if problems else None
+
+
+def _moe(self: Any, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> list:
+    """A MoE layer (``MoERunner``): routing and experts as one fused MoE call."""
+    router, config = self.router, self.moe_config
+    return moe(hidden_states, router_logits, _moe_unsupported(self), num_experts=config.num_local_experts,
+               top_k=router.top_k, intermediate_size=config.intermediate_size_per_partition,
+               renormalize=bool(router.renormalize))
 
 
 def _sampler(self: Any, logits: torch.Tensor, k: Optional[torch.Tensor], p: Optional[torch.Tensor]) -> list:
@@ -209,7 +305,8 @@ POINTS = [
     HookPoint("vllm.model_executor.layers.rotary_embedding.base", "RotaryEmbedding", ("forward",), "rope", rope),
     HookPoint("vllm.model_executor.layers.linear", "UnquantizedLinearMethod", ("apply",), "gemm", linear),
     # lm_head: the logits projection, and the method it applies (nested calls count once)
-    HookPoint("vllm.model_executor.layers.logits_processor", "LogitsProcessor", ("_apply_head",), "gemm", lm_head),
+    HookPoint("vllm.model_executor.layers.logits_processor", "LogitsProcessor", ("_apply_head",), "gemm", lm_head,
+              outside_forward=True),
     HookPoint(
         "vllm.model_executor.layers.vocab_parallel_embedding", "UnquantizedEmbeddingMethod", ("apply",), "gemm", linear
     ),
@@ -242,13 +339,38 @@ POINTS = [
         ("forward_native", "forward_cpu", "forward_cuda", "forward_hip", "forward_xpu"),
         "sampling",
         _sampler,
+        outside_forward=True,
     ),
-    HookPoint("vllm.v1.worker.gpu.sample.sampler", "Sampler", ("sample",), "sampling", _sampler_v2, optional=True),
+    HookPoint("vllm.v1.worker.gpu.sample.sampler", "Sampler", ("sample",), "sampling", _sampler_v2, optional=True,
+              outside_forward=True),
+    # every engine step that schedules tokens runs a forward, which must be in the record
+    HookPoint("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", ("execute_model",), "step", _engine_step, around=True),
+    HookPoint("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", ("execute_model",), "step", _engine_step, around=True,
+              optional=True),
     # graph mode: each run of a compiled forward (and of a whole-model CUDA graph) in a step
     HookPoint("vllm.compilation.wrapper", "TorchCompileWithNoGuardsWrapper", ("__call__",), "compiled_forward",
               _compiled_forward, optional=True, boundary=True, raw=True),
-    HookPoint("vllm.compilation.cuda_graph", "CUDAGraphWrapper", ("__call__",), "compiled_forward", _cuda_graph_call,
-              optional=True, boundary=True, raw=True),
+    *(
+        HookPoint(f"vllm.compilation.{module}", wrapper, ("__call__",), "compiled_forward", _cuda_graph_call,
+                  optional=True, boundary=True, raw=True)
+        for module, wrapper in (("cuda_graph", "CUDAGraphWrapper"), ("breakable_cudagraph", "BreakableCUDAGraphWrapper"))
+    ),
     HookPoint("vllm.v1.worker.gpu.cudagraph_utils", "CudaGraphManager", ("run_fullgraph",), "compiled_forward",
               _full_graph_replay, optional=True, boundary=True),
+]
+
+#: how each layer of a built model is judged (``run.not_covered``): the hooked layer classes by
+#: their own rules; any other layer of vLLM's custom-op or attention bases is a class no hook knows
+LAYER_RULES = [
+    LayerRule("vllm.model_executor.layers.layernorm:RMSNorm", rmsnorm_problem),
+    LayerRule("vllm.model_executor.layers.activation:SiluAndMul", exact_class("SiluAndMul")),
+    LayerRule("vllm.model_executor.layers.rotary_embedding.base:RotaryEmbedding", rope_problem),
+    LayerRule("vllm.model_executor.layers.attention_layer_base:AttentionLayerBase", attention_problem),
+    LayerRule("vllm.model_executor.layers.fused_moe.runner.moe_runner:MoERunner", moe_problem),
+    LayerRule("vllm.model_executor.layers.logits_processor:LogitsProcessor", covered),
+]
+KERNEL_LAYERS = [
+    "vllm.model_executor.custom_op:CustomOp",
+    "vllm.model_executor.custom_op:PluggableLayer",
+    "vllm.model_executor.layers.attention_layer_base:AttentionLayerBase",
 ]

@@ -28,9 +28,10 @@ def register() -> None:
 
 def _not_covered(worker: Any) -> dict[str, int]:
     from fi_profile.hooks.layer_calls import uncovered_layers
+    from fi_profile.hooks.vllm.adapter import KERNEL_LAYERS, LAYER_RULES
 
     try:
-        return uncovered_layers(worker.model_runner.get_model())
+        return uncovered_layers(worker.model_runner.get_model(), LAYER_RULES, KERNEL_LAYERS)
     except Exception as exc:  # noqa: BLE001 - reported, never fatal
         return {f"model not inspected ({type(exc).__name__}: {exc})"[:200]: 0}
 

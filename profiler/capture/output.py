@@ -41,6 +41,7 @@ def merge_parts(
     graph_runs: Counter[str] = Counter()
     padding: Counter[tuple[int, int]] = Counter()
     steps: Counter[str] = Counter()
+    engine_steps = 0
     definitions: dict[str, Definition] = {}
     workloads: dict[tuple[str, tuple], dict[str, Any]] = {}
     for part_path in parts:
@@ -55,6 +56,7 @@ def merge_parts(
         for padded, real, n in part.get("padding", []):
             padding[(padded, real)] += n
         steps.update(part.get("steps", {}))
+        engine_steps += part.get("engine_steps", 0)
         for name, data in part["definitions"].items():
             definitions.setdefault(name, Definition.model_validate(data))
         blob = load_file(out_dir / part["blob"]) if part["blob"] else {}  # index tensors: small, read once
@@ -75,6 +77,8 @@ def merge_parts(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(definition.to_json())
     run_block = {**(run or {}), "processes": len(parts), "hook_errors": dict(errors), "steps": dict(steps)}
+    if engine_steps:  # steps whose forward ran (every rank's), seen at the engine's step method
+        run_block["steps"]["engine"] = engine_steps
     run_block["execution"] = {name: " and ".join(sorted(where)) for name, where in sorted(execution.items())}
     if graph_runs:  # compiled forwards: how each ran, and the padded sizes beside the scheduled ones
         run_block["steps"]["compiled_forward"] = dict(sorted(graph_runs.items()))

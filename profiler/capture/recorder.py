@@ -19,13 +19,14 @@ seconds, so an engine process that dies leaves its record up to its last whole s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Hashable, Iterable, Optional
+from typing import Hashable, Iterable, Iterator, Optional
 
 import torch
 from safetensors.torch import save_file
@@ -51,6 +52,9 @@ class Recorder:
         self.autosave: Optional[tuple[Path, float]] = None
         #: where this process reports steps, tokens and calls for the driver's progress line
         self.progress_file: Optional[Path] = None
+        #: whether the current engine step's model forward was seen: a hooked call inside it, or a
+        #: run of a compiled forward or CUDA graph (set by the hooks, read by :meth:`engine_step`)
+        self.forward_seen = False
         self._lock = threading.Lock()
         self.reset()
 
@@ -75,6 +79,9 @@ class Recorder:
         #: (its calls by Definition and by workload, summed: a replayed step adds them in one go)
         self.steps: dict[Hashable, tuple[tuple[Counter, Counter], tuple[str, ...], tuple[tuple[str, int], ...]]] = {}
         self.step_stats: Counter[str] = Counter()
+        #: engine steps that ran the model's forward (learned + replayed steps, unless a step ran
+        #: without the attention metadata boundary, whose calls are then recorded one by one)
+        self.engine_steps = 0
         #: while the current step is replayed: the label of each hooked invocation, else None
         self.replay: Optional[tuple[str, ...]] = None
         self.replayed = 0
@@ -131,7 +138,8 @@ class Recorder:
         """Steps, tokens and calls so far, for the driver's progress line (a tiny file, replaced)."""
         if self.progress_file is None:
             return
-        progress = {"steps": sum(self.step_stats.values()), "tokens": self.tokens, "calls": sum(self.calls.values())}
+        steps = max(sum(self.step_stats.values()), self.engine_steps)
+        progress = {"steps": steps, "tokens": self.tokens, "calls": sum(self.calls.values())}
         tmp = self.progress_file.with_suffix(".tmp")
         try:
             self.progress_file.parent.mkdir(parents=True, exist_ok=True)
@@ -206,6 +214,19 @@ class Recorder:
             self.graph_runs[mode] += 1
             self.padding[(ran_with, scheduled)] += 1
 
+    @contextlib.contextmanager
+    def engine_step(self, description: str) -> Iterator[None]:
+        """One engine step that runs the model's forward (``description``: its shape, for the
+        error). Every such step must have its forward in the record, recorded or replayed from a
+        learned step or a graph: a step whose forward no hook saw is a hook error naming it."""
+        self.forward_seen = False
+        yield
+        self.engine_steps += 1
+        if self.active and not self.forward_seen:
+            self.error("step", RuntimeError(
+                f"{description} ran a model forward in which no hooked call and no compiled-forward or CUDA-graph run "
+                "was seen: its calls are not in the record"))
+
     def error(self, where: str, exc: BaseException, times: int = 1) -> None:
         with self._lock:
             self.errors[f"{where}: {type(exc).__name__}: {exc}"[:300]] += times
@@ -268,6 +289,7 @@ class Recorder:
             "graph_runs": dict(self.graph_runs),
             "padding": [[padded, real, n] for (padded, real), n in self.padding.items()],
             "steps": dict(self.step_stats),
+            "engine_steps": self.engine_steps,
         }
         self._saved_samples = len(self.samples)
         return part, blob_tensors

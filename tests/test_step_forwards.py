@@ -1,0 +1,154 @@
+"""Every engine step that runs the model's forward has that forward in the record: recorded, or
+counted from a learned step, a compiled forward or a CUDA graph. A step whose forward no hook saw
+is a hook error naming the step (the record is then incomplete), never a silently short record."""
+
+import os
+from types import SimpleNamespace
+
+import pytest
+import sympy
+import torch
+
+from fi_profile.capture import ops
+from fi_profile.capture.ops import KernelCall
+from fi_profile.capture.recorder import RECORDER
+from fi_profile.hooks.patching import wrap, wrap_around, wrap_boundary
+from fi_profile.hooks.traced import TRACES, Template, Trace
+
+
+@pytest.fixture
+def recording(monkeypatch):
+    RECORDER.reset()
+    monkeypatch.setattr(RECORDER, "active", True)
+    yield RECORDER
+    RECORDER.active = False
+    RECORDER.reset()
+
+
+def engine(forward, outside=None):
+    """An engine step method running ``forward`` (and ``outside``, after it, outside the forward),
+    hooked as the adapters hook ``execute_model`` / ``ModelRunner.forward``."""
+
+    def execute(tokens):
+        forward(tokens)
+        if outside is not None:
+            outside(tokens)
+
+    step = wrap_boundary(lambda tokens: None, "step", lambda tokens: RECORDER.begin_step(("step", tokens), tokens))
+
+    def around(tokens):
+        step(tokens)
+        return RECORDER.engine_step(f"a step of {tokens} tokens")
+
+    return wrap_around(execute, "step", around)
+
+
+def linear_hook():
+    return wrap(lambda x: x, "gemm", lambda x: [ops.gemm(x, 64, 32)])
+
+
+def test_steps_whose_forward_was_hooked_are_complete(recording, tmp_path):
+    linear = linear_hook()
+    run = engine(lambda t: [linear(torch.zeros(t, 32, dtype=torch.bfloat16)) for _ in range(3)])
+    for tokens in (5, 1, 1, 1):
+        run(tokens)
+    recording.flush(tmp_path)
+    assert not recording.errors and recording.engine_steps == 4
+    assert recording.calls == {"gemm_n64_k32": 12}
+
+
+def test_a_step_whose_forward_no_hook_saw_is_a_hook_error_naming_it(recording, tmp_path):
+    """The forward ran where no hook is (a whole-model CUDA graph no hook counted, say); the
+    lm_head after it is hooked but outside the forward, so it does not count as the forward."""
+    linear = linear_hook()
+    lm_head = wrap(lambda x: x, "gemm", lambda x: [ops.gemm(x, 2048, 32)], outside_forward=True)
+    hidden = {"yes": True}
+
+    def forward(tokens):
+        if not hidden["yes"]:
+            linear(torch.zeros(tokens, 32, dtype=torch.bfloat16))
+
+    run = engine(forward, lambda t: lm_head(torch.zeros(t, 32, dtype=torch.bfloat16)))
+    run(7)
+    hidden["yes"] = False
+    run(3)
+    recording.flush(tmp_path)
+    ((message, times),) = recording.errors.items()
+    assert times == 1 and "a step of 7 tokens ran a model forward in which no hooked call" in message
+    assert recording.calls == {"gemm_n2048_k32": 2, "gemm_n64_k32": 1}
+
+
+def test_a_graph_run_is_the_steps_forward(recording, tmp_path):
+    from fi_profile.hooks.graph_runs import count_graph_run
+
+    trace = Trace(0, {"s0": ("input_ids", 0)}, [Template("gemm", calls=[_symbolic_gemm()])])
+    run = engine(lambda t: count_graph_run(trace, {"s0": t}, "full_cuda_graph", t))
+    run(8)
+    recording.flush(tmp_path)
+    assert not recording.errors and recording.graph_runs == {"full_cuda_graph": 1}
+    assert recording.workloads == {("gemm_n64_k32", (("M", 8),)): 1}
+
+
+def _symbolic_gemm() -> KernelCall:
+    call = ops.gemm(torch.zeros(1, 32, dtype=torch.bfloat16), 64, 32)
+    return KernelCall(call.definition, {"M": sympy.Symbol("s0")}, {}, {})
+
+
+if os.environ.get("CI") != "true":
+    vllm = pytest.importorskip("vllm")
+
+
+class _Inner(torch.nn.Module):
+    """The compiled ``*Model`` inside a ``*ForCausalLM``: its forward is what torch.compile traced."""
+
+    def forward(self, input_ids, positions):
+        return input_ids
+
+    def original_code_object(self):
+        return _Inner.forward.__code__
+
+
+class _Outer(torch.nn.Module):
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = inner
+
+    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
+        return self.model(input_ids, positions)
+
+
+def _full_graph_context(monkeypatch, tokens: int) -> None:
+    import vllm.forward_context as forward_context
+
+    context = SimpleNamespace(cudagraph_runtime_mode=SimpleNamespace(name="FULL"), attn_metadata={"layer": 1},
+                              batch_descriptor=SimpleNamespace(num_tokens=tokens))
+    monkeypatch.setattr(forward_context, "get_forward_context", lambda: context)
+    monkeypatch.setattr(forward_context, "is_forward_context_available", lambda: True)
+
+
+def test_a_full_cuda_graph_of_the_outer_model_counts_the_inner_traced_forward(recording, monkeypatch, tmp_path):
+    """vLLM's V1 runner (MoE models) wraps ``*ForCausalLM`` in its whole-model graph wrapper; the
+    traced forward is the inner ``*Model``'s. Its replays count that trace at the padded size."""
+    from fi_profile.hooks.vllm import adapter
+
+    monkeypatch.setitem(TRACES, _Inner.forward.__code__, Trace(0, {"s0": ("input_ids", 0)},
+                                                               [Template("gemm", calls=[_symbolic_gemm()])] * 4))
+    wrapper = SimpleNamespace(runtime_mode=SimpleNamespace(name="FULL"), runnable=_Outer(_Inner()))
+    _full_graph_context(monkeypatch, 8)
+    adapter._cuda_graph_call(wrapper, input_ids=torch.zeros(8), positions=torch.zeros(8))
+    recording.flush(tmp_path)
+    assert recording.graph_runs == {"full_cuda_graph": 1}
+    assert recording.workloads == {("gemm_n64_k32", (("M", 8),)): 4}
+    # a piecewise wrapper runs a piece of a compiled forward, which counts itself
+    piece = SimpleNamespace(runtime_mode=SimpleNamespace(name="PIECEWISE"), runnable=_Outer(_Inner()))
+    adapter._cuda_graph_call(piece, torch.zeros(8), torch.zeros(8))
+    assert recording.graph_runs == {"full_cuda_graph": 1}
+
+
+def test_a_full_cuda_graph_with_no_traced_forward_inside_is_an_error(recording, monkeypatch):
+    from fi_profile.hooks.vllm import adapter
+
+    wrapper = SimpleNamespace(runtime_mode=SimpleNamespace(name="FULL"), runnable=_Outer(torch.nn.Linear(2, 2)))
+    _full_graph_context(monkeypatch, 8)
+    with pytest.raises(RuntimeError, match="0 traced forwards are inside it"):
+        adapter._cuda_graph_call(wrapper, input_ids=torch.zeros(8), positions=torch.zeros(8))
