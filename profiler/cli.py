@@ -9,13 +9,28 @@ from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
+import click
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperGroup
 
 from fi_profile.catalog import shipped_definitions
 
+
+class CaptureByDefault(TyperGroup):
+    """``fi-profile --model M --framework F ...`` is ``fi-profile capture --model M ...``: options
+    before any command are the capture's, so a command after them is an extra argument (an error),
+    never a command that silently drops them."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0].startswith("-") and args[0] not in self.get_help_option_names(ctx):
+            args = ["capture", *args]
+        return super().parse_args(ctx, args)
+
+
 app = typer.Typer(
+    cls=CaptureByDefault,
     name="fi-profile",
     help="Profile the kernels an LLM engine calls; benchmark candidate kernels on those workloads.",
     no_args_is_help=True,
@@ -36,9 +51,8 @@ class LoadFormat(str, Enum):
     dummy = "dummy"
 
 
-@app.callback(invoke_without_command=True)
+@app.command()
 def capture(
-    ctx: typer.Context,
     model: Annotated[
         Optional[str],
         typer.Option(help="Hugging Face id or local folder; shipped configs: meta-llama/Llama-3.1-8B, fi-profile/tiny-llama."),
@@ -99,9 +113,7 @@ def capture(
         bool, typer.Option("--verbose", "-v", help="Show the engine's own output here instead of DIR/engine.log.")
     ] = False,
 ) -> None:
-    """Run MODEL in a real engine and record every kernel-level call it makes."""
-    if ctx.invoked_subcommand is not None:
-        return
+    """Run MODEL in a real engine and record every kernel-level call it makes (also: fi-profile --model M ...)."""
     if model is None:
         err.print("--model is required (try --model fi-profile/tiny-llama on CPU)")
         raise typer.Exit(code=2)

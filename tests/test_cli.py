@@ -71,3 +71,22 @@ def test_bad_request_lengths_are_one_line_before_any_engine_starts():
     assert "--input-len '64:16': MIN is above MAX" in result.output and "Traceback" not in result.output
     result = runner.invoke(app, ["--model", "fi-profile/tiny-llama", "--output-len", "8", "--range-ratio", "1.5"])
     assert result.exit_code == 2 and "--range-ratio 1.5: expected a value in [0, 1)" in result.output
+
+
+@pytest.mark.parametrize("args", [
+    ["--model", "fi-profile/tiny-llama", "--tp", "4", "definitions", "--op-type", "rope"],
+    ["--model", "fi-profile/tiny-llama", "definitions"],
+    ["definitions", "--model", "fi-profile/tiny-llama"],
+])
+def test_capture_options_are_never_dropped_for_a_command(args):
+    """Capture options before a command were once dropped silently (the command ran, exit 0)."""
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "shipped definitions" not in result.output
+
+
+def test_capture_is_a_command_and_the_default():
+    for args in (["capture", "--model", "fi-profile/tiny-llama", "--input-len", "64:16"],
+                 ["--model", "fi-profile/tiny-llama", "--input-len", "64:16"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2 and "MIN is above MAX" in result.output, args

