@@ -31,6 +31,13 @@ def covered(layer: Any) -> Optional[str]:
     return None
 
 
+def seen(*layers: Any) -> None:
+    """These layers' calls reached their hook (checked at the end: :func:`unseen_layers`)."""
+    for layer in layers:
+        if layer is not None:
+            layer.__dict__["_fi_profile_seen"] = True
+
+
 def require(problem: Optional[str]) -> None:
     """A hooked layer no Definition computes: its calls are lost, never recorded as another's."""
     if problem is not None:
@@ -45,11 +52,13 @@ def rmsnorm_problem(layer: Any) -> Optional[str]:
 
 
 def rmsnorm(self: Any, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> list:
+    seen(self)
     require(rmsnorm_problem(self))
     return [ops.rmsnorm(x, residual, float(self.variance_epsilon))]
 
 
 def silu_and_mul(self: Any, x: torch.Tensor) -> list:
+    seen(self)
     require(exact_class("SiluAndMul")(self))
     return [ops.silu_and_mul(x)]
 
@@ -73,6 +82,7 @@ def rope_problem(layer: Any) -> Optional[str]:
 def rope(self: Any, query: torch.Tensor, key: Optional[torch.Tensor] = None) -> list:
     """Tokens and heads from ``query`` (``positions`` is not read: while torch.compile traces,
     reading a graph input before the engine does would reorder the graph's inputs)."""
+    seen(self)
     require(rope_problem(self))
     # heads from the static last dimensions (``[tokens, heads * head_size]`` or ``[..., heads,
     # head_size]``), never from the token count, which is a symbol while torch.compile traces
@@ -115,6 +125,7 @@ def gemm_size(layer: Any) -> tuple[int, int]:
 
 
 def linear(self: Any, layer: Any, x: torch.Tensor) -> list:
+    seen(layer)
     if getattr(layer, "_fi_profile_recorded_by", None) is not None:  # a MoE router its MoE call records
         return []
     return [ops.gemm(x, *gemm_size(layer))]
@@ -122,10 +133,12 @@ def linear(self: Any, layer: Any, x: torch.Tensor) -> list:
 
 def lm_head(self: Any, lm_head: Any, hidden_states: torch.Tensor) -> list:
     """The logits projection (vLLM and SGLang name these arguments alike, in different orders)."""
+    seen(self, lm_head)
     return [ops.gemm(hidden_states, *gemm_size(lm_head))]
 
 
 def embedding(self: Any, input_: torch.Tensor) -> list:
+    seen(self)
     dtype = self.weight.dtype  # an emptied or repacked table keeps its dtype; a quantized one would not
     if not dtype.is_floating_point:
         raise NotImplementedError(f"{type(self).__name__}: {dtype} embedding table (quantized): no Definition")
@@ -191,6 +204,33 @@ def uncovered_layers(model: Any, rules: Iterable[LayerRule] = (), kernel_layers:
                     judge(child)
                 return
         if kind is not None:  # a judged layer's own parts (RoPE's rotation op) are part of its call
+            found[kind] = found.get(kind, 0) + 1
+
+    judge(model)
+    return found
+
+
+def unseen_layers(model: Any, rules: Iterable[LayerRule] = ()) -> dict[str, int]:
+    """Covered layers whose hook never saw a call, by class: the model has them, but their kernels
+    ran past the hooked method (an engine path that calls a fused kernel with the layer's weights,
+    say) and are not in the record. Read at the end of a run that ran steps."""
+    judged = [(cls, rule.problem) for rule in rules if (cls := _resolve(rule.base)) is not None]
+    found: dict[str, int] = {}
+
+    def judge(module: Any) -> None:
+        method = getattr(module, "quant_method", None)
+        if method is not None:
+            checked = type(method).__name__ in ("UnquantizedLinearMethod", "UnquantizedEmbeddingMethod")
+        else:
+            rule = next((problem for cls, problem in judged if isinstance(module, cls)), None)
+            if rule is None:
+                for child in module.children():
+                    judge(child)
+                return
+            checked = rule(module) is None
+        if checked and not module.__dict__.get("_fi_profile_seen", False):
+            kind = (f"{type(module).__name__} (in the model, but no call of it reached its hook: its kernels ran "
+                    "elsewhere, e.g. in a fused kernel, and are not in the record)")
             found[kind] = found.get(kind, 0) + 1
 
     judge(model)

@@ -59,11 +59,13 @@ def capture(
     ] = None,
     framework: Annotated[Framework, typer.Option(help="Engine to run.")] = Framework.vllm,
     out_dir: Annotated[Path, typer.Option("--out", help="Output folder (flashinfer-trace layout).")] = Path("fi-profile-out"),
-    num_prompts: Annotated[int, typer.Option(min=1)] = 4,
+    num_prompts: Annotated[int, typer.Option(min=1, help="Requests (default: a serving-like batch).")] = 64,
     input_len: Annotated[
         str, typer.Option(help="Prompt tokens per request: N, or MIN:MAX (each request's drawn, seeded).")
-    ] = "32",
-    output_len: Annotated[str, typer.Option(help="New tokens per request: N, or MIN:MAX.")] = "8",
+    ] = "128:2048",
+    output_len: Annotated[
+        str, typer.Option(help="New tokens per request: N, or MIN:MAX (long enough for decode to dominate).")
+    ] = "32:256",
     range_ratio: Annotated[
         float,
         typer.Option(help="As vLLM's serving benchmark: lengths drawn from [N(1-r), N(1+r)] for a single N."),
@@ -73,7 +75,10 @@ def capture(
     dtype: Annotated[str, typer.Option()] = "bfloat16",
     load_format: Annotated[LoadFormat, typer.Option(help="dummy: random weights, no download.")] = LoadFormat.dummy,
     seed: Annotated[int, typer.Option()] = 0,
-    max_workloads: Annotated[int, typer.Option(min=1, help="Workloads kept per definition.")] = 32,
+    max_workloads: Annotated[
+        int, typer.Option(min=1, help="Workloads kept per Definition: the most frequent half, the rest spread over the "
+                          "axis values (replay's --max-workloads chooses the same way).")
+    ] = 32,
     eager: Annotated[
         bool,
         typer.Option(
@@ -315,7 +320,8 @@ def replay(
     ] = "torch",
     timeout: Annotated[float, typer.Option(min=1.0, help="Seconds per (workload, solution), build included.")] = 120.0,
     max_workloads: Annotated[
-        Optional[int], typer.Option(min=1, help="At most this many workloads per Definition (the most frequent).")
+        Optional[int], typer.Option(min=1, help="At most this many workloads per Definition, chosen as a capture "
+                                    "keeps them: the most frequent half, the rest spread over the axis values.")
     ] = None,
     min_time: Annotated[float, typer.Option(min=0.0, help="Seconds of timed calls per pair.")] = 0.1,
     cuda_graph: Annotated[bool, typer.Option("--cuda-graph", help="Time CUDA-graph replays of each call (labelled).")] = False,
@@ -344,9 +350,10 @@ def replay(
         err.print(f"{dataset_dir}: solutions name Definitions it does not have: {', '.join(unknown)}")
         raise typer.Exit(code=1) from None
     if max_workloads is not None:
-        dataset.workloads = {
-            name: sorted(ws, key=lambda w: -(w.count or 0))[:max_workloads] for name, ws in dataset.workloads.items()
-        }
+        from fi_profile.workload_choice import choose_workloads
+
+        dataset.workloads = {name: choose_workloads(ws, max_workloads, lambda w: w.count or 0, lambda w: w.axes)
+                             for name, ws in dataset.workloads.items()}
     try:
         chosen = replay_devices(device, _names(devices))
         if ray is not None:

@@ -93,7 +93,8 @@ def test_the_command_as_the_user_wrote_it(tmp_path):
     out = tmp_path / "cli"
     cli = SGLANG_PYTHON.with_name("fi-profile")
     proc = subprocess.run(
-        [str(cli), "--model", "fi-profile/tiny-llama", "--framework", "sglang", "--out", str(out)],
+        [str(cli), "--model", "fi-profile/tiny-llama", "--framework", "sglang", "--out", str(out), "--num-prompts", "4",
+         "--input-len", "32", "--output-len", "8"],
         capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -288,7 +288,7 @@ def run(hidden_states, weight):
 """
 
 
-def test_ray_local_cluster_gives_the_results_of_one_worker_and_survives_a_dead_task(dataset_dir, tmp_path):
+def test_ray_local_cluster_gives_the_results_of_one_worker_and_survives_a_dead_task(dataset_dir, tmp_path, capfd):
     """``--ray local`` on this machine's CPUs: every workload a Ray task; the same pairs and
     statuses as one local worker; a solution that kills the process running its Ray task takes its
     workload's task down, the pairs are sent again one per task, and only that one is ``crashed``."""
@@ -303,10 +303,15 @@ def test_ray_local_cluster_gives_the_results_of_one_worker_and_survives_a_dead_t
     dataset = load_dataset(dataset_dir, [RMSNORM, GEMM])
     options = {"device": "cpu", "min_time_s": 0.02, "timeout_s": 120}
     local = replay(dataset, given, True, tmp_path / "local", ReplayOptions(**options))
+    capfd.readouterr()
     try:
         on_ray = replay(dataset, given, True, tmp_path / "ray", ReplayOptions(**options, ray="local"))
+        started = capfd.readouterr().err
     finally:
         ray.shutdown()
+    # Ray's start-up lines go to RESULTS/ray.log, not over the progress display
+    assert "INFO" not in started and "WARNING" not in started, started
+    assert (tmp_path / "ray" / "ray.log").is_file()
 
     def outcomes(rs):
         return sorted((r.kernel_id, r.workload, r.source, r.status.value) for r in rs if r.source != "kills_task")

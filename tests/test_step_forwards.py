@@ -185,3 +185,24 @@ def test_a_router_applied_inside_vllms_opaque_moe_op_is_recorded_with_the_moe(mo
     assert [c.definition.name for c in linear(None, traced.gate, x)] == ["gemm_n8_k32"]
     fused = _runner(lambda *a: None, fused=True)  # one F.linear over router + shared-expert gate, hooked nowhere
     assert [c.definition.name for c in adapter._moe(fused, x, logits)][0] == "gemm_n9_k32"
+
+
+class RMSNorm(torch.nn.Module):
+    """A hooked layer class (judged by a rule), as an engine's."""
+
+
+def test_layers_whose_hook_never_saw_a_call_are_listed():
+    """SGLang on CUDA runs Qwen3's q/k norms as one fused kernel with the RMSNorm layers' weights,
+    never calling their forward: those layers are in the model, their kernels ran, and no hook saw
+    them. The record lists them instead of silently leaving them out."""
+    from fi_profile.hooks.layer_calls import LayerRule, covered, seen, unseen_layers
+
+    model = torch.nn.ModuleDict({"input_norm": RMSNorm(), "q_norm": RMSNorm(), "k_norm": RMSNorm(),
+                                 "other": torch.nn.Linear(2, 2)})
+    rules = [LayerRule(f"{__name__}:RMSNorm", covered)]
+    seen(model["input_norm"])
+    assert unseen_layers(model, rules) == {
+        "RMSNorm (in the model, but no call of it reached its hook: its kernels ran elsewhere, e.g. in a fused kernel, "
+        "and are not in the record)": 2}
+    seen(model["q_norm"], model["k_norm"])
+    assert unseen_layers(model, rules) == {}

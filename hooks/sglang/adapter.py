@@ -33,6 +33,7 @@ from fi_profile.hooks.layer_calls import (
     rmsnorm_problem,
     rope,
     rope_problem,
+    seen,
     silu_and_mul,
 )
 from fi_profile.hooks.patching import HookPoint
@@ -137,6 +138,7 @@ def attention_problem(layer: Any) -> Optional[str]:
 
 
 def _attention(self: Any, q: torch.Tensor, forward_batch: Any) -> list[KernelCall]:
+    seen(self)
     require(attention_problem(self))
     STEP.batches(forward_batch, _batches)
     return STEP.calls((self.tp_q_head_num, self.tp_k_head_num, self.head_dim, 1, RECORDER.num_pages or 0,
@@ -146,6 +148,7 @@ def _attention(self: Any, q: torch.Tensor, forward_batch: Any) -> list[KernelCal
 def _attention_captured(self: Any, q: torch.Tensor) -> Callable[[], list[KernelCall]]:
     """While a CUDA graph captures an attention layer: its shape, and how to build its calls in
     each step that replays the graph, from that step's batch (the replay runs no Python layer)."""
+    seen(self)
     require(attention_problem(self))
     return functools.partial(_attention_in_graph, (self.tp_q_head_num, self.tp_k_head_num, self.head_dim,
                                                    schema_dtype(q.dtype), float(self.scaling)))
@@ -163,6 +166,7 @@ def _attention_in_graph(layer: tuple) -> list[KernelCall]:
 def _moe_routing(self: Any, router_logits: torch.Tensor) -> list:
     """``TopK``: no kernel of its own here; the routing it does is part of the MoE call that the
     experts layer right after it records (one fused MoE call, as for vLLM)."""
+    seen(self)
     STEP.context["moe_routing"] = (router_logits, self.topk_config)
     return []
 

@@ -39,8 +39,15 @@ def _not_covered(scheduler: Any) -> dict[str, int]:
 
 
 def fi_profile_stop(self: Any, out_dir: str) -> None:
-    from fi_profile.capture.recorder import stop_recording
+    from fi_profile.capture.recorder import RECORDER, stop_recording
+    from fi_profile.hooks.layer_calls import unseen_layers
+    from fi_profile.hooks.sglang.adapter import LAYER_RULES
 
+    if RECORDER.engine_steps:
+        try:
+            RECORDER.unseen_layers = unseen_layers(self.tp_worker.model_runner.model, LAYER_RULES)
+        except Exception as exc:  # noqa: BLE001 - reported, never fatal
+            RECORDER.unseen_layers = {f"model not inspected for layers never seen ({type(exc).__name__}: {exc})"[:200]: 0}
     stop_recording(out_dir)
 
 

@@ -34,6 +34,7 @@ from fi_profile.hooks.layer_calls import (
     rmsnorm_problem,
     rope,
     rope_problem,
+    seen,
     silu_and_mul,
 )
 from fi_profile.hooks.patching import HookPoint
@@ -109,6 +110,7 @@ def attention_problem(layer: Any) -> Optional[str]:
 def _attention(self: Any, query: torch.Tensor) -> list[KernelCall]:
     from vllm.forward_context import get_forward_context
 
+    seen(self)
     require(attention_problem(self))
     metadata = get_forward_context().attn_metadata
     if isinstance(metadata, list):  # micro-batches: the first one's layout
@@ -130,6 +132,8 @@ def _attention_traced(self: Any, query: torch.Tensor) -> Callable[[], list[Kerne
     """While torch.compile traces an attention layer: its shape, and how to build its calls in each
     step from the step's metadata (the attention op of a compiled or CUDA-graph forward runs no
     Python hook; the metadata builder runs on the host every step)."""
+    seen(self)
+    require(attention_problem(self))
     layer = (self.num_heads, self.num_kv_heads, self.head_size, schema_dtype(query.dtype), float(self.impl.scale))
     return functools.partial(_attention_in_graph, layer)
 
@@ -296,6 +300,7 @@ def _moe(self: Any, hidden_states: torch.Tensor, router_logits: torch.Tensor) ->
     show it to the linear hook: its GEMM is recorded here then (and always where vLLM fuses it with
     the shared-expert gate into one F.linear), and the gate layer's own hook leaves it to this one."""
     router, config = self.router, self.moe_config
+    seen(self)
     calls = moe(hidden_states, router_logits, {**_moe_unsupported(self), **_moe_unsupported_opaque(self)},
                 num_experts=config.num_local_experts, top_k=router.top_k,
                 intermediate_size=config.intermediate_size_per_partition, renormalize=bool(router.renormalize))
@@ -306,6 +311,7 @@ def _moe(self: Any, hidden_states: torch.Tensor, router_logits: torch.Tensor) ->
     if fused:  # one F.linear over the router and shared-expert gate weights, hooked nowhere else
         n += gemm_size(self.shared_expert_gate)[0]
     gate._fi_profile_recorded_by = "moe"
+    seen(gate, getattr(self, "shared_expert_gate", None) if fused else None)
     return [ops.gemm(hidden_states, n, k), *calls]
 
 

@@ -36,6 +36,16 @@ def _not_covered(worker: Any) -> dict[str, int]:
         return {f"model not inspected ({type(exc).__name__}: {exc})"[:200]: 0}
 
 
+def _unseen(model: Any) -> dict[str, int]:
+    from fi_profile.hooks.layer_calls import unseen_layers
+    from fi_profile.hooks.vllm.adapter import LAYER_RULES
+
+    try:
+        return unseen_layers(model, LAYER_RULES)
+    except Exception as exc:  # noqa: BLE001 - reported, never fatal
+        return {f"model not inspected for layers never seen ({type(exc).__name__}: {exc})"[:200]: 0}
+
+
 def sequence_parallel_layers(vllm_config: Any, model: Any) -> dict[str, int]:
     """The layers whose kernels vLLM's sequence parallelism runs on shards of the tokens. With it on
     (``pass_config.enable_sp``, vLLM's default at -O2 for TP > 1 where the model is large enough:
@@ -103,4 +113,5 @@ class CaptureWorkerExtension:
             RECORDER.error("compiled_forward", RuntimeError(
                 "the model's forward was traced by torch.compile, but no run of the compiled forward was seen: "
                 "its calls are not in the record (this vLLM version runs it past fi-profile's hook points)"))
+        RECORDER.unseen_layers = _unseen(self.model_runner.get_model()) if RECORDER.engine_steps else {}
         return str(stop_recording(out_dir))

@@ -8,7 +8,6 @@ spread over the axis values) and ``DIR/blob/workloads/...safetensors`` for index
 from __future__ import annotations
 
 import json
-import math
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -19,14 +18,16 @@ from safetensors.torch import load_file, save_file
 
 from fi_profile.capture.recorder import PARTS_DIR
 from fi_profile.schema import Definition, KernelCallingRecord, Trace
+from fi_profile.workload_choice import choose_workloads
 
 
 @dataclass
 class CaptureSummary:
     record: KernelCallingRecord
     definitions: dict[str, Definition]
-    distinct_workloads: Counter[str]
+    distinct_workloads: Counter[str]  # distinct var-axis values seen
     errors: Counter[str] = field(default_factory=Counter)
+    kept_workloads: Counter[str] = field(default_factory=Counter)  # written to workloads/ (at most --max-workloads)
 
 
 def merge_parts(
@@ -42,6 +43,7 @@ def merge_parts(
     padding: Counter[tuple[int, int]] = Counter()
     steps: Counter[str] = Counter()
     engine_steps = 0
+    unseen: dict[str, int] = {}
     definitions: dict[str, Definition] = {}
     workloads: dict[tuple[str, tuple], dict[str, Any]] = {}
     for part_path in parts:
@@ -57,6 +59,8 @@ def merge_parts(
             padding[(padded, real)] += n
         steps.update(part.get("steps", {}))
         engine_steps += part.get("engine_steps", 0)
+        for kind, layers in part.get("unseen_layers", {}).items():  # each rank has the same layers
+            unseen[kind] = max(layers, unseen.get(kind, 0))
         for name, data in part["definitions"].items():
             definitions.setdefault(name, Definition.model_validate(data))
         blob = load_file(out_dir / part["blob"]) if part["blob"] else {}  # index tensors: small, read once
@@ -70,8 +74,11 @@ def merge_parts(
     for w in workloads.values():
         by_definition.setdefault(w["definition"], []).append(w)
     distinct = Counter({name: len(ws) for name, ws in by_definition.items()})
+    kept = Counter()
     for name, ws in by_definition.items():
-        _write_workloads(out_dir, definitions[name], _choose(ws, max_workloads))
+        chosen = choose_workloads(ws, max_workloads, lambda w: w["count"], lambda w: w["axes"])
+        kept[name] = len(chosen)
+        _write_workloads(out_dir, definitions[name], chosen)
     for definition in definitions.values():
         path = out_dir / "definitions" / definition.op_type / f"{definition.name}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -85,6 +92,10 @@ def merge_parts(
         run_block["padded_tokens"] = [
             {"ran_with": padded, "scheduled": real, "runs": n} for (padded, real), n in sorted(padding.items())
         ]
+    if unseen:
+        run_block["not_covered"] = dict(sorted({**run_block.get("not_covered", {}), **unseen}.items()))
+        if run is not None:
+            run["not_covered"] = run_block["not_covered"]
     gaps = [run_block["incomplete"]] if run_block.get("incomplete") else []  # the engine died mid-run
     if errors:
         impact = hook_error_impact(errors, lost, ops)
@@ -111,7 +122,7 @@ def merge_parts(
         }
     )
     (out_dir / "record.json").write_text(record.model_dump_json(indent=2, exclude_none=True) + "\n")
-    return CaptureSummary(record, definitions, distinct, errors)
+    return CaptureSummary(record, definitions, distinct, errors, kept)
 
 
 def hook_error_impact(errors: Counter[str], lost: Counter[str], ops: dict[str, str]) -> dict[str, Any]:
@@ -129,20 +140,6 @@ def hook_error_impact(errors: Counter[str], lost: Counter[str], ops: dict[str, s
     impact: dict[str, Any] = {"calls_lost": dict(sorted(lost.items())), "affected_definitions": affected}
     impact["incomplete"] = "hook errors: " + "; ".join(parts) + " (run.hook_errors has the messages)"
     return impact
-
-
-def _choose(workloads: list[dict[str, Any]], cap: int) -> list[dict[str, Any]]:
-    """The most frequent half of the cap, then the rest evenly spread over the axis values."""
-    if len(workloads) <= cap:
-        return sorted(workloads, key=lambda w: (-w["count"], sorted(w["axes"].items())))
-    by_count = sorted(workloads, key=lambda w: (-w["count"], sorted(w["axes"].items())))
-    chosen = by_count[: math.ceil(cap / 2)]
-    rest = sorted(by_count[len(chosen) :], key=lambda w: sorted(w["axes"].items()))
-    need = cap - len(chosen)
-    if need:
-        step = len(rest) / need
-        chosen += [rest[int(i * step)] for i in range(need)]
-    return chosen
 
 
 def _write_workloads(out_dir: Path, definition: Definition, chosen: list[dict[str, Any]]) -> None:

@@ -82,6 +82,8 @@ class Recorder:
         #: engine steps that ran the model's forward (learned + replayed steps, unless a step ran
         #: without the attention metadata boundary, whose calls are then recorded one by one)
         self.engine_steps = 0
+        #: layers the model has whose hook never saw a call (set at stop: kind -> layers)
+        self.unseen_layers: dict[str, int] = {}
         #: while the current step is replayed: the label of each hooked invocation, else None
         self.replay: Optional[tuple[str, ...]] = None
         self.replayed = 0
@@ -290,6 +292,7 @@ class Recorder:
             "padding": [[padded, real, n] for (padded, real), n in self.padding.items()],
             "steps": dict(self.step_stats),
             "engine_steps": self.engine_steps,
+            "unseen_layers": self.unseen_layers,
         }
         self._saved_samples = len(self.samples)
         return part, blob_tensors

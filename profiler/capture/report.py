@@ -18,7 +18,7 @@ def print_summary(console: Console, summary: CaptureSummary, run: dict[str, Any]
         ("kernel", "left"),
         ("op type", "left"),
         ("count", "right"),
-        ("workloads", "right"),
+        ("workloads kept", "right"),
         ("share", "right"),
     ):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
@@ -28,7 +28,7 @@ def print_summary(console: Console, summary: CaptureSummary, run: dict[str, Any]
             kernel.id,
             definition.op_type,
             str(kernel.count),
-            str(summary.distinct_workloads[kernel.id]),
+            _workloads(summary, kernel.id),
             f"{100 * kernel.count / total:.1f}%",
         )
     console.print(table)
@@ -55,6 +55,12 @@ def print_summary(console: Console, summary: CaptureSummary, run: dict[str, Any]
             which = f"counts too low: {', '.join(names)}" if names else "no Definition of it in the record"
             console.print(f"  {op}: {lost} call(s) not recorded; {which}", markup=False)
     console.print(f"written to {out_dir}/ (record.json, definitions/, workloads/, blob/)")
+
+
+def _workloads(summary: CaptureSummary, name: str) -> str:
+    """Workloads written (kept), and of how many distinct ones seen when the cap left some out."""
+    kept, seen = summary.kept_workloads.get(name, summary.distinct_workloads[name]), summary.distinct_workloads[name]
+    return str(kept) if kept == seen else f"{kept} of {seen}"
 
 
 def _mode(summary: CaptureSummary, run: dict[str, Any]) -> str:

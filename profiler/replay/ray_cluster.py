@@ -13,8 +13,12 @@ GPU of its own, so no two pairs time on one GPU at once.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
-from typing import TYPE_CHECKING, Callable
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from fi_profile.replay.evaluate import Outcome, Task
 from fi_profile.replay.worker import Worker
@@ -47,9 +51,38 @@ def run_pairs(tasks: list[Task], timeout_s: float) -> list[tuple[Outcome, dict]]
     return [run_pair(task, timeout_s) for task in tasks]
 
 
+#: Ray's own output (its start-up lines, its processes' logs), beside results.jsonl: not over the progress display
+RAY_LOG = "ray.log"
+
+
+@contextlib.contextmanager
+def output_to(log: Path) -> Iterator[None]:
+    """Ray's logger and everything written to this process's stderr (file descriptor 2, which the
+    Ray processes started here inherit) go to ``log`` while Ray starts."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    logger = logging.getLogger("ray")  # Ray's own handler writes to stderr: replaced by the log, for good
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+    handler = logging.FileHandler(log)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    with open(log, "a") as file:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(file.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 def run_on_ray(address: str, groups: list["Group"], options: "ReplayOptions", libs: dict[str, str],
                finished: Callable[["Group", list[dict]], None], report: Callable[[str, str], None],
-               breakdown: "TimeBreakdown") -> None:
+               breakdown: "TimeBreakdown", log: Path) -> None:
     import ray
     from ray.exceptions import GetTimeoutError, RayError
 
@@ -57,10 +90,11 @@ def run_on_ray(address: str, groups: list["Group"], options: "ReplayOptions", li
     from fi_profile.schema.benchmark_result import Device
 
     if not ray.is_initialized():
-        if address == "local":  # a cluster of this machine, started here and stopped with this process
-            ray.init(include_dashboard=False, log_to_driver=False)
-        else:
-            ray.init(address=address, log_to_driver=False)
+        with output_to(log):
+            if address == "local":  # a cluster of this machine, started here and stopped with this process
+                ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+            else:
+                ray.init(address=address, log_to_driver=False, configure_logging=False)
     gpus = int(ray.cluster_resources().get("GPU", 0))
     # max_calls=0: Ray ends a GPU task's worker process after each task by default (max_calls=1),
     # which would start a fresh replay worker (CUDA context, imports, JIT loads) for every pair

@@ -135,9 +135,9 @@ def replay(
             progress(1, source, device)
 
     if options.ray is not None:
-        from fi_profile.replay.ray_cluster import run_on_ray
+        from fi_profile.replay.ray_cluster import RAY_LOG, run_on_ray
 
-        run_on_ray(options.ray, groups, options, libs, finished, report, breakdown)
+        run_on_ray(options.ray, groups, options, libs, finished, report, breakdown, log=out_dir / RAY_LOG)
     else:
         run_on_devices(where, groups, options, libs, finished, report, breakdown)
     breakdown.write(out_dir, time.perf_counter() - began, where)

@@ -1,0 +1,27 @@
+"""Which workloads of a Definition are kept when there are more than a cap: one rule, used where a
+capture writes its workloads and where a replay is told ``--max-workloads``.
+
+The most frequent half of the cap (ties by axis values), then the rest spread evenly over the
+remaining axis values, so rare shapes at both ends of the range stay represented."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence, TypeVar
+
+T = TypeVar("T")
+
+
+def choose_workloads(workloads: Sequence[T], cap: int, count: Callable[[T], int],
+                     axes: Callable[[T], dict[str, int]]) -> list[T]:
+    """At most ``cap`` of ``workloads``, most frequent first (``count``, ``axes``: read from each)."""
+    by_count = sorted(workloads, key=lambda w: (-count(w), sorted(axes(w).items())))
+    if len(by_count) <= cap:
+        return by_count
+    chosen = by_count[: math.ceil(cap / 2)]
+    rest = sorted(by_count[len(chosen):], key=lambda w: sorted(axes(w).items()))
+    need = cap - len(chosen)
+    if need:
+        step = len(rest) / need
+        chosen += [rest[int(i * step)] for i in range(need)]
+    return chosen
