@@ -78,11 +78,11 @@ def main() -> None:
     device = torch.device("cuda:0")
     tokens = list(args.tokens)
     if args.capture is not None:
-        tokens.insert(0, largest_batch(args.capture, "fused_add_rmsnorm_h4096"))
+        tokens.insert(0, largest_batch(args.capture, "fused_add_rmsnorm_inplace_h4096"))
     bandwidth = copy_bandwidth(device)
     summary = {"device": torch.cuda.get_device_name(), "copy_bandwidth_GBps": bandwidth / 1e9, "rows": []}
     print(f"{summary['device']}: device-to-device copy {bandwidth / 1e9:.0f} GB/s (read + write)")
-    for name in ("fused_add_rmsnorm_h4096", "rmsnorm_h4096"):
+    for name in ("fused_add_rmsnorm_inplace_h4096", "rmsnorm_h4096"):
         for m in tokens:
             for library, row in time_native(name, m, device).items():
                 row.update(definition=name, tokens=m, library=library,

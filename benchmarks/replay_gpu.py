@@ -40,7 +40,7 @@ def kernels(device: torch.device) -> dict[str, tuple]:
         out[f"rmsnorm_h4096 M={m}"] = (lambda x=x, w=w: F.rms_norm(x, (4096,), w, 1e-5), 2 * x.numel() * 2 + w.numel() * 2)
         a = torch.randn(m, 4096, dtype=torch.bfloat16, device=device)
         b = torch.randn(14336 * 2, 4096, dtype=torch.bfloat16, device=device)
-        out[f"gemm_n28672_k4096 M={m}"] = (lambda a=a, b=b: F.linear(a, b), (a.numel() + b.numel() + m * b.shape[0]) * 2)
+        out[f"gemm_bf16_n28672_k4096 M={m}"] = (lambda a=a, b=b: F.linear(a, b), (a.numel() + b.numel() + m * b.shape[0]) * 2)
         g = torch.randn(m, 2 * 14336, dtype=torch.bfloat16, device=device)
         out[f"silu_and_mul_i14336 M={m}"] = (lambda g=g: F.silu(g[:, :14336]) * g[:, 14336:], g.numel() * 2 * 3 // 2)
     return out
@@ -56,7 +56,7 @@ def copy_bandwidth(device: torch.device) -> float:
 def write_dataset(root: Path, per_definition: int) -> None:
     import random
 
-    for name in ("rmsnorm_h4096", "fused_add_rmsnorm_h4096"):
+    for name in ("rmsnorm_h4096", "fused_add_rmsnorm_inplace_h4096"):
         d = shipped_definition(name)
         (root / "definitions" / d.op_type).mkdir(parents=True, exist_ok=True)
         (root / "definitions" / d.op_type / f"{name}.json").write_text(d.to_json())

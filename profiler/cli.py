@@ -46,6 +46,10 @@ class Framework(str, Enum):
     sglang = "sglang"
 
 
+#: the default scenario: serving-like (prompts over a wide range, outputs long enough for decode to dominate)
+DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN = "128:2048", "32:256"
+
+
 class LoadFormat(str, Enum):
     auto = "auto"
     dummy = "dummy"
@@ -61,11 +65,13 @@ def capture(
     out_dir: Annotated[Path, typer.Option("--out", help="Output folder (flashinfer-trace layout).")] = Path("fi-profile-out"),
     num_prompts: Annotated[int, typer.Option(min=1, help="Requests (default: a serving-like batch).")] = 64,
     input_len: Annotated[
-        str, typer.Option(help="Prompt tokens per request: N, or MIN:MAX (each request's drawn, seeded).")
-    ] = "128:2048",
+        Optional[str], typer.Option(help="Prompt tokens per request: N, or MIN:MAX (each request's drawn, seeded). "
+                                    "Default 128:2048 (1024 with --range-ratio, as vLLM's serving benchmark).")
+    ] = None,
     output_len: Annotated[
-        str, typer.Option(help="New tokens per request: N, or MIN:MAX (long enough for decode to dominate).")
-    ] = "32:256",
+        Optional[str], typer.Option(help="New tokens per request: N, or MIN:MAX. Default 32:256, long enough for "
+                                    "decode to dominate (128 with --range-ratio).")
+    ] = None,
     range_ratio: Annotated[
         float,
         typer.Option(help="As vLLM's serving benchmark: lengths drawn from [N(1-r), N(1+r)] for a single N."),
@@ -124,6 +130,8 @@ def capture(
         raise typer.Exit(code=2)
     from fi_profile.capture.lengths import Length
 
+    input_len = input_len or ("1024" if range_ratio else DEFAULT_INPUT_LEN)
+    output_len = output_len or ("128" if range_ratio else DEFAULT_OUTPUT_LEN)
     try:
         lengths = (Length.parse(input_len, "--input-len", range_ratio), Length.parse(output_len, "--output-len", range_ratio))
     except ValueError as exc:

@@ -53,11 +53,11 @@ def test_exact_counts_follow_model_shape_and_steps(sglang):
     c = counts(sglang)
     steps = c["embedding_v2048_h256"]
     assert steps == OUTPUT_LEN  # one extend step for all prompts, then one decode step per new token
-    assert c["rmsnorm_h256"] == steps and c["fused_add_rmsnorm_h256"] == 2 * LAYERS * steps
-    for kernel in ("gemm_n512_k256", "gemm_n256_k256", "gemm_n1024_k256", "gemm_n256_k512", "silu_and_mul_i512",
+    assert c["rmsnorm_h256"] == steps and c["fused_add_rmsnorm_inplace_h256"] == 2 * LAYERS * steps
+    for kernel in ("gemm_bf16_n512_k256", "gemm_bf16_n256_k256", "gemm_bf16_n1024_k256", "gemm_bf16_n256_k512", "silu_and_mul_i512",
                    "rope_llama3_neox_style_h4_kv2_d64"):
         assert c[kernel] == LAYERS * steps, kernel
-    assert c["gemm_n2048_k256"] == steps  # lm_head
+    assert c["gemm_bf16_n2048_k256"] == steps  # lm_head
     assert c[PREFILL] == LAYERS and c[DECODE] == LAYERS * (steps - 1)
     run = sglang["record"]["run"]
     assert sglang["record"]["framework"] == "SGLang" and run["hook_errors"] == {} and run["hooks_missing"] == []
@@ -110,7 +110,7 @@ def test_engine_args_reach_the_engine_by_name(tmp_path):
     chunked = capture(tmp_path, "chunked", python=SGLANG_PYTHON, framework="sglang",
                       engine_args={"chunked_prefill_size": 32})
     assert chunked["record"]["run"]["engine_args"] == {"chunked_prefill_size": 32}
-    m = {dict(axes)["M"] for axes in workloads(chunked["out_dir"], "gemm_n512_k256")}
+    m = {dict(axes)["M"] for axes in workloads(chunked["out_dir"], "gemm_bf16_n512_k256")}
     assert max(m) == 32 and PROMPTS * INPUT_LEN not in m, m
 
 
@@ -141,7 +141,7 @@ def test_moe_layer_is_one_call_as_in_vllm(tmp_path):
     moe = capture(tmp_path, "moe", python=SGLANG_PYTHON, framework="sglang", model="fi-profile/tiny-mixtral")
     c = counts(moe)
     steps = c["embedding_v2048_h256"]
-    assert c["moe_bf16_renorm_topk2_e8_h256_i512"] == LAYERS * steps and c["gemm_n8_k256"] == LAYERS * steps
+    assert c["moe_bf16_renorm_topk2_e8_h256_i512"] == LAYERS * steps and c["gemm_bf16_n8_k256"] == LAYERS * steps
     assert not [k for k in c if k.startswith("silu_and_mul")]
     assert moe["record"]["run"]["hook_errors"] == {}
     tokens = sum(dict(axes)["seq_len"] * n for axes, n in workloads(moe["out_dir"], "moe_bf16_renorm_topk2_e8_h256_i512").items())
@@ -181,7 +181,7 @@ def test_drawn_request_lengths_reach_the_engine(tmp_path):
     scenario = Scenario.of_lengths(Length(8, 40), Length(2, 6), num_prompts=6, seed=1)
     assert [len(t) for t in result["tokens"]] == scenario.output_lengths()
     prompts, outputs = scenario.prompt_lengths(), scenario.output_lengths()
-    qkv = {dict(axes)["M"]: n for axes, n in workloads(result["out_dir"], "gemm_n512_k256").items()}
+    qkv = {dict(axes)["M"]: n for axes, n in workloads(result["out_dir"], "gemm_bf16_n512_k256").items()}
     assert sum(m * n for m, n in qkv.items()) == 2 * (sum(prompts) + sum(outputs) - len(outputs))  # 2 layers
 
 

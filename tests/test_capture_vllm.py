@@ -21,7 +21,7 @@ if os.environ.get("CI") != "true":
 
 LAYERS, PROMPTS, INPUT_LEN, OUTPUT_LEN = 2, 3, 20, 5
 SCENARIO = {"num_prompts": PROMPTS, "input_len": INPUT_LEN, "output_len": OUTPUT_LEN}
-QKV, O, GATE_UP, DOWN, LM_HEAD = "gemm_n512_k256", "gemm_n256_k256", "gemm_n1024_k256", "gemm_n256_k512", "gemm_n2048_k256"
+QKV, O, GATE_UP, DOWN, LM_HEAD = "gemm_bf16_n512_k256", "gemm_bf16_n256_k256", "gemm_bf16_n1024_k256", "gemm_bf16_n256_k512", "gemm_bf16_n2048_k256"
 DECODE, PREFILL = "gqa_paged_decode_h4_kv2_d64_ps128", "gqa_paged_prefill_causal_h4_kv2_d64_ps128"
 
 
@@ -73,7 +73,7 @@ def expected_counts(steps: int) -> Counter:
     from the model's shape alone."""
     per_layer = (QKV, O, GATE_UP, DOWN, "silu_and_mul_i512", "rope_llama3_neox_style_h4_kv2_d64")
     return Counter({
-        "embedding_v2048_h256": steps, "rmsnorm_h256": steps, "fused_add_rmsnorm_h256": 2 * LAYERS * steps,
+        "embedding_v2048_h256": steps, "rmsnorm_h256": steps, "fused_add_rmsnorm_inplace_h256": 2 * LAYERS * steps,
         **{kernel: LAYERS * steps for kernel in per_layer},
         LM_HEAD: steps, PREFILL: LAYERS, DECODE: LAYERS * (steps - 1),
     })
@@ -196,7 +196,7 @@ def test_moe_layers_are_captured_as_one_fused_moe_call(tmp_path):
     c = counts(mixtral)
     steps = c["embedding_v2048_h256"]
     moe = "moe_bf16_renorm_topk2_e8_h256_i512"
-    assert c[moe] == LAYERS * steps and c["gemm_n8_k256"] == LAYERS * steps  # experts, and the router's gate
+    assert c[moe] == LAYERS * steps and c["gemm_bf16_n8_k256"] == LAYERS * steps  # experts, and the router's gate
     assert GATE_UP not in c and "silu_and_mul_i512" not in c  # the experts' MLP is inside the MoE call
     prefill_tokens = PROMPTS * INPUT_LEN
     assert workloads(mixtral["out_dir"], moe) == {
@@ -237,11 +237,11 @@ def check_tp2_record(tp2: dict) -> None:
     c = counts(tp2)
     steps = c["embedding_v1024_h256"] // 2  # each rank embeds its half of the vocabulary every step
     assert c["embedding_v1024_h256"] == 2 * steps and c["rmsnorm_h256"] == 2 * steps
-    assert c["gemm_n256_k256"] == 2 * 2 * LAYERS * steps  # qkv ((4+2+2)/2 heads x 64) and down (512/2 in)
-    assert c["gemm_n256_k128"] == 2 * LAYERS * steps  # o: 2 heads x 64 in
-    assert c["gemm_n512_k256"] == 2 * LAYERS * steps and c["silu_and_mul_i256"] == 2 * LAYERS * steps
+    assert c["gemm_bf16_n256_k256"] == 2 * 2 * LAYERS * steps  # qkv ((4+2+2)/2 heads x 64) and down (512/2 in)
+    assert c["gemm_bf16_n256_k128"] == 2 * LAYERS * steps  # o: 2 heads x 64 in
+    assert c["gemm_bf16_n512_k256"] == 2 * LAYERS * steps and c["silu_and_mul_i256"] == 2 * LAYERS * steps
     assert c["rope_llama3_neox_style_h2_kv1_d64"] == 2 * LAYERS * steps
-    assert c["gemm_n1024_k256"] == 2 * steps  # lm_head: half the vocabulary per rank
+    assert c["gemm_bf16_n1024_k256"] == 2 * steps  # lm_head: half the vocabulary per rank
     tokens = PROMPTS * INPUT_LEN + PROMPTS * (OUTPUT_LEN - 1)
     assert token_total(tp2["out_dir"], "rmsnorm_h256", "batch_size") == 2 * tokens
     assert all(len(t) == OUTPUT_LEN for t in tp2["tokens"])
@@ -444,7 +444,7 @@ def test_layer_classes_no_hook_knows_are_listed_never_recorded_as_another(tmp_pa
     run = result["record"]["run"]
     assert run["not_covered"] == not_covered and "layers whose kernels no hook records" in run["incomplete"]
     assert not any(k["id"].startswith(absent) for k in result["record"]["kernels"]), counts(result)
-    assert counts(result)["gemm_n512_k256"] == LAYERS * OUTPUT_LEN  # the layers it knows are recorded
+    assert counts(result)["gemm_bf16_n512_k256"] == LAYERS * OUTPUT_LEN  # the layers it knows are recorded
     assert run["steps"]["engine"] == OUTPUT_LEN
 
 

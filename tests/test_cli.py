@@ -18,7 +18,7 @@ def test_definitions_table_lists_every_shipped_definition():
 def test_definitions_filter_by_op_type():
     result = runner.invoke(app, ["definitions", "--op-type", "gemm"], env={"COLUMNS": "250"})
     assert result.exit_code == 0
-    assert "5 shipped definitions" in result.output and "gemm_n128256_k4096" in result.output
+    assert "5 shipped definitions" in result.output and "gemm_bf16_n128256_k4096" in result.output
     assert "rmsnorm_h4096" not in result.output
 
 
@@ -32,9 +32,9 @@ def test_shipped_set_covers_llama_31_8b_and_the_moe_templates():
     names = set(shipped_definitions())
     assert {
         "moe_bf16_renorm_topk2_e8_h4096_i14336", "moe_bf16_softmax_topk8_e64_h2048_i1024",
-        "rmsnorm_h4096", "fused_add_rmsnorm_h4096", "silu_and_mul_i14336",
+        "rmsnorm_h4096", "fused_add_rmsnorm_inplace_h4096", "silu_and_mul_i14336",
         "rope_llama3_neox_style_h32_kv8_d128", "embedding_v128256_h4096",
-        "gemm_n6144_k4096", "gemm_n4096_k4096", "gemm_n28672_k4096", "gemm_n4096_k14336", "gemm_n128256_k4096",
+        "gemm_bf16_n6144_k4096", "gemm_bf16_n4096_k4096", "gemm_bf16_n28672_k4096", "gemm_bf16_n4096_k14336", "gemm_bf16_n128256_k4096",
         "gqa_paged_decode_h32_kv8_d128_ps1", "gqa_paged_decode_h32_kv8_d128_ps16",
         "gqa_paged_prefill_causal_h32_kv8_d128_ps1", "gqa_paged_prefill_causal_h32_kv8_d128_ps16",
         "gqa_ragged_prefill_causal_h32_kv8_d128",

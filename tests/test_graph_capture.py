@@ -82,12 +82,12 @@ def test_captured_calls_are_counted_at_each_replay_with_the_padded_size(tmp_path
     assert not RECORDER.errors
     assert RECORDER.step_stats == {"learned": 3, "replayed": 1}
     assert RECORDER.workloads == {  # 3 layers a replay at the graph's size; the eager piece at the real one
-        ("gemm_n64_k32", (("M", 4),)): 3 * 3 + 1, ("gemm_n64_k32", (("M", 8),)): 3,
-        ("gemm_n64_k32", (("M", 3),)): 2, ("gemm_n64_k32", (("M", 7),)): 1,
+        ("gemm_bf16_n64_k32", (("M", 4),)): 3 * 3 + 1, ("gemm_bf16_n64_k32", (("M", 8),)): 3,
+        ("gemm_bf16_n64_k32", (("M", 3),)): 2, ("gemm_bf16_n64_k32", (("M", 7),)): 1,
     }
     assert RECORDER.graph_runs == {"full_cuda_graph": 4}
     assert RECORDER.padding == {(4, 3): 2, (4, 4): 1, (8, 7): 1}
-    assert RECORDER.execution == {"gemm_n64_k32": {"cuda_graph", "eager"}}
+    assert RECORDER.execution == {"gemm_bf16_n64_k32": {"cuda_graph", "eager"}}
     RECORDER.active = False
 
 
@@ -118,7 +118,7 @@ def test_a_graph_captured_while_recording_adds_nothing_to_the_step(tmp_path, mon
     assert not RECORDER.calls and RECORDER._learning == []
     backend.replay(ShapeKey(2))
     RECORDER.flush(tmp_path)
-    assert RECORDER.calls == {"gemm_n64_k32": 4} and not RECORDER.errors
+    assert RECORDER.calls == {"gemm_bf16_n64_k32": 4} and not RECORDER.errors
     RECORDER.active = False
 
 
@@ -169,7 +169,7 @@ def test_layers_of_one_shape_are_realized_once_a_learned_step_and_counted_per_la
     RECORDER.flush(tmp_path)
     assert realized == ["gemm", "gemm"]  # once per group, in the learned step only (the failed one is lost)
     assert RECORDER.step_stats == {"learned": 1, "replayed": 1}
-    assert RECORDER.calls == {"gemm_n96_k32": 10, "gemm_n32_k64": 10}
+    assert RECORDER.calls == {"gemm_bf16_n96_k32": 10, "gemm_bf16_n32_k64": 10}
     assert RECORDER.lost_calls == {"rmsnorm": 10}
     assert list(RECORDER.errors.values()) == [5]  # the learned step's failures; a replay counts them as lost
     assert not any("step replay" in e for e in RECORDER.errors)

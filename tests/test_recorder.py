@@ -39,8 +39,8 @@ def test_replayed_steps_count_like_recorded_ones(tmp_path, monkeypatch):
         step(hooked_linear, boundary, 1, 3)  # replayed
     RECORDER.flush(tmp_path)
     assert RECORDER.step_stats == {"learned": 2, "replayed": 4}
-    assert RECORDER.calls == {"gemm_n64_k32": 18} and len(ran) == 18
-    assert RECORDER.workloads == {("gemm_n64_k32", (("M", 5),)): 3, ("gemm_n64_k32", (("M", 1),)): 15}
+    assert RECORDER.calls == {"gemm_bf16_n64_k32": 18} and len(ran) == 18
+    assert RECORDER.workloads == {("gemm_bf16_n64_k32", (("M", 5),)): 3, ("gemm_bf16_n64_k32", (("M", 1),)): 15}
     assert not RECORDER.errors
 
 
@@ -59,10 +59,10 @@ def test_live_hooks_are_recorded_in_replayed_steps(tmp_path, monkeypatch):
             live(torch.zeros(k, 32, dtype=torch.bfloat16))
         RECORDER.flush(tmp_path)
         assert RECORDER.step_stats == {"learned": 1, "replayed": 3} and not RECORDER.errors
-        assert RECORDER.calls == {"gemm_n64_k32": 8, "gemm_n16_k32": 4}
+        assert RECORDER.calls == {"gemm_bf16_n64_k32": 8, "gemm_bf16_n16_k32": 4}
         if not count_only:
-            assert RECORDER.workloads == {("gemm_n64_k32", (("M", 2),)): 8,
-                                          **{("gemm_n16_k32", (("M", k),)): 1 for k in (8, 9, 10, 11)}}
+            assert RECORDER.workloads == {("gemm_bf16_n64_k32", (("M", 2),)): 8,
+                                          **{("gemm_bf16_n16_k32", (("M", k),)): 1 for k in (8, 9, 10, 11)}}
     RECORDER.count_only = False
 
 
@@ -82,7 +82,7 @@ def test_without_boundaries_every_call_is_recorded(tmp_path):
     call = ops.gemm(torch.zeros(4, 32), 8, 32)
     for _ in range(3):
         recorder.record([call], "gemm")
-    assert recorder.calls == {"gemm_n8_k32_float32": 3} and recorder.step_stats == {}
+    assert recorder.calls == {"gemm_bf16_n8_k32_float32": 3} and recorder.step_stats == {}
 
 
 def attention_hooks(page_size: int = 4):
@@ -116,7 +116,7 @@ def test_autosave_keeps_whole_steps_readable_during_the_run(tmp_path, monkeypatc
         boundary(("layout", tuple(q_lens), tuple(seq_lens)))
         if done:  # the boundary saved the steps before this one
             summary = merge_parts(tmp_path, "m", "vLLM", 8)
-            assert {k.id: k.count for k in summary.record.kernels}["gemm_n64_k32"] == 2 * done
+            assert {k.id: k.count for k in summary.record.kernels}["gemm_bf16_n64_k32"] == 2 * done
             assert sum(summary.distinct_workloads.values()) >= 2
             blob_paths = {p for p in (tmp_path / "blob").rglob("*.safetensors")}
             assert blob_paths  # the attention workloads' kv_indptr / kv_indices were written
@@ -126,7 +126,7 @@ def test_autosave_keeps_whole_steps_readable_during_the_run(tmp_path, monkeypatc
     monkeypatch.setattr(RECORDER, "autosave", None)
     RECORDER.flush(tmp_path)
     summary = merge_parts(tmp_path, "m", "vLLM", 8)
-    assert {k.id: k.count for k in summary.record.kernels}["gemm_n64_k32"] == 2 * len(layouts)
+    assert {k.id: k.count for k in summary.record.kernels}["gemm_bf16_n64_k32"] == 2 * len(layouts)
 
 
 def test_nvtx_ranges_are_named_after_the_definition_in_learned_and_replayed_steps(monkeypatch):
@@ -140,7 +140,7 @@ def test_nvtx_ranges_are_named_after_the_definition_in_learned_and_replayed_step
     hooked_linear, boundary, _ = make_hooks()
     step(hooked_linear, boundary, 2, 2)  # learned
     step(hooked_linear, boundary, 2, 2)  # replayed
-    assert ranges == ["gemm_n64_k32", "pop"] * 4
+    assert ranges == ["gemm_bf16_n64_k32", "pop"] * 4
 
 
 def test_nvtx_only_when_a_tool_listens_unless_forced(monkeypatch):

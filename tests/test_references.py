@@ -27,7 +27,7 @@ def test_rmsnorm():
 
 
 def test_fused_add_rmsnorm():
-    inputs, out = reference("fused_add_rmsnorm_h4096", {"batch_size": 5})
+    inputs, out = reference("fused_add_rmsnorm_inplace_h4096", {"batch_size": 5})
     x = inputs["hidden_states"].float() + inputs["residual"].float()
     expected = F.rms_norm(x, (4096,), inputs["weight"].float(), eps=1e-5).to(torch.bfloat16)
     torch.testing.assert_close(out["output"], expected, **BF16)
@@ -45,7 +45,7 @@ def test_embedding():
     assert torch.equal(out["output"], expected)
 
 
-@pytest.mark.parametrize("name", ["gemm_n6144_k4096", "gemm_n4096_k14336", "gemm_n128256_k4096"])
+@pytest.mark.parametrize("name", ["gemm_bf16_n6144_k4096", "gemm_bf16_n4096_k14336", "gemm_bf16_n128256_k4096"])
 def test_gemm(name):
     inputs, out = reference(name, {"M": 3})
     expected = F.linear(inputs["A"].float(), inputs["B"].float()).to(torch.bfloat16)

@@ -19,7 +19,7 @@ from fi_profile.schema import DType, Solution
 from fi_profile.validate import validate_paths
 
 RMSNORM = "rmsnorm_h4096"
-GEMM = "gemm_n64_k32"
+GEMM = "gemm_bf16_n64_k32"
 DECODE = "gqa_paged_decode_h32_kv8_d128_ps16"
 PREFILL = "gqa_paged_prefill_causal_h32_kv8_d128_ps16"
 RAGGED = "gqa_ragged_prefill_causal_h32_kv8_d128"
@@ -85,7 +85,7 @@ def solution(name, definition, source, language="python", path="main.py", entry=
 def write_dataset(root: Path) -> None:
     definitions = {
         RMSNORM: shipped_definition(RMSNORM),
-        GEMM: definition_for("gemm_n4096_k4096", GEMM, {"N": 64, "K": 32}, DType.bfloat16),
+        GEMM: definition_for("gemm_bf16_n4096_k4096", GEMM, {"N": 64, "K": 32}, DType.bfloat16),
         DECODE: shipped_definition(DECODE),
         PREFILL: shipped_definition(PREFILL),
         RAGGED: shipped_definition(RAGGED),
@@ -382,7 +382,7 @@ def test_torch_compile_compiles_once_per_definition_not_per_workload():
     from fi_profile.replay.baseline_solutions import baseline_solutions
     from fi_profile.replay.evaluate import _bound, _solution_calling
 
-    definition = shipped_definition("fused_add_rmsnorm_h4096")
+    definition = shipped_definition("fused_add_rmsnorm_inplace_h4096")
     compiled = next(s for s in baseline_solutions(definition) if s.name.endswith("__torch_compile"))
     calling = _solution_calling(definition, compiled)
     torch._dynamo.reset()
@@ -604,7 +604,7 @@ def test_native_rope_baseline_is_a_multi_file_solution_that_matches_the_referenc
         torch.testing.assert_close(got, want, atol=3e-2, rtol=1.6e-2)
 
 
-FUSED = "fused_add_rmsnorm_h4096"
+FUSED = "fused_add_rmsnorm_inplace_h4096"
 FUSED_IN_PLACE = """
 import torch.nn.functional as F
 
@@ -667,3 +667,21 @@ def test_overwrites_that_contradict_the_definition_name_file_and_field(tmp_path)
         f"{tmp_path / 'bad.json'}: spec.overwrites.weight: 'residual' is not an output of {FUSED} (output, residual_out)",
         f"{tmp_path / 'bad.json'}: spec.overwrites.nope: 'nope' is not an input of {FUSED} (hidden_states, residual, weight)",
     ]
+
+
+def test_a_solution_that_fits_neither_form_of_its_definition_is_one_line_at_build_time(tmp_path):
+    """Written for flashinfer-trace's one-output fused add + RMSNorm (destination-passing: the
+    inputs, then ``output``), run on the two-output form: neither form fits. Once a TypeError
+    traceback at the first call, now a compile_error that says what each side takes."""
+    in_place_dataset(tmp_path / "data")
+    source = "def run(hidden_states, residual, weight, output):\n    output.copy_(hidden_states)\n"
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "other.json").write_text(json.dumps(solution("other_interface", FUSED, source)))
+    dataset = load_dataset(tmp_path / "data")
+    given = load_solutions([tmp_path / "s"], dataset.definitions)
+    results = replay(dataset, given, False, tmp_path / "out", ReplayOptions(device="cpu", min_time_s=0.02, timeout_s=120))
+    (failed,) = [r for r in results if r.source == "other_interface"]
+    assert failed.status.value == "compile_error" and failed.compiled is False
+    assert failed.compile_error == (f"main.py::run takes (hidden_states, residual, weight, output); Definition {FUSED} "
+                                    "expects (hidden_states, residual, weight) or (hidden_states, residual, weight, "
+                                    "output, residual_out)")

