@@ -324,8 +324,9 @@ def replay(
                      "where the cluster has none)."),
     ] = None,
     baseline: Annotated[
-        str, typer.Option(help="Solution (name or label, e.g. torch) that 'x baseline' compares with.")
-    ] = "torch",
+        str, typer.Option(help="Solution (name or label, e.g. torch) that 'x baseline' and the projection compare "
+                          "with; 'engine': per Definition, the kernel the captured engine ran (where the replay has it).")
+    ] = "engine",
     timeout: Annotated[float, typer.Option(min=1.0, help="Seconds per (workload, solution), build included.")] = 120.0,
     max_workloads: Annotated[
         Optional[int], typer.Option(min=1, help="At most this many workloads per Definition, chosen as a capture "
@@ -399,7 +400,8 @@ def replay(
                              plan=lambda total: bar.update(task, total=total))
     print_results(out, results)
     if dataset.record is not None:
-        print_projection(out, project(dataset.record, results, dataset.workloads, baseline), dataset.record.model)
+        print_projection(out, project(dataset.record, results, dataset.workloads, baseline, dataset.definitions),
+                         dataset.record.model)
     print_breakdown(out, json.loads((results_dir / BREAKDOWN_FILE).read_text()))
     where = f"Ray cluster {ray}" if ray is not None else f"devices {', '.join(chosen)}"
     out.print(f"results: {results_dir / 'results.jsonl'} ({len(results)} results, {where})")

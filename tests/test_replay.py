@@ -180,6 +180,26 @@ def test_projection_weights_workloads_by_their_counts(baseline_run):
     assert norm.best_ms <= norm.baseline_ms and norm.saved_ms == pytest.approx(100 * (norm.baseline_ms - norm.best_ms))
 
 
+def test_projection_compares_with_the_kernel_the_engine_ran_by_default(baseline_run):
+    """The record's engine (vLLM, eager: its _C norm; GEMM through F.linear) decides each row's
+    baseline. On this CPU vLLM's _C norm is not among the replayed solutions: the row says what
+    the engine ran and has no baseline, rather than comparing with the PyTorch one."""
+    from fi_profile.replay.engine_kernel import engine_kernel
+
+    dataset, results, _ = baseline_run
+    rows = {row.kernel: row for row in project(dataset.record, results, dataset.workloads, "engine", dataset.definitions)}
+    assert rows[GEMM].baseline == f"{GEMM}__torch" and rows[GEMM].missing is None
+    norm = rows[RMSNORM]
+    assert norm.baseline is None and norm.baseline_ms is None and norm.saved_ms == 0.0
+    assert norm.missing == "the engine's kernel (vllm) did not pass every workload here"
+    record = dataset.record.model_copy(update={"run": {"execution": {RMSNORM: "compiled"}, "attention_backend": "TRITON_ATTN"}})
+    assert engine_kernel(record, dataset.definitions[RMSNORM]).label == "torch_compile"  # Inductor's, in graph mode
+    decode = engine_kernel(record, dataset.definitions[DECODE])
+    assert decode.label is None and "TRITON_ATTN" in decode.what
+    sglang = record.model_copy(update={"framework": "SGLang"})
+    assert engine_kernel(sglang, dataset.definitions[RMSNORM]).label == "flashinfer"
+
+
 def test_adversarial_solutions_are_caught_and_the_run_goes_on(dataset_dir, tmp_path):
     solutions = [solution(f"bad_{name}", RMSNORM, source) for name, (_, source) in ADVERSARIAL.items()]
     solutions.append(solution("good", RMSNORM, GOOD_RMSNORM))

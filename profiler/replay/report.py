@@ -53,18 +53,20 @@ def print_projection(console: Console, rows: list[KernelProjection], model: str)
         table.add_row(
             row.kernel,
             str(row.count),
-            label_of(row.baseline) if row.baseline else "-",
+            label_of(row.baseline) if row.baseline else f"none: {row.missing}" if row.missing else "-",
             f"{row.count * row.baseline_ms:.3f}" if row.baseline_ms is not None else "-",
             label_of(row.best) if row.best else "-",
             f"{row.count * row.best_ms:.3f}" if row.best_ms is not None else "-",
             f"{row.saved_ms:.3f}",
         )
-    base_total = sum(r.count * r.baseline_ms for r in rows if r.baseline_ms is not None)
+    compared = [r for r in rows if r.baseline_ms is not None]
+    base_total = sum(r.count * r.baseline_ms for r in compared)
     saved = sum(r.saved_ms for r in rows)
     console.print(table)
     console.print(
         f"model kernel time: baseline {base_total:.3f} ms, best {base_total - saved:.3f} ms, "
         f"saved {saved:.3f} ms ({100 * saved / base_total if base_total else 0:.1f}%)"
+        + (f", over {len(compared)} of {len(rows)} kernels (the others have no baseline)" if len(compared) < len(rows) else "")
     )
 
 

@@ -22,6 +22,7 @@ import torch
 from fi_profile.replay.baseline_solutions import baseline_solutions
 from fi_profile.replay.breakdown import TimeBreakdown
 from fi_profile.replay.dataset import Dataset
+from fi_profile.replay.engine_kernel import ENGINE, engine_kernel
 from fi_profile.replay.evaluate import Outcome, Task
 from fi_profile.replay.worker import Worker
 from fi_profile.schema import BenchmarkResult, Definition, Solution, Workload
@@ -121,7 +122,10 @@ def replay(
 
     def finished(group: Group, fresh: list[dict]) -> None:
         """A workload's new results, appended as one block once all its pairs are back."""
-        _speedups(fresh, group.by_source, options.baseline)
+        baseline = options.baseline
+        if baseline == ENGINE:  # per Definition, the kernel the captured engine ran (None where the replay lacks it)
+            baseline = engine_kernel(dataset.record, group.definition).label
+        _speedups(fresh, group.by_source, baseline)
         validated = [BenchmarkResult.model_validate(r) for r in fresh]
         with lock:
             with results_path.open("a") as f:
