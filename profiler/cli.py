@@ -335,6 +335,11 @@ def replay(
     min_time: Annotated[float, typer.Option(min=0.0, help="Seconds of timed calls per pair.")] = 0.1,
     cuda_graph: Annotated[bool, typer.Option("--cuda-graph", help="Time CUDA-graph replays of each call (labelled).")] = False,
     resume: Annotated[bool, typer.Option("--resume", help="Skip pairs already in results.jsonl.")] = False,
+    prewarm: Annotated[
+        Optional[bool],
+        typer.Option("--prewarm/--no-prewarm", help="Build what the pairs compile (FlashInfer JIT, Triton, "
+                     "torch.compile) up front in parallel worker processes. Default: on GPUs."),
+    ] = None,
 ) -> None:
     """Benchmark candidate solutions against the references on the dataset's workloads."""
     solutions, definition_names = _names(solutions) or [], _names(definition_names)
@@ -376,7 +381,7 @@ def replay(
         err.print(str(exc), markup=False, highlight=False)
         raise typer.Exit(code=2) from None
     options = ReplayOptions(device=chosen[0], devices=chosen, ray=ray, timeout_s=timeout, min_time_s=min_time,
-                            cuda_graph=cuda_graph, baseline=baseline, resume=resume)
+                            cuda_graph=cuda_graph, baseline=baseline, resume=resume, prewarm=prewarm)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
     with Progress(*columns, console=err) as bar:

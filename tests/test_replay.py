@@ -705,3 +705,27 @@ def test_a_solution_that_fits_neither_form_of_its_definition_is_one_line_at_buil
     assert failed.compile_error == (f"main.py::run takes (hidden_states, residual, weight, output); Definition {FUSED} "
                                     "expects (hidden_states, residual, weight) or (hidden_states, residual, weight, "
                                     "output, residual_out)")
+
+
+def test_prewarm_builds_each_compiled_solution_once_up_front_and_changes_no_result(baseline_run, dataset_dir, tmp_path):
+    """With --prewarm (the default on GPUs) each (Definition, solution that compiles) is built and
+    called once in a pool of worker processes before its pairs come; the Definitions without such
+    a build run first. The results are those of a run without it."""
+    from types import SimpleNamespace
+
+    from fi_profile.replay.baseline_solutions import baseline_solutions
+    from fi_profile.replay.prewarm import compiles, order
+
+    dataset, results, _ = baseline_run
+    names = [RMSNORM, GEMM, DECODE]
+    _, warmed = run_replay(dataset_dir, tmp_path, [], names, timeout_s=300, prewarm=True)
+    breakdown = json.loads((tmp_path / "time_breakdown.json").read_text())
+    assert breakdown["prewarmed"] == {"tasks": 2, "failed": 0}  # torch_compile for the norm and the GEMM; none for attention
+
+    def outcomes(rs):
+        return sorted((r.kernel_id, r.workload, r.source, r.status.value) for r in rs if r.kernel_id in names)
+
+    assert outcomes(warmed) == outcomes(results)
+    groups = [SimpleNamespace(candidates=[None, *baseline_solutions(dataset.definitions[n])], name=n) for n in names]
+    assert [g.name for g in order(groups)] == [DECODE, RMSNORM, GEMM]  # nothing to build first
+    assert not compiles(None)

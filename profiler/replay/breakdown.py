@@ -25,6 +25,8 @@ class TimeBreakdown:
         self.by_label: dict[str, list[float]] = {}
         self.pairs = 0
         self.pairs_wall_s = 0.0
+        #: (warm-up tasks run up front in parallel, of them failed): replay/prewarm.py
+        self.prewarmed = (0, 0)
         self._lock = threading.Lock()
 
     def add(self, outcome: Outcome, wall_s: Optional[float], label: str) -> None:
@@ -50,6 +52,7 @@ class TimeBreakdown:
             "phases_s": phases,
             "worker_start_and_transfer_s": round(max(0.0, self.pairs_wall_s - in_phases), 3),
             "pairs_wall_s": round(self.pairs_wall_s, 3),
+            "prewarmed": {"tasks": self.prewarmed[0], "failed": self.prewarmed[1]},
             "by_solution": {label: {"pairs": int(n), "s": round(s, 3)}
                             for label, (n, s) in sorted(self.by_label.items(), key=lambda kv: -kv[1][1])},
         }

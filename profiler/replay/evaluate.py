@@ -40,6 +40,8 @@ class Task:
     draws: int = 3
     min_time_s: float = 0.1
     cuda_graph: bool = False
+    #: build and call once, untimed and unchecked (a warm-up of the on-disk caches: replay/prewarm.py)
+    warm_only: bool = False
 
 
 @dataclass
@@ -81,6 +83,8 @@ def evaluate(task: Task) -> Outcome:
         draws = [_inputs(definition, workload, Path(task.root), device, seed, phases) for seed in range(task.draws)]
         with phases("first call"):
             _first_call(definition, calling, *draws[0], device)
+        if task.warm_only:
+            return Outcome("passed", phases=phases.seconds)
         method = check_method(definition)
         with phases("check"):
             check = method.check(definition, calling, draws, device)

@@ -80,6 +80,10 @@ def print_breakdown(console: Console, document: dict) -> None:
         table.add_row(phase, f"{seconds:.1f}")
     table.add_row("worker start, transfers", f"{document['worker_start_and_transfer_s']:.1f}")
     console.print(table)
+    prewarmed = document.get("prewarmed") or {}
+    if prewarmed.get("tasks"):
+        console.print(f"built up front, in parallel: {prewarmed['tasks']} (Definition, solution) warm-ups"
+                      + (f", {prewarmed['failed']} failed (their pairs say why)" if prewarmed.get("failed") else ""))
     by_solution = document.get("by_solution") or {}
     if by_solution:
         console.print("by solution: " + ", ".join(f"{label} {v['s']:.1f} s ({v['pairs']} pairs)"

@@ -24,6 +24,7 @@ from fi_profile.replay.breakdown import TimeBreakdown
 from fi_profile.replay.dataset import Dataset
 from fi_profile.replay.engine_kernel import ENGINE, engine_kernel
 from fi_profile.replay.evaluate import Outcome, Task
+from fi_profile.replay.prewarm import Prewarm, order, warm_ups
 from fi_profile.replay.worker import Worker
 from fi_profile.schema import BenchmarkResult, Definition, Solution, Workload
 from fi_profile.schema.benchmark_result import Device
@@ -43,6 +44,9 @@ class ReplayOptions:
     draws: int = 3
     min_time_s: float = 0.1
     cuda_graph: bool = False
+    #: build what the pairs compile (FlashInfer JIT, Triton, torch.compile) in parallel up front
+    #: (:mod:`fi_profile.replay.prewarm`); None: where the devices are GPUs
+    prewarm: Optional[bool] = None
     baseline: Optional[str] = "torch"  # solution label (after "__") or name to compare against
     resume: bool = False
 
@@ -143,7 +147,13 @@ def replay(
 
         run_on_ray(options.ray, groups, options, libs, finished, report, breakdown, log=out_dir / RAY_LOG)
     else:
-        run_on_devices(where, groups, options, libs, finished, report, breakdown)
+        warming = options.prewarm if options.prewarm is not None else all(d.startswith("cuda") for d in where)
+        prewarm = Prewarm(warm_ups(groups, where[0], options) if warming else [], options.timeout_s)
+        try:
+            run_on_devices(where, order(groups), options, libs, finished, report, breakdown)
+        finally:
+            prewarm.join()
+        breakdown.prewarmed = (len(prewarm.tasks), prewarm.failed)
     breakdown.write(out_dir, time.perf_counter() - began, where)
     return results
 

@@ -1,0 +1,95 @@
+"""Build and compile, up front and in parallel, what a replay's pairs will need once each.
+
+On a cold host most of a replay's time is first calls: FlashInfer compiles each module it needs
+with nvcc, Triton and torch.compile compile theirs, one after another inside the one worker of a
+device (on an H100 a cold 8B capture spent 174 s of 324 s there). These caches live on disk
+(FlashInfer's JIT folder, Triton's and Inductor's caches), so a solution built in another process
+is found built by the device's worker. Before the pairs start, one warm-up task per (Definition,
+solution that compiles) runs in a pool of worker processes of its own: the build and one untimed
+call on the Definition's smallest workload (small inputs, a cheap reference), nothing timed.
+Meanwhile the devices start with the Definitions that need no such build (:func:`order`).
+
+A warm-up's small calls share the GPU with the pairs being timed there; its builds are host work."""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import TYPE_CHECKING, Optional
+
+from fi_profile.replay.worker import Worker
+from fi_profile.schema import Solution
+
+if TYPE_CHECKING:
+    from fi_profile.replay.runner import Group, ReplayOptions
+
+#: solution labels whose first call builds or compiles something kept on disk
+COMPILED_LABELS = ("flashinfer", "torch_compile")
+COMPILED_LANGUAGES = ("triton", "cuda", "torch_compile")
+
+
+def compiles(solution: Optional[Solution]) -> bool:
+    if solution is None:
+        return False
+    return solution.name.rsplit("__", 1)[-1] in COMPILED_LABELS or solution.spec.language.value in COMPILED_LANGUAGES
+
+
+def order(groups: list["Group"]) -> list["Group"]:
+    """The groups with the Definitions that need no build first (stable otherwise)."""
+    return sorted(groups, key=lambda g: any(compiles(s) for s in g.candidates))
+
+
+def warm_ups(groups: list["Group"], device: str, options: "ReplayOptions") -> list:
+    """One warm-up task per (Definition, solution that compiles), on the smallest workload left."""
+    smallest: dict[str, "Group"] = {}
+    for group in groups:
+        if not group.todo():
+            continue
+        size = sum(v for v in group.workload.axes.values() if isinstance(v, int))
+        best = smallest.get(group.definition.name)
+        if best is None or size < sum(v for v in best.workload.axes.values() if isinstance(v, int)):
+            smallest[group.definition.name] = group
+    tasks = []
+    for group in smallest.values():
+        for solution in group.todo():
+            if compiles(solution):
+                tasks.append(replace(group.task(solution, device, options), draws=1, warm_only=True))
+    return tasks
+
+
+class Prewarm:
+    """The warm-up tasks running in the background (``workers`` processes); ``join`` waits for
+    them and says how many ran and how many failed (a failing one fails again, as a result, in
+    its pair)."""
+
+    def __init__(self, tasks: list, timeout_s: float, workers: Optional[int] = None) -> None:
+        self.tasks = tasks
+        self.failed = 0
+        self._workers = max(1, min(len(tasks), workers or max(1, (os.cpu_count() or 2) // 2), 8))
+        self._thread = threading.Thread(target=self._run, args=(timeout_s,), name="fi-profile prewarm", daemon=True)
+        if tasks:
+            self._thread.start()
+
+    def _run(self, timeout_s: float) -> None:
+        local = threading.local()
+        made: list[Worker] = []
+
+        def warm(task) -> None:
+            if not hasattr(local, "worker"):
+                local.worker = Worker()
+                made.append(local.worker)
+            if local.worker.run(task, timeout_s).status != "passed":
+                self.failed += 1
+
+        try:
+            with ThreadPoolExecutor(self._workers, thread_name_prefix="fi-profile prewarm") as pool:
+                list(pool.map(warm, self.tasks))
+        finally:
+            for worker in made:
+                worker.close()
+
+    def join(self) -> None:
+        if self.tasks:
+            self._thread.join()
