@@ -114,11 +114,29 @@ def report(results: dict[str, dict]) -> None:
     if len(captured) == 2:
         same = results["eager"]["calls"] == results["graph"]["calls"]
         print(f"counts per Definition, eager == graph: {same}")
+        compare_schedules(results["eager"]["run"].get("schedule", []), results["graph"]["run"].get("schedule", []))
     if "graph" in results and "graph-off" in results:
         print(f"greedy tokens, graph with capture == graph without fi-profile: "
               f"{results['graph']['tokens'] == results['graph-off']['tokens']}")
     if "graph" in results and "eager" in results:
         print(f"greedy tokens, graph == eager: {results['graph']['tokens'] == results['eager']['tokens']}")
+
+
+def compare_schedules(eager: list, graph: list) -> None:
+    """The two runs' steps side by side (``run.schedule``), from the first one that differs."""
+    def steps(schedule: list) -> list[tuple]:
+        return [tuple(entry[:4]) for entry in schedule for _ in range(entry[4])]
+
+    a, b = steps(eager), steps(graph)
+    prefills = [sum(1 for s in x if s[3]) for x in (a, b)]
+    print(f"steps: eager {len(a)}, graph {len(b)}; steps with prefill: eager {prefills[0]}, graph {prefills[1]}")
+    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
+    if first is None:
+        print("schedules: identical, step by step")
+        return
+    print(f"schedules differ from step {first} (tokens, requests, decoding, prefilling):")
+    for i in range(first, min(first + 8, max(len(a), len(b)))):
+        print(f"  step {i}: eager {a[i] if i < len(a) else '-'}  graph {b[i] if i < len(b) else '-'}")
 
 
 if __name__ == "__main__":

@@ -120,6 +120,7 @@ def test_decode_steps_replay_though_their_kv_pages_change(tmp_path, sglang):
     counted = capture(tmp_path, "count", python=SGLANG_PYTHON, framework="sglang", count_only=True)
     assert counts(counted) == counts(sglang)
     assert sglang["record"]["run"]["steps"] == {"learned": 2, "replayed": OUTPUT_LEN - 2, "engine": OUTPUT_LEN}
+    assert sum(entry[4] for entry in sglang["record"]["run"]["schedule"]) == OUTPUT_LEN
     assert counted["record"]["run"]["steps"] == {"learned": 2, "replayed": OUTPUT_LEN - 2, "engine": OUTPUT_LEN}
 
 

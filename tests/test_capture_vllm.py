@@ -89,6 +89,9 @@ def test_exact_counts_follow_model_shape_and_steps(single):
     assert "incomplete" not in single["record"]["run"]
     # the prefill step and the first decode step are learned; the other decode steps repeat it
     assert single["record"]["run"]["steps"] == {"learned": 2, "replayed": OUTPUT_LEN - 2, "engine": OUTPUT_LEN}
+    # the steps in order (tokens, requests, decoding, prefilling, consecutive steps): one prefill, then decodes
+    assert single["record"]["run"]["schedule"] == [[PROMPTS * INPUT_LEN, PROMPTS, 0, PROMPTS, 1],
+                                                   [PROMPTS, PROMPTS, PROMPTS, 0, OUTPUT_LEN - 1]]
 
 
 @pytest.mark.parametrize("path", ["packed", "plain"])

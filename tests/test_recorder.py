@@ -82,7 +82,7 @@ def test_without_boundaries_every_call_is_recorded(tmp_path):
     call = ops.gemm(torch.zeros(4, 32), 8, 32)
     for _ in range(3):
         recorder.record([call], "gemm")
-    assert recorder.calls == {"gemm_bf16_n8_k32_float32": 3} and recorder.step_stats == {}
+    assert recorder.calls == {"gemm_fp32_n8_k32": 3} and recorder.step_stats == {}
 
 
 def attention_hooks(page_size: int = 4):

@@ -44,6 +44,7 @@ def merge_parts(
     steps: Counter[str] = Counter()
     engine_steps = 0
     unseen: dict[str, int] = {}
+    schedule: list[list[int]] = []
     definitions: dict[str, Definition] = {}
     workloads: dict[tuple[str, tuple], dict[str, Any]] = {}
     for part_path in parts:
@@ -59,6 +60,7 @@ def merge_parts(
             padding[(padded, real)] += n
         steps.update(part.get("steps", {}))
         engine_steps += part.get("engine_steps", 0)
+        schedule = schedule or part.get("schedule", [])  # every rank runs the same steps
         for kind, layers in part.get("unseen_layers", {}).items():  # each rank has the same layers
             unseen[kind] = max(layers, unseen.get(kind, 0))
         for name, data in part["definitions"].items():
@@ -86,6 +88,8 @@ def merge_parts(
     run_block = {**(run or {}), "processes": len(parts), "hook_errors": dict(errors), "steps": dict(steps)}
     if engine_steps:  # steps whose forward ran (every rank's), seen at the engine's step method
         run_block["steps"]["engine"] = engine_steps
+    if schedule:  # the steps in order: [tokens, requests, decoding, prefilling, consecutive steps]
+        run_block["schedule"] = schedule
     run_block["execution"] = {name: " and ".join(sorted(where)) for name, where in sorted(execution.items())}
     if graph_runs:  # compiled forwards: how each ran, and the padded sizes beside the scheduled ones
         run_block["steps"]["compiled_forward"] = dict(sorted(graph_runs.items()))

@@ -79,6 +79,8 @@ class Recorder:
         #: (its calls by Definition and by workload, summed: a replayed step adds them in one go)
         self.steps: dict[Hashable, tuple[tuple[Counter, Counter], tuple[str, ...], tuple[tuple[str, int], ...]]] = {}
         self.step_stats: Counter[str] = Counter()
+        #: the steps in order, run-length encoded: [tokens, requests, decoding, prefilling, steps]
+        self.schedule: list[list[int]] = []
         #: engine steps that ran the model's forward (learned + replayed steps, unless a step ran
         #: without the attention metadata boundary, whose calls are then recorded one by one)
         self.engine_steps = 0
@@ -116,6 +118,7 @@ class Recorder:
                 signature = (self._signature, signature)
             else:
                 self._commit_step()
+                self._schedule(signature)
                 if self.autosave is not None and time.monotonic() >= self._next_save:
                     snapshot = self._snapshot()  # whole steps only: the last one just ended
             self._signature = signature
@@ -135,6 +138,15 @@ class Recorder:
         if self.progress_file is not None and time.monotonic() >= self._next_progress:
             self.report_progress()
             self._next_progress = time.monotonic() + 0.5
+
+    def _schedule(self, signature: Hashable) -> None:
+        """The step's shape (an engine's ``ops.step_shape``) appended to the schedule."""
+        if not (isinstance(signature, tuple) and len(signature) == 4 and all(isinstance(v, int) for v in signature)):
+            return
+        if self.schedule and tuple(self.schedule[-1][:4]) == signature:
+            self.schedule[-1][4] += 1
+        else:
+            self.schedule.append([*signature, 1])
 
     def report_progress(self) -> None:
         """Steps, tokens and calls so far, for the driver's progress line (a tiny file, replaced)."""
@@ -293,6 +305,7 @@ class Recorder:
             "steps": dict(self.step_stats),
             "engine_steps": self.engine_steps,
             "unseen_layers": self.unseen_layers,
+            "schedule": self.schedule,
         }
         self._saved_samples = len(self.samples)
         return part, blob_tensors
