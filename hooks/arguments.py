@@ -23,8 +23,12 @@ class SignatureMismatch(Exception):
 
 
 def engine_signature(fn: Callable[..., Any], cls: Optional[type] = None) -> inspect.Signature:
-    """``fn``'s signature, or for a dispatcher (``*args``) that of the method it dispatches to."""
-    signature = inspect.signature(fn)
+    """``fn``'s signature, or for a dispatcher (``*args``) that of the method it dispatches to; a
+    callable whose signature cannot be read (a registered torch op) takes keywords only."""
+    try:
+        signature = inspect.signature(fn)
+    except (ValueError, TypeError):
+        return inspect.Signature([inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)])
     dispatches = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in signature.parameters.values())
     if not dispatches or cls is None:
         return signature

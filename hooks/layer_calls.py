@@ -31,6 +31,15 @@ def covered(layer: Any) -> Optional[str]:
     return None
 
 
+#: ids of layer weights that a fused kernel's hook saw (SGLang's q/k norm kernel takes the RMSNorm
+#: layers' weights, not the layers): those layers count as seen
+SEEN_WEIGHTS: set[int] = set()
+
+
+def seen_weights(*weights: Any) -> None:
+    SEEN_WEIGHTS.update(id(w) for w in weights if w is not None)
+
+
 def seen(*layers: Any) -> None:
     """These layers' calls reached their hook (checked at the end: :func:`unseen_layers`)."""
     for layer in layers:
@@ -228,7 +237,8 @@ def unseen_layers(model: Any, rules: Iterable[LayerRule] = ()) -> dict[str, int]
                     judge(child)
                 return
             checked = rule(module) is None
-        if checked and not module.__dict__.get("_fi_profile_seen", False):
+        weight = module.__dict__.get("_parameters", {}).get("weight")
+        if checked and not module.__dict__.get("_fi_profile_seen", False) and id(weight) not in SEEN_WEIGHTS:
             kind = (f"{type(module).__name__} (in the model, but no call of it reached its hook: its kernels ran "
                     "elsewhere, e.g. in a fused kernel, and are not in the record)")
             found[kind] = found.get(kind, 0) + 1

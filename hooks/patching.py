@@ -196,16 +196,44 @@ def wrap_around(fn: Callable[..., Any], op: str, context: Callable[..., Any], cl
     return hooked
 
 
+def _install_functions(module: Any, point: HookPoint, installed: list[str], missing: list[str]) -> bool:
+    """``point.methods`` as functions of ``module`` (``point.cls`` empty): each replaced in the
+    module, where the engine's code looks it up when it calls it. A function whose signature cannot
+    be read (a registered torch op) is read by keyword only."""
+    found = False
+    for name in point.methods:
+        raw = getattr(module, name, None)
+        if raw is None:
+            continue
+        found = True
+        if getattr(raw, "__fi_profile_original__", None) is not None:
+            continue
+        try:
+            hooked = wrap(raw, point.op, point.to_calls, point.live, point.nested, None, point.traced, point.outside_forward)
+        except SignatureMismatch as exc:
+            missing.append(f"{point.module}.{name}: {exc}"[:300])
+            continue
+        setattr(module, name, hooked)
+        installed.append(f"{point.module}.{name}")
+    return found
+
+
 def install(points: Sequence[HookPoint]) -> tuple[list[str], list[str]]:
     """Patch every hook point that exists; returns (installed, missing) as readable names."""
     installed: list[str] = []
     missing: list[str] = []
     for point in points:
         try:
-            cls = getattr(importlib.import_module(point.module), point.cls)
+            module = importlib.import_module(point.module)
+            cls = getattr(module, point.cls) if point.cls else None
         except Exception as exc:  # an engine module may fail to import for reasons of its own
             if not point.optional:
                 missing.append(f"{point.module}.{point.cls} ({type(exc).__name__}: {exc})"[:300])
+            continue
+        if cls is None:  # module-level kernel functions, looked up in the module at each call
+            found_functions = _install_functions(module, point, installed, missing)
+            if not found_functions and not point.optional:
+                missing.append(f"{point.module}: none of {point.methods}")
             continue
         found = False
         for method in point.methods:

@@ -33,6 +33,15 @@ def test_fused_add_rmsnorm():
     torch.testing.assert_close(out["output"], expected, **BF16)
 
 
+def test_qk_rmsnorm_per_head():
+    """SGLang's fused q/k norm: an RMSNorm over each head's 128 values, the query and key weights."""
+    inputs, out = reference("qk_rmsnorm_h32_kv4_d128", {"num_tokens": 3})
+    for x, w, name in (("q", "q_weight", "q_out"), ("k", "k_weight", "k_out")):
+        expected = torch.stack([F.rms_norm(inputs[x][t].float(), (128,), inputs[w].float(), eps=1e-6)
+                                for t in range(3)]).to(torch.bfloat16)
+        torch.testing.assert_close(out[name], expected, **BF16)
+
+
 def test_silu_and_mul():
     inputs, out = reference("silu_and_mul_i14336", {"num_tokens": 3})
     gate, up = inputs["input"].float().chunk(2, dim=-1)

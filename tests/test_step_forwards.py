@@ -206,3 +206,33 @@ def test_layers_whose_hook_never_saw_a_call_are_listed():
         "and are not in the record)": 2}
     seen(model["q_norm"], model["k_norm"])
     assert unseen_layers(model, rules) == {}
+
+
+def test_a_fused_kernel_function_is_hooked_where_the_engine_looks_it_up(recording, tmp_path):
+    """SGLang's models call ``fused_inplace_qknorm`` (a registered torch op, keywords only) from
+    ``sglang.srt.models.utils`` with the q/k norm layers' weights: hooked in that module, it records
+    one q/k norm call, and those layers then count as seen."""
+    import sys
+    import types
+
+    from fi_profile.hooks.layer_calls import LayerRule, covered, unseen_layers
+    from fi_profile.hooks.patching import install
+    from fi_profile.hooks.sglang.adapter import POINTS
+
+    ran = []
+    module = types.ModuleType("fake_sglang_models_utils")
+    module.fused_inplace_qknorm = lambda **kw: ran.append(sorted(kw))
+    sys.modules[module.__name__] = module
+    point = next(p for p in POINTS if p.methods == ("fused_inplace_qknorm",))
+    installed, missing = install([point.__class__(**{**point.__dict__, "module": module.__name__})])
+    assert installed == [f"{module.__name__}.fused_inplace_qknorm"] and missing == []
+    norms = torch.nn.ModuleDict({"q_norm": RMSNorm(), "k_norm": RMSNorm()})
+    for norm in norms.values():
+        norm.weight = torch.nn.Parameter(torch.ones(64, dtype=torch.bfloat16))
+    q, k = torch.zeros(5, 8, 64, dtype=torch.bfloat16), torch.zeros(5, 2, 64, dtype=torch.bfloat16)
+    module.fused_inplace_qknorm(q=q, k=k, q_weight=norms["q_norm"].weight, k_weight=norms["k_norm"].weight, eps=1e-6,
+                                head_dim=64)
+    assert ran == [["eps", "head_dim", "k", "k_weight", "q", "q_weight"]]
+    assert recording.workloads == {("qk_rmsnorm_h8_kv2_d64", (("num_tokens", 5),)): 1}
+    assert unseen_layers(norms, [LayerRule(f"{__name__}:RMSNorm", covered)]) == {}
+    del sys.modules[module.__name__]

@@ -34,6 +34,7 @@ from fi_profile.hooks.layer_calls import (
     rope,
     rope_problem,
     seen,
+    seen_weights,
     silu_and_mul,
 )
 from fi_profile.hooks.patching import HookPoint
@@ -208,6 +209,14 @@ def _moe(self: Any, hidden_states: torch.Tensor) -> list:
                intermediate_size=self.intermediate_size_per_partition, renormalize=bool(config.renormalize))
 
 
+def _fused_qk_norm(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                   eps: float = 1e-6) -> list:
+    """SGLang's ``fused_inplace_qknorm`` (Qwen3's q/k norms on CUDA, one kernel for both, called with
+    the RMSNorm layers' weights instead of the layers)."""
+    seen_weights(q_weight, k_weight)
+    return [ops.qk_rmsnorm(q, k, float(eps))]
+
+
 def _sampler(self: Any, logits_output: Any, sampling_info: Any) -> list:
     if sampling_info.is_all_greedy:
         return []
@@ -229,6 +238,8 @@ POINTS = [
     HookPoint("sglang.srt.layers.moe.topk", "TopK", ("forward",), "moe_routing", _moe_routing),
     HookPoint("sglang.srt.layers.moe.fused_moe_triton.layer", "FusedMoE", ("forward",), "moe", _moe,
               nested=("silu_and_mul", "gemm")),
+    # a kernel function the models call with the norm layers' weights (looked up in this module)
+    HookPoint("sglang.srt.models.utils", "", ("fused_inplace_qknorm",), "qk_rmsnorm", _fused_qk_norm, optional=True),
     HookPoint("sglang.srt.layers.sampler", "Sampler", ("forward",), "sampling", _sampler, outside_forward=True),
     HookPoint("sglang.srt.model_executor.model_runner", "ModelRunner", ("forward",), "step", _model_step, around=True),
     # graph mode: a graph runner runs a step; the calls each CUDA graph captured, and each replay of it

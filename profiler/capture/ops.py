@@ -74,6 +74,20 @@ def rmsnorm(x: torch.Tensor, residual: Optional[torch.Tensor], eps: float) -> Ke
     return KernelCall(definition, {"batch_size": _tokens(x, hidden)})
 
 
+def qk_rmsnorm(q: torch.Tensor, k: torch.Tensor, eps: float) -> KernelCall:
+    """RMSNorm of every query and key head in one kernel (SGLang's fused q/k norm), ``[tokens, heads,
+    head_dim]`` each."""
+    heads, kv_heads, head_dim = int(q.shape[-2]), int(k.shape[-2]), int(q.shape[-1])
+
+    def build() -> Definition:
+        dtype = schema_dtype(q.dtype)
+        return definition_for("qk_rmsnorm_h32_kv4_d128", f"qk_rmsnorm_h{heads}_kv{kv_heads}_d{head_dim}{_suffix(dtype)}",
+                              {"num_qo_heads": heads, "num_kv_heads": kv_heads, "head_dim": head_dim}, dtype, {"EPS": eps})
+
+    definition = _cached(("qk_rmsnorm", heads, kv_heads, head_dim, q.dtype, eps), build)
+    return KernelCall(definition, {"num_tokens": _tokens(q, heads * head_dim)})
+
+
 def silu_and_mul(x: torch.Tensor) -> KernelCall:
     width = x.shape[-1]
 

@@ -21,6 +21,7 @@ from fi_profile.schema.solution import Solution
 FAMILIES: dict[str, tuple[str, ...]] = {
     "fused_add_rmsnorm": ("EPS",),
     "rmsnorm": ("EPS",),
+    "qk_rmsnorm": ("EPS",),
     "silu_and_mul": (),
     "gemm": (),
     "embedding": (),
@@ -38,6 +39,7 @@ NOT_COMPILED = frozenset({"paged_attention", "ragged_attention", "moe"})
 OP_TYPES: dict[str, tuple[str, ...]] = {
     "fused_add_rmsnorm": ("rmsnorm",),
     "rmsnorm": ("rmsnorm",),
+    "qk_rmsnorm": ("qk_rmsnorm",),
     "silu_and_mul": ("activation",),
     "gemm": ("gemm",),
     "embedding": ("embedding",),
