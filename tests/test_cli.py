@@ -40,6 +40,7 @@ def test_shipped_set_covers_llama_31_8b_and_the_moe_templates():
         "gqa_ragged_prefill_causal_h32_kv8_d128",
         "top_k_sampling_from_probs_v128256", "top_p_sampling_from_probs_v128256",
         "top_k_top_p_sampling_from_probs_v128256",
+        "qk_rmsnorm_h32_kv4_d128",  # Qwen3-30B-A3B's q/k norms, as SGLang runs them
     } == names
     assert all(d.inputs[next(iter(d.inputs))].dtype.value in ("bfloat16", "float32", "int32") for d in shipped_definitions().values())
 
