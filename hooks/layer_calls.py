@@ -4,8 +4,9 @@ op-table calls: norms, SwiGLU, RoPE, linear layers, lm_head, token embedding, th
 from __future__ import annotations
 
 import importlib
+from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Optional
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
 import torch
 
@@ -53,8 +54,12 @@ def require(problem: Optional[str]) -> None:
         raise NotImplementedError(f"{problem}: not recorded (listed in run.not_covered)")
 
 
+_RMSNORM = exact_class("RMSNorm")
+silu_and_mul_problem = exact_class("SiluAndMul")
+
+
 def rmsnorm_problem(layer: Any) -> Optional[str]:
-    problem = exact_class("RMSNorm")(layer)
+    problem = _RMSNORM(layer)
     if problem is None and getattr(layer, "variance_size_override", None) is not None:
         return f"{type(layer).__name__} with variance_size_override (normalizes part of the hidden size)"
     return problem
@@ -68,7 +73,7 @@ def rmsnorm(self: Any, x: torch.Tensor, residual: Optional[torch.Tensor] = None)
 
 def silu_and_mul(self: Any, x: torch.Tensor) -> list:
     seen(self)
-    require(exact_class("SiluAndMul")(self))
+    require(silu_and_mul_problem(self))
     return [ops.silu_and_mul(x)]
 
 
@@ -183,6 +188,31 @@ def _resolve(path: str) -> Optional[type]:
         return None
 
 
+def _judged_layers(model: Any, rules: Iterable[LayerRule],
+                   kernel_layers: Iterable[str]) -> Iterator[tuple[Any, Optional[str], bool]]:
+    """Each layer of ``model`` with a verdict, as ``(layer, why it is not covered or None, whether
+    its hook marks it seen)``; a judged layer's own parts (RoPE's rotation op) are part of its call,
+    and other modules are containers whose layers are judged one by one."""
+    judged = [(cls, rule.problem) for rule in rules if (cls := _resolve(rule.base)) is not None]
+    bases = tuple(cls for path in kernel_layers if (cls := _resolve(path)) is not None)
+    pending = [model]
+    while pending:
+        module = pending.pop()
+        method = getattr(module, "quant_method", None)
+        if method is not None:
+            name = type(method).__name__
+            problem = None if name.startswith("Unquantized") else f"{type(module).__name__} with {name}"
+            yield module, problem, name in ("UnquantizedLinearMethod", "UnquantizedEmbeddingMethod")
+            continue
+        rule = next((problem for cls, problem in judged if isinstance(module, cls)), None)
+        if rule is not None:
+            yield module, rule(module), True
+        elif bases and isinstance(module, bases):
+            yield module, f"{type(module).__name__} (a layer class no hook records)", False
+        else:
+            pending.extend(reversed(list(module.children())))
+
+
 def uncovered_layers(model: Any, rules: Iterable[LayerRule] = (), kernel_layers: Iterable[str] = ()) -> dict[str, int]:
     """Layers whose kernels no hook records, by kind, read once from the built model, so the record
     says what it misses instead of dropping it:
@@ -193,55 +223,17 @@ def uncovered_layers(model: Any, rules: Iterable[LayerRule] = (), kernel_layers:
       configuration no Definition computes);
     - a layer of a kernel-layer base (``kernel_layers``: the engine's custom-op and attention
       bases) that no rule knows: a class no hook records, by its name."""
-    judged = [(cls, rule.problem) for rule in rules if (cls := _resolve(rule.base)) is not None]
-    bases = tuple(cls for path in kernel_layers if (cls := _resolve(path)) is not None)
-    found: dict[str, int] = {}
-
-    def judge(module: Any) -> None:
-        method = getattr(module, "quant_method", None)
-        if method is not None:
-            kind = None if type(method).__name__.startswith("Unquantized") else (
-                f"{type(module).__name__} with {type(method).__name__}")
-        else:
-            rule = next((problem for cls, problem in judged if isinstance(module, cls)), None)
-            if rule is not None:
-                kind = rule(module)
-            elif bases and isinstance(module, bases):
-                kind = f"{type(module).__name__} (a layer class no hook records)"
-            else:  # a container: its layers are judged one by one
-                for child in module.children():
-                    judge(child)
-                return
-        if kind is not None:  # a judged layer's own parts (RoPE's rotation op) are part of its call
-            found[kind] = found.get(kind, 0) + 1
-
-    judge(model)
-    return found
+    return dict(Counter(problem for _, problem, _ in _judged_layers(model, rules, kernel_layers) if problem is not None))
 
 
 def unseen_layers(model: Any, rules: Iterable[LayerRule] = ()) -> dict[str, int]:
     """Covered layers whose hook never saw a call, by class: the model has them, but their kernels
     ran past the hooked method (an engine path that calls a fused kernel with the layer's weights,
     say) and are not in the record. Read at the end of a run that ran steps."""
-    judged = [(cls, rule.problem) for rule in rules if (cls := _resolve(rule.base)) is not None]
-    found: dict[str, int] = {}
-
-    def judge(module: Any) -> None:
-        method = getattr(module, "quant_method", None)
-        if method is not None:
-            checked = type(method).__name__ in ("UnquantizedLinearMethod", "UnquantizedEmbeddingMethod")
-        else:
-            rule = next((problem for cls, problem in judged if isinstance(module, cls)), None)
-            if rule is None:
-                for child in module.children():
-                    judge(child)
-                return
-            checked = rule(module) is None
+    found: Counter[str] = Counter()
+    for module, problem, marked in _judged_layers(model, rules, ()):
         weight = module.__dict__.get("_parameters", {}).get("weight")
-        if checked and not module.__dict__.get("_fi_profile_seen", False) and id(weight) not in SEEN_WEIGHTS:
-            kind = (f"{type(module).__name__} (in the model, but no call of it reached its hook: its kernels ran "
-                    "elsewhere, e.g. in a fused kernel, and are not in the record)")
-            found[kind] = found.get(kind, 0) + 1
-
-    judge(model)
-    return found
+        if problem is None and marked and not module.__dict__.get("_fi_profile_seen", False) and id(weight) not in SEEN_WEIGHTS:
+            found[f"{type(module).__name__} (in the model, but no call of it reached its hook: its kernels ran "
+                  "elsewhere, e.g. in a fused kernel, and are not in the record)"] += 1
+    return dict(found)

@@ -24,7 +24,6 @@ from fi_profile.hooks.layer_calls import (
     LayerRule,
     covered,
     embedding,
-    exact_class,
     linear,
     lm_head,
     moe,
@@ -36,6 +35,7 @@ from fi_profile.hooks.layer_calls import (
     seen,
     seen_weights,
     silu_and_mul,
+    silu_and_mul_problem,
 )
 from fi_profile.hooks.patching import HookPoint
 from fi_profile.schema.dtype import schema_dtype
@@ -268,7 +268,7 @@ POINTS = [
 #: no hook knows
 LAYER_RULES = [
     LayerRule("sglang.srt.layers.layernorm:RMSNorm", rmsnorm_problem),
-    LayerRule("sglang.srt.layers.activation:SiluAndMul", exact_class("SiluAndMul")),
+    LayerRule("sglang.srt.layers.activation:SiluAndMul", silu_and_mul_problem),
     LayerRule("sglang.srt.layers.rotary_embedding.base:RotaryEmbedding", rope_problem),
     LayerRule("sglang.srt.layers.radix_attention:RadixAttention", attention_problem),
     LayerRule("sglang.srt.layers.moe.topk:TopK", routing_problem),

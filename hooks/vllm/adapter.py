@@ -24,7 +24,6 @@ from fi_profile.hooks.layer_calls import (
     LayerRule,
     covered,
     embedding,
-    exact_class,
     gemm_size,
     linear,
     lm_head,
@@ -36,6 +35,7 @@ from fi_profile.hooks.layer_calls import (
     rope_problem,
     seen,
     silu_and_mul,
+    silu_and_mul_problem,
 )
 from fi_profile.hooks.patching import HookPoint
 from fi_profile.hooks.traced import TRACES, sizes_of_run
@@ -394,7 +394,7 @@ POINTS = [
 #: their own rules; any other layer of vLLM's custom-op or attention bases is a class no hook knows
 LAYER_RULES = [
     LayerRule("vllm.model_executor.layers.layernorm:RMSNorm", rmsnorm_problem),
-    LayerRule("vllm.model_executor.layers.activation:SiluAndMul", exact_class("SiluAndMul")),
+    LayerRule("vllm.model_executor.layers.activation:SiluAndMul", silu_and_mul_problem),
     LayerRule("vllm.model_executor.layers.rotary_embedding.base:RotaryEmbedding", rope_problem),
     LayerRule("vllm.model_executor.layers.attention_layer_base:AttentionLayerBase", attention_problem),
     LayerRule("vllm.model_executor.layers.fused_moe.runner.moe_runner:MoERunner", moe_problem),
