@@ -185,6 +185,9 @@ def test_a_router_applied_inside_vllms_opaque_moe_op_is_recorded_with_the_moe(mo
     assert [c.definition.name for c in linear(None, traced.gate, x)] == ["gemm_bf16_n8_k32"]
     fused = _runner(lambda *a: None, fused=True)  # one F.linear over router + shared-expert gate, hooked nowhere
     assert [c.definition.name for c in adapter._moe(fused, x, logits)][0] == "gemm_bf16_n9_k32"
+    unknown = _runner(None)  # a vLLM whose runner does not say where its experts run: said, never guessed
+    with pytest.raises(NotImplementedError, match="cannot tell whether graph steps show it"):
+        adapter._moe(unknown, x, logits)
 
 
 class RMSNorm(torch.nn.Module):

@@ -282,16 +282,22 @@ def moe_problem(runner: Any) -> Optional[str]:
     return f"{type(runner).__name__} with {', '.join(problems)} (no MoE Definition computes it)" if problems else None
 
 
-def _opaque(runner: Any) -> bool:
+def _opaque(runner: Any) -> Optional[bool]:
     """Whether the runner's experts run inside vLLM's opaque ``moe_forward`` custom op (its GPU
-    path): what runs in there is never traced, so no CUDA graph step shows it to a hook."""
-    return type(getattr(runner, "_forward_entry", None)).__name__.startswith("OpOverload")
+    path): what runs in there is never traced, so no CUDA graph step shows it to a hook. None: this
+    vLLM's runner does not say (no ``_forward_entry``)."""
+    entry = getattr(runner, "_forward_entry", None)
+    return None if entry is None else type(entry).__name__.startswith("OpOverload")
 
 
 def _moe_unsupported_opaque(runner: Any) -> dict[str, bool]:
     shared = getattr(runner, "_shared_experts", None) is not None
-    return {"shared experts inside vLLM's opaque moe_forward_shared op (not seen in CUDA-graph steps)":
-            shared and _opaque(runner)}
+    opaque = _opaque(runner)
+    return {
+        "shared experts inside vLLM's opaque moe_forward_shared op (not seen in CUDA-graph steps)": shared and bool(opaque),
+        "a router applied where fi-profile cannot tell whether graph steps show it (no MoERunner._forward_entry)":
+            opaque is None and getattr(runner, "gate", None) is not None,
+    }
 
 
 def _moe(self: Any, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> list:
