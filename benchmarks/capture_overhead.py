@@ -113,7 +113,7 @@ def main() -> None:
     engine.shutdown()
     import torch
 
-    import fi_profile.hooks.patching
+    import fi_profile.capture.patching
 
     tokens_per_s = {m: generated / statistics.median(t) for m, t in times.items()}
     result = {
@@ -124,7 +124,7 @@ def main() -> None:
         "eager": not args.no_eager,
         "scenario": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "generated_tokens": generated,
-        "nvtx": fi_profile.hooks.patching._push is not None,
+        "nvtx": fi_profile.capture.patching._push is not None,
         "hooked_calls_per_generate": calls,
         "steps_learned_replayed": steps,
         "seconds": times,

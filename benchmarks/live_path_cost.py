@@ -12,8 +12,9 @@ import time
 
 import torch
 
-from fi_profile.capture import ops
+from fi_profile.capture.paged_layout import paged_batches
 from fi_profile.capture.recorder import RECORDER
+from fi_profile.families import attention
 from fi_profile.schema.dtype import DType
 
 
@@ -40,9 +41,9 @@ def main() -> None:
         times.append(time.perf_counter())
         table = req_to_token[pool]  # SGLang: the request-to-token rows are the page ids
         times.append(time.perf_counter())
-        decode, prefill = ops.paged_batches(query_start_loc, torch.full((n,), args.context + step, dtype=torch.int64), table, 1)
+        decode, prefill = paged_batches(query_start_loc, torch.full((n,), args.context + step, dtype=torch.int64), table, 1)
         times.append(time.perf_counter())
-        calls = ops.paged_attention_calls(decode, prefill, 32, 8, 128, 1, 1 << 20, DType.bfloat16, 0.088)
+        calls = attention.layer_calls(decode, prefill, 32, 8, 128, 1, 1 << 20, DType.bfloat16, 0.088)
         times.append(time.perf_counter())
         RECORDER.record(calls, "attention", False)  # a new workload every step
         times.append(time.perf_counter())

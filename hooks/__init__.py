@@ -1,7 +1,8 @@
-"""Engine integration, one folder per engine (``vllm/``, ``sglang/``: plugin entry point, adapter,
-runner), on the engine-independent pieces here: ``patching`` (wrapping a method), ``arguments``
-(reading its arguments by name), ``layer_calls`` (layers the engines share in shape). Dependencies
-point one way: from here to the capture core (``fi_profile.capture``), never back.
+"""Engine integration, one folder per engine (``vllm/``, ``sglang/``): its plugin entry point, its
+runner, and its hook points per op family with what reads its own layers. The engine-independent
+machinery (wrapping, arguments by name, layer judging, graph mode) is the capture core's
+(``fi_profile.capture``), each op family's calls are ``fi_profile.families``'; dependencies point
+from here to those, never back.
 
 Kept import-free: the engines import the plugin modules in every process.
 """

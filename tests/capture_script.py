@@ -37,17 +37,18 @@ def kill_engine_once_saved(out_dir: Path) -> None:
 
 
 def break_op(fault: str) -> None:
-    from fi_profile.capture import ops
+    import importlib
 
-    name, _, n = fault.partition("@")
-    working = getattr(ops, name)
+    name, _, n = fault.partition("@")  # a family's key: its calls are made by the family's ``call``
+    family = importlib.import_module(f"fi_profile.families.{name}")
+    working = family.call
 
     def broken(*args, **kwargs):
         if not n or args[1] == int(n):  # gemm(x, n, k)
             raise RuntimeError(f"injected fault in {fault}")
         return working(*args, **kwargs)
 
-    setattr(ops, name, broken)
+    family.call = broken
 
 
 CPU_GEMM_LAYERS: dict[str, int] = {}
@@ -79,9 +80,9 @@ def force_cpu_gemm(path: str) -> None:
 
 def lose_compiled_runs() -> None:
     """As a vLLM version would whose compiled forward runs past the hook points: no run is counted."""
-    from fi_profile.hooks.vllm import adapter
+    from fi_profile.hooks.vllm import steps
 
-    adapter.count_graph_run = lambda *args, **kwargs: None
+    steps.count_graph_run = lambda *args, **kwargs: None
 
 
 FAULT = os.environ.get("FI_PROFILE_TEST_FAULT", "")
@@ -131,8 +132,8 @@ def main() -> None:
         summary, tokens, run = failed.summary, [], failed.run
     result = {
         "tokens": tokens,
-        "run": run,
-        "record": summary.record.model_dump(mode="json") if summary else None,
+        "run": run.model_dump(mode="json", exclude_none=True),
+        "record": summary.record.model_dump(mode="json", exclude_none=True) if summary else None,
         "cpu_gemm_layers": CPU_GEMM_LAYERS,
         "compilation": compilation_counts(),
     }

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from fi_profile.capture import ops
+from fi_profile.capture import graph_capture
+from fi_profile.capture.patching import wrap, wrap_around, wrap_boundary
 from fi_profile.capture.recorder import RECORDER
-from fi_profile.hooks import graph_capture
-from fi_profile.hooks.patching import wrap, wrap_around, wrap_boundary
-from fi_profile.hooks.sglang import adapter
+from fi_profile.families import gemm
+from fi_profile.hooks.sglang import steps
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -60,13 +60,13 @@ def make_backend(name: str) -> type:
             return out
 
     Backend.__name__ = name
-    Backend.capture_one = wrap_around(Backend.capture_one, "graph_capture", adapter._graph_capture, Backend)
-    Backend.replay = wrap_boundary(Backend.replay, "graph_replay", adapter._graph_replay, Backend)
+    Backend.capture_one = wrap_around(Backend.capture_one, "graph_capture", steps.graph_capture, Backend)
+    Backend.replay = wrap_boundary(Backend.replay, "graph_replay", steps.graph_replay, Backend)
     return Backend
 
 
 def test_captured_calls_are_counted_at_each_replay_with_the_padded_size(tmp_path, monkeypatch):
-    linear = wrap(lambda x: x * 2, "gemm", lambda x: [ops.gemm(x, 64, 32)])
+    linear = wrap(lambda x: x * 2, "gemm", lambda x: [gemm.call(x, 64, 32)])
     boundary = wrap_boundary(lambda sig: None, "step", lambda sig: RECORDER.begin_step(sig, tokens=sig[1]))
     buffer = torch.zeros(8, 32, dtype=torch.bfloat16, device=DEVICE)
     backend = make_backend("FullCudaGraphBackend")()
@@ -108,14 +108,14 @@ def test_a_graph_captured_without_hooked_calls_is_a_hook_error(tmp_path, monkeyp
 def test_a_graph_captured_while_recording_adds_nothing_to_the_step(tmp_path, monkeypatch):
     """SGLang recaptures its graphs mid-run when a batch needs another hidden-state mode: the
     warm-up and captured runs are not the step's calls; the replay that follows is."""
-    linear = wrap(lambda x: x * 2, "gemm", lambda x: [ops.gemm(x, 64, 32)])
+    linear = wrap(lambda x: x * 2, "gemm", lambda x: [gemm.call(x, 64, 32)])
     buffer = torch.zeros(2, 32, dtype=torch.bfloat16, device=DEVICE)
     backend = make_backend("FullCudaGraphBackend")()
     RECORDER.reset()
     monkeypatch.setattr(RECORDER, "active", True)
     RECORDER.begin_step(("decode", 2), tokens=2)
     backend.capture_one(ShapeKey(2), lambda: [linear(buffer) for _ in range(4)])
-    assert not RECORDER.calls and RECORDER._learning == []
+    assert not RECORDER.calls and RECORDER._learning.empty
     backend.replay(ShapeKey(2))
     RECORDER.flush(tmp_path)
     assert RECORDER.calls == {"gemm_bf16_n64_k32": 4} and not RECORDER.errors
@@ -136,7 +136,7 @@ def test_a_graph_runner_whose_backend_captured_no_calls_is_a_hook_error(monkeypa
         backend = make_backend("FullCudaGraphBackend")()
 
     for runner in (CPUGraphRunner, DecodeCudaGraphRunner):
-        runner.execute = wrap_boundary(runner.execute, "graph_step", adapter._graph_runner_runs, runner)
+        runner.execute = wrap_boundary(runner.execute, "graph_step", steps.graph_runner_runs, runner)
     assert DecodeCudaGraphRunner().execute(7) == 7 and not RECORDER.errors
     assert CPUGraphRunner().execute(7) == 7  # the engine's step still runs
     (error,) = RECORDER.errors
@@ -148,13 +148,13 @@ def test_layers_of_one_shape_are_realized_once_a_learned_step_and_counted_per_la
     """A learned step of an 8B model's graph realizes ~290 templates; layers that make the same
     calls are one group (realized once, counted once per layer), a hook that failed while the
     graph was captured is lost once per layer, and a replayed step counts the same."""
-    from fi_profile.hooks.traced import Template
+    from fi_profile.capture.traced import Template
 
     realized = []
     realize = Template.realize
     monkeypatch.setattr(Template, "realize", lambda self, sizes: realized.append(self.op) or realize(self, sizes))
-    qkv = wrap(lambda x: x, "gemm", lambda x: [ops.gemm(x, 96, 32)])
-    down = wrap(lambda x: x, "gemm", lambda x: [ops.gemm(x, 32, 64)])
+    qkv = wrap(lambda x: x, "gemm", lambda x: [gemm.call(x, 96, 32)])
+    down = wrap(lambda x: x, "gemm", lambda x: [gemm.call(x, 32, 64)])
     broken = wrap(lambda x: x, "rmsnorm", lambda x: [1 / 0])
     buffer = torch.zeros(4, 32, dtype=torch.bfloat16, device=DEVICE)
     backend = make_backend("FullCudaGraphBackend")()

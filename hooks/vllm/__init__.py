@@ -1,1 +1,3 @@
-"""vLLM integration: plugin entry point, adapter (hook points and argument reading), runner."""
+"""vLLM integration: the plugin entry point, the runner, and vLLM's hook points per op family
+(``hook_points.py``), with what reads its attention and MoE layers (``attention.py``, ``moe.py``)
+and its engine steps and graph runs (``steps.py``)."""

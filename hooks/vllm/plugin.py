@@ -20,15 +20,15 @@ STATUS: dict[str, list[str]] = {"installed": [], "missing": []}
 def register() -> None:
     if os.environ.get(ENV_ENABLE) != "1" or STATUS["installed"]:
         return
-    from fi_profile.hooks.patching import install
-    from fi_profile.hooks.vllm.adapter import POINTS
+    from fi_profile.capture.patching import install
+    from fi_profile.hooks.vllm.hook_points import POINTS
 
     STATUS["installed"], STATUS["missing"] = install(POINTS)
 
 
 def _not_covered(worker: Any) -> dict[str, int]:
-    from fi_profile.hooks.layer_calls import uncovered_layers
-    from fi_profile.hooks.vllm.adapter import KERNEL_LAYERS, LAYER_RULES
+    from fi_profile.capture.layers import uncovered_layers
+    from fi_profile.hooks.vllm.hook_points import KERNEL_LAYERS, LAYER_RULES
 
     try:
         return uncovered_layers(worker.model_runner.get_model(), LAYER_RULES, KERNEL_LAYERS)
@@ -37,8 +37,8 @@ def _not_covered(worker: Any) -> dict[str, int]:
 
 
 def _unseen(model: Any) -> dict[str, int]:
-    from fi_profile.hooks.layer_calls import unseen_layers
-    from fi_profile.hooks.vllm.adapter import LAYER_RULES
+    from fi_profile.capture.layers import unseen_layers
+    from fi_profile.hooks.vllm.hook_points import LAYER_RULES
 
     try:
         return unseen_layers(model, LAYER_RULES)
@@ -104,7 +104,7 @@ class CaptureWorkerExtension:
 
     def fi_profile_stop(self, out_dir: str) -> str:
         from fi_profile.capture.recorder import RECORDER, stop_recording
-        from fi_profile.hooks.traced import TRACES
+        from fi_profile.capture.traced import TRACES
 
         stepped = sum(RECORDER.step_stats.values()) or RECORDER.step_tokens
         if any(t.templates for t in TRACES.values()) and not RECORDER.graph_runs and stepped:

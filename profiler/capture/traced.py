@@ -11,7 +11,7 @@ argument's dimension is read from the traced forward's own arguments.
 
 Each time the compiled forward runs, the engine integration reads that run's sizes from its real
 arguments (:func:`sizes_of_run`: the sizes the compiled code really ran with, the padded batch
-where the engine pads for a CUDA graph) and :func:`fi_profile.hooks.graph_runs.count_graph_run`
+where the engine pads for a CUDA graph) and :func:`fi_profile.capture.graph_runs.count_graph_run`
 makes each template one hooked invocation of the step. Live ops (attention, whose layout changes
 every step) template a callable instead, which builds the step's calls from the engine's per-step
 metadata.
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from types import CodeType
 from typing import Any, Callable, Hashable, Mapping, Optional
 
-from fi_profile.capture.ops import KernelCall
+from fi_profile.capture.kernel_call import KernelCall
 
 #: a live op's trace-time result: called each step to build that step's calls
 LiveCalls = Callable[[], list[KernelCall]]

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from fi_profile.capture import ops
-from fi_profile.capture.ops import KernelCall, PagedBatch
+from fi_profile.capture.kernel_call import KernelCall
+from fi_profile.capture.paged_layout import PagedBatch
+from fi_profile.families.attention import layer_calls
 
 Batches = tuple[Optional[PagedBatch], Optional[PagedBatch]]
 
@@ -22,7 +23,7 @@ class StepAttention:
         self.begin()
 
     def begin(self, **context: Any) -> None:
-        """A new step; ``context``: what the adapter needs later in the step (its runner, metadata)."""
+        """A new step; ``context``: what the engine's hooks need later in the step (its runner, metadata)."""
         self.context = context
         self._source: Any = None
         self._batches: Batches = (None, None)
@@ -41,5 +42,5 @@ class StepAttention:
         dtype, scale): built once per step and shape."""
         calls = self._calls.get(shape)
         if calls is None:
-            calls = self._calls[shape] = ops.paged_attention_calls(*self._batches, *shape)
+            calls = self._calls[shape] = layer_calls(*self._batches, *shape)
         return calls

@@ -1,6 +1,6 @@
 """Reading a hooked engine method's arguments by name, from the method's own signature.
 
-An adapter's ``to_calls`` names the arguments it needs with the engine's parameter names
+A hook point's ``to_calls`` names the arguments it needs with the engine's parameter names
 (``def lm_head(self, lm_head, hidden_states)``); which position each one has in a call is read
 once, when the hook is installed, from the engine method's signature. A call then costs a few
 tuple lookups, and an engine whose parameters were renamed or reordered is either read right or
@@ -19,7 +19,7 @@ _DISPATCH_TARGETS = ("forward_native",)
 
 
 class SignatureMismatch(Exception):
-    """The engine method does not take an argument the adapter needs."""
+    """The engine method does not take an argument the hook needs."""
 
 
 def engine_signature(fn: Callable[..., Any], cls: Optional[type] = None) -> inspect.Signature:

@@ -1,7 +1,7 @@
 """Engine-independent wrapping of engine methods: record, NVTX range, never interfere.
 
 A wrapper does nothing but call through while capture is off. While it is on, it turns the call's
-arguments into kernel calls (the adapter's ``to_calls``), records them, wraps the real call in an
+arguments into kernel calls (the hook point's ``to_calls``), records them, wraps the real call in an
 NVTX range named after the Definition (when an NVTX tool listens), and returns the real result
 unchanged. A ``to_calls`` that
 raises is counted in the recorder's errors; the engine's call still runs. Calls nested inside an
@@ -19,11 +19,11 @@ from typing import Any, Callable, Optional, Sequence
 
 from torch._dynamo.comptime import comptime
 
-from fi_profile.capture.ops import KernelCall
+from fi_profile.capture import traced as traced_calls
+from fi_profile.capture.arguments import SignatureMismatch, argument_reader
+from fi_profile.capture.graph_capture import CAPTURING, observe_captured
+from fi_profile.capture.kernel_call import KernelCall
 from fi_profile.capture.recorder import RECORDER
-from fi_profile.hooks import traced as traced_calls
-from fi_profile.hooks.arguments import SignatureMismatch, argument_reader
-from fi_profile.hooks.graph_capture import CAPTURING, observe_captured
 
 
 def _nvtx_functions() -> tuple[Optional[Callable[[str], Any]], Optional[Callable[[], Any]]]:
@@ -95,9 +95,7 @@ def observe(op: str, make_calls: Callable[[], Sequence[Optional[KernelCall]]], l
     replay = RECORDER.replay
     learned = not (live and not RECORDER.count_only)  # part of the learned step, or recorded live
     if replay is not None and learned:  # a known step: count only (the hot path, a few operations)
-        index = RECORDER.replayed
-        RECORDER.replayed = index + times
-        return replay[index] if index < len(replay) else op
+        return replay.count(op, times)
     try:
         return RECORDER.record(make_calls(), op, learned, where, times)
     except Exception as exc:  # a hook must never break the engine
@@ -109,7 +107,7 @@ def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls, live: bool = False,
     """``fn`` hooked: ``to_calls`` gets the arguments it names, read by name from ``fn``'s
     signature (or, for a dispatcher on ``cls``, from the method it dispatches to). While
     torch.compile traces ``fn``, ``traced`` (default ``to_calls``) records a template instead
-    (:mod:`fi_profile.hooks.traced`); nothing is added to the traced graph. A call, unless
+    (:mod:`fi_profile.capture.traced`); nothing is added to the traced graph. A call, unless
     ``outside_forward``, shows that the step's model forward ran where the hooks see it."""
     read = argument_reader(fn, to_calls, cls)
     in_forward = not outside_forward

@@ -3,11 +3,11 @@
 SGLang captures its CUDA graphs at start-up: for each shape it runs the model's Python forward a
 few times (warm-up) and once more while the stream captures, then replays the graph with no Python
 layer running. So while a graph is being captured, a hooked call made **while the stream
-captures** is kept as a :class:`~fi_profile.hooks.traced.Template` of that graph (the calls it
+captures** is kept as a :class:`~fi_profile.capture.traced.Template` of that graph (the calls it
 would record at the captured shape; a live op's callable that builds each step's calls), not
 recorded; the warm-up runs and the eager pieces of a breakable graph (which run again, hooked,
 at every replay) are left out. Each replay of the graph then adds its templates to the step
-(:func:`fi_profile.hooks.graph_runs.count_graph_run`).
+(:func:`fi_profile.capture.graph_runs.count_graph_run`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Hashable, Iterator, Optional
 
-from fi_profile.hooks.traced import Trace, template
+from fi_profile.capture.traced import Trace, template
 
 #: the captured graphs of this process: the engine's key (its graph backend and shape) -> calls
 CAPTURED: dict[Hashable, Trace] = {}

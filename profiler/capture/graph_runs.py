@@ -2,7 +2,7 @@
 
 No Python hook runs inside compiled code or a replayed CUDA graph, so the engine integration
 reports each run (with the sizes it ran at) and the templates recorded while the forward was
-traced (:mod:`fi_profile.hooks.traced`) or the graph captured (:mod:`fi_profile.hooks.graph_capture`)
+traced (:mod:`fi_profile.capture.traced`) or the graph captured (:mod:`fi_profile.capture.graph_capture`)
 are counted as that step's hooked invocations.
 """
 
@@ -11,10 +11,10 @@ from __future__ import annotations
 import functools
 from typing import Mapping
 
-from fi_profile.capture.ops import KernelCall
+from fi_profile.capture.kernel_call import KernelCall
+from fi_profile.capture.patching import observe
 from fi_profile.capture.recorder import RECORDER
-from fi_profile.hooks.patching import observe
-from fi_profile.hooks.traced import Template, Trace
+from fi_profile.capture.traced import Template, Trace
 
 
 def count_graph_run(trace: Trace, sizes: Mapping[str, int], mode: str, ran_with: int) -> None:
@@ -24,11 +24,12 @@ def count_graph_run(trace: Trace, sizes: Mapping[str, int], mode: str, ran_with:
     RECORDER.forward_seen = True
     RECORDER.graph_run(mode, ran_with, RECORDER.step_tokens)  # beside the step's scheduled tokens
     where = trace.where
-    if RECORDER.replay is not None:  # a step like one learned: its calls counted in one go
-        RECORDER.replayed += trace.fixed
+    replay = RECORDER.replay
+    if replay is not None:  # a step like one learned: its calls counted in one go
+        replay.count("", trace.fixed)
         for op, live, layers in trace.live_groups():
             if RECORDER.count_only:
-                RECORDER.replayed += layers
+                replay.count(op, layers)
             else:
                 try:
                     RECORDER.record(live(), op, learned=False, where=where, times=layers)

@@ -1,0 +1,88 @@
+"""SGLang's attention layers (``RadixAttention``) as the attention family's calls: the step's
+layout from its ForwardBatch and the model runner's request-to-token table (page size 1: its
+rows are the page ids)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Optional
+
+import torch
+
+from fi_profile.capture.kernel_call import KernelCall
+from fi_profile.capture.layers import require, seen
+from fi_profile.capture.paged_layout import paged_batches
+from fi_profile.capture.recorder import RECORDER
+from fi_profile.families import attention
+from fi_profile.families.attention.step import Batches, StepAttention
+from fi_profile.schema.dtype import schema_dtype
+
+#: the step's model runner (its request-to-token table holds the page ids) and attention layout:
+#: the attention layers of one step share one ForwardBatch, which may not be the object
+#: ``ModelRunner.forward`` received
+STEP = StepAttention()
+
+
+def step_layout(batch: Any) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """(query start offsets, sequence lengths) on the CPU, or None for a step without requests."""
+    mode = batch.forward_mode
+    seq_lens = getattr(batch, "seq_lens_cpu", None)
+    if seq_lens is None:
+        seq_lens = batch.seq_lens.to("cpu")
+    if mode.is_decode():
+        q_lens = torch.ones(len(seq_lens), dtype=torch.int64)
+    elif mode.is_extend():
+        q_lens = torch.as_tensor(batch.extend_seq_lens_cpu, dtype=torch.int64)
+    else:  # idle / dummy steps run no model work worth recording
+        return None
+    return torch.cat([torch.zeros(1, dtype=torch.int64), q_lens.cumsum(0)]), seq_lens.to(torch.int64)
+
+
+def _batches(batch: Any) -> Batches:
+    layout, runner = step_layout(batch), STEP.context.get("runner")
+    if layout is None or runner is None:
+        return None, None
+    table = runner.req_to_token_pool.req_to_token[batch.req_pool_indices]  # page size 1: rows are page ids
+    return paged_batches(*layout, table, 1)
+
+
+def layer_problem(layer: Any) -> Optional[str]:
+    """Why an attention layer is not a paged GQA call the Definitions compute, or None: only
+    ``RadixAttention`` as plain causal decoder self-attention (MLA runs through the same class with
+    a latent value head; windows, soft caps, cross attention are other computations)."""
+    attn_type = str(getattr(getattr(layer, "attn_type", "decoder"), "value", getattr(layer, "attn_type", "decoder")))
+    head_dim = getattr(layer, "head_dim", None)
+    return attention.layer_problem(layer, "RadixAttention", {
+        f"latent attention (MLA: value head {getattr(layer, 'v_head_dim', None)} of qk head {head_dim})":
+            getattr(layer, "v_head_dim", head_dim) != head_dim,
+        f"attention type {attn_type}": attn_type.lower() not in ("decoder", "attentiontype.decoder"),
+        f"sliding window {getattr(layer, 'sliding_window_size', -1)}": (getattr(layer, "sliding_window_size", -1) or -1) != -1,
+        "logit cap": bool(getattr(layer, "logit_cap", 0) or 0),
+        "cross attention": bool(getattr(layer, "is_cross_attention", False)),
+    })
+
+
+def layer_calls(self: Any, q: torch.Tensor, forward_batch: Any) -> list[KernelCall]:
+    seen(self)
+    require(layer_problem(self))
+    STEP.batches(forward_batch, _batches)
+    return STEP.calls((self.tp_q_head_num, self.tp_k_head_num, self.head_dim, 1, RECORDER.num_pages or 0,
+                       schema_dtype(q.dtype), float(self.scaling)))
+
+
+def captured_layer_calls(self: Any, q: torch.Tensor) -> Callable[[], list[KernelCall]]:
+    """While a CUDA graph captures an attention layer: its shape, and how to build its calls in
+    each step that replays the graph, from that step's batch (the replay runs no Python layer)."""
+    seen(self)
+    require(layer_problem(self))
+    return functools.partial(_calls_in_graph, (self.tp_q_head_num, self.tp_k_head_num, self.head_dim,
+                                               schema_dtype(q.dtype), float(self.scaling)))
+
+
+def _calls_in_graph(layer: tuple) -> list[KernelCall]:
+    batch = STEP.context.get("batch")
+    if batch is None:
+        raise RuntimeError("a CUDA graph replayed outside a model step: its attention layout is unknown")
+    STEP.batches(batch, _batches)
+    heads, kv_heads, head_dim, dtype, scale = layer
+    return STEP.calls((heads, kv_heads, head_dim, 1, RECORDER.num_pages or 0, dtype, scale))

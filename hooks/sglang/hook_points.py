@@ -1,0 +1,93 @@
+"""SGLang's hook points, found by name (SGLang 0.5.23 in CI; neither it nor the GPU bundle's
+0.5.16 pinned), each under its op family's key, and how each layer of a built model is judged.
+Page size 1 (the request-to-token table's rows are the page ids: :mod:`.attention`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fi_profile.capture.layers import LayerRule, covered, seen_weights
+from fi_profile.capture.patching import HookPoint
+from fi_profile.families import attention as attention_family
+from fi_profile.families import embedding, gemm, moe, qk_rmsnorm, rmsnorm, rope, sampling, silu_and_mul
+from fi_profile.hooks.sglang import attention, steps
+from fi_profile.hooks.sglang import moe as sglang_moe
+
+
+def _fused_qk_norm(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                   eps: float = 1e-6) -> list:
+    """SGLang's ``fused_inplace_qknorm`` (Qwen3's q/k norms on CUDA, one kernel for both, called with
+    the RMSNorm layers' weights instead of the layers)."""
+    seen_weights(q_weight, k_weight)
+    return [qk_rmsnorm.call(q, k, float(eps))]
+
+
+def _sampler(self: Any, logits_output: Any, sampling_info: Any) -> list:
+    if sampling_info.is_all_greedy:
+        return []
+    top_k, top_p = bool(sampling_info.need_top_k_sampling), bool(sampling_info.need_top_p_sampling)
+    return [sampling.call(logits_output.next_token_logits, top_k, top_p)]
+
+
+_LAYERS = "sglang.srt.layers"
+_EXECUTOR = "sglang.srt.model_executor"
+
+POINTS = [
+    HookPoint(f"{_LAYERS}.layernorm", "RMSNorm", ("forward",), rmsnorm.KEY, rmsnorm.layer_calls),
+    HookPoint(f"{_LAYERS}.activation", "SiluAndMul", ("forward",), silu_and_mul.KEY, silu_and_mul.layer_calls),
+    HookPoint(f"{_LAYERS}.rotary_embedding.base", "RotaryEmbedding", ("forward",), rope.KEY, rope.layer_calls),
+    HookPoint(f"{_LAYERS}.quantization.unquant", "UnquantizedLinearMethod", ("apply",), gemm.KEY, gemm.linear_calls),
+    # lm_head: the logits projection, and the method it may apply (nested calls count once)
+    HookPoint(f"{_LAYERS}.logits_processor", "LogitsProcessor", ("_compute_lm_head",), gemm.KEY, gemm.lm_head_calls),
+    HookPoint(f"{_LAYERS}.quantization.unquant", "UnquantizedEmbeddingMethod", ("apply",), gemm.KEY, gemm.linear_calls),
+    HookPoint(f"{_LAYERS}.vocab_parallel_embedding", "VocabParallelEmbedding", ("forward",), embedding.KEY,
+              embedding.layer_calls),
+    HookPoint(f"{_LAYERS}.radix_attention", "RadixAttention", ("forward",), attention_family.KEY, attention.layer_calls,
+              live=True, traced=attention.captured_layer_calls),
+    HookPoint(f"{_LAYERS}.moe.topk", "TopK", ("forward",), "moe_routing", sglang_moe.routing_calls),
+    HookPoint(f"{_LAYERS}.moe.fused_moe_triton.layer", "FusedMoE", ("forward",), moe.KEY, sglang_moe.layer_calls,
+              nested=(silu_and_mul.KEY, gemm.KEY)),
+    # a kernel function the models call with the norm layers' weights (looked up in this module)
+    HookPoint("sglang.srt.models.utils", "", ("fused_inplace_qknorm",), qk_rmsnorm.KEY, _fused_qk_norm, optional=True),
+    HookPoint(f"{_LAYERS}.sampler", "Sampler", ("forward",), sampling.KEY, _sampler, outside_forward=True),
+    HookPoint(f"{_EXECUTOR}.model_runner", "ModelRunner", ("forward",), "step", steps.model_step, around=True),
+    # graph mode: a graph runner runs a step; the calls each CUDA graph captured, and each replay of it
+    *(
+        HookPoint(f"{_EXECUTOR}.{module}", runner, ("execute",), "graph_step", steps.graph_runner_runs, boundary=True)
+        for module, runner in (("runner.decode_cuda_graph_runner", "DecodeCudaGraphRunner"),
+                               ("runner.prefill_cuda_graph_runner", "PrefillCudaGraphRunner"),
+                               ("cpu_graph_runner", "CPUGraphRunner"))
+    ),
+    *(
+        point
+        for module, backend in (("full_cuda_graph_backend", "FullCudaGraphBackend"),
+                                ("breakable_cuda_graph_backend", "BreakableCudaGraphBackend"))
+        for point in (
+            HookPoint(f"{_EXECUTOR}.runner_backend.{module}", backend, ("capture_one",), "graph_capture",
+                      steps.graph_capture, around=True),
+            HookPoint(f"{_EXECUTOR}.runner_backend.{module}", backend, ("replay",), "graph_replay", steps.graph_replay,
+                      boundary=True),
+        )
+    ),
+]
+
+#: how each layer of a built model is judged (``run.not_covered``): the hooked layer classes by
+#: their own rules; any other layer of SGLang's op bases (they moved between versions) is a class
+#: no hook knows
+LAYER_RULES = [
+    LayerRule(f"{_LAYERS}.layernorm:RMSNorm", rmsnorm.layer_problem),
+    LayerRule(f"{_LAYERS}.activation:SiluAndMul", silu_and_mul.layer_problem),
+    LayerRule(f"{_LAYERS}.rotary_embedding.base:RotaryEmbedding", rope.layer_problem),
+    LayerRule(f"{_LAYERS}.radix_attention:RadixAttention", attention.layer_problem),
+    LayerRule(f"{_LAYERS}.moe.topk:TopK", sglang_moe.routing_problem),
+    LayerRule(f"{_LAYERS}.logits_processor:LogitsProcessor", covered),
+]
+KERNEL_LAYERS = [
+    "sglang.kernels.fused_op:BaseFusedOp",
+    "sglang.srt.layers.utils.multi_platform:MultiPlatformOp",
+    "sglang.srt.custom_op:CustomOp",
+    f"{_LAYERS}.radix_attention:RadixAttention",
+]

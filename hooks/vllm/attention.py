@@ -1,0 +1,120 @@
+"""vLLM's attention layers as the attention family's calls: the step's layout read from the
+attention metadata its backends are built from (the metadata builder is the step boundary), and
+each ``Attention`` layer's shape.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Optional
+
+import torch
+
+from fi_profile.capture.kernel_call import KernelCall
+from fi_profile.capture.layers import require, seen
+from fi_profile.capture.paged_layout import paged_batches, step_shape
+from fi_profile.capture.recorder import RECORDER
+from fi_profile.families import attention
+from fi_profile.families.attention.step import Batches, StepAttention
+from fi_profile.schema.dtype import schema_dtype
+
+STEP = StepAttention()
+
+
+def metadata_builder(self: Any, common_attn_metadata: Any) -> None:
+    """Step boundary. Keeps the step's CommonAttentionMetadata: every backend is built from it,
+    and it has the layout (query_start_loc, seq_lens, block_table_tensor) even where the
+    backend's own metadata holds only planned wrappers (FlashInfer). The step's signature is
+    what fixes every var axis of the step: token count, request count, decode/prefill layout."""
+    common = common_attn_metadata
+    STEP.begin(common=common)
+    if common is None or RECORDER.page_size is None:
+        return
+    shape = step_shape(common.query_start_loc_cpu, int(getattr(common, "num_reqs", len(common.query_start_loc_cpu) - 1)))
+    RECORDER.begin_step(shape, tokens=shape[0])
+
+
+def _host_seq_lens(source: Any) -> Any:
+    """The requests' KV lengths without a device sync (one per step would break vLLM's async
+    scheduling): the V1 runner's CPU copy, else the V2 runner's host upper bound (exact but for
+    async speculative decoding), else the device tensor (copied: a sync)."""
+    for name in ("_seq_lens_cpu", "seq_lens_cpu_upper_bound"):
+        found = getattr(source, name, None)
+        if found is not None:
+            return found
+    return source.seq_lens
+
+
+def _layout(source: Any) -> Batches:
+    """The step's decode and prefill layouts from its metadata. CPU copies of the query starts and
+    sequence lengths where the metadata has them: no device sync."""
+    query_start_loc = getattr(source, "query_start_loc_cpu", None)
+    if query_start_loc is None:
+        query_start_loc = source.query_start_loc
+    seq_lens = _host_seq_lens(source)
+    block_table = getattr(source, "block_table_tensor", None)
+    if block_table is None:
+        block_table = source.block_table
+    return paged_batches(query_start_loc, seq_lens, block_table, RECORDER.page_size)
+
+
+def _layout_source(metadata: Any) -> Any:
+    common = STEP.context.get("common")
+    if common is not None and common.num_actual_tokens == getattr(metadata, "num_actual_tokens", common.num_actual_tokens):
+        return common
+    return metadata
+
+
+def layer_problem(layer: Any) -> Optional[str]:
+    """Why an attention layer is not a paged GQA call the Definitions compute, or None: only
+    vLLM's ``Attention`` itself (MLA, chunked-local, encoder, cross, sink ... are other classes),
+    causal decoder self-attention without a window, soft cap or quantized KV cache."""
+    attn_type = str(getattr(getattr(layer, "attn_type", "decoder"), "value", getattr(layer, "attn_type", "decoder")))
+    kv_cache = str(getattr(layer, "kv_cache_dtype", "auto"))
+    return attention.layer_problem(layer, "Attention", {
+        f"attention type {attn_type}": attn_type.lower() != "decoder",
+        f"sliding window {getattr(layer, 'sliding_window', None)}": getattr(layer, "sliding_window", None) is not None,
+        "logits soft cap": bool(getattr(getattr(layer, "impl", None), "logits_soft_cap", None)),
+        f"KV cache {getattr(layer, 'kv_cache_dtype', 'auto')}": kv_cache not in ("auto", "bfloat16", "float16"),
+    })
+
+
+def layer_calls(self: Any, query: torch.Tensor) -> list[KernelCall]:
+    """``Attention.forward``: the step's layout from the forward context's metadata."""
+    from vllm.forward_context import get_forward_context
+
+    seen(self)
+    require(layer_problem(self))
+    metadata = get_forward_context().attn_metadata
+    if isinstance(metadata, list):  # micro-batches: the first one's layout
+        metadata = metadata[0]
+    if isinstance(metadata, dict):
+        metadata = metadata.get(self.layer_name)
+    if metadata is None:  # profiling / dummy run
+        return []
+    page_size = RECORDER.page_size
+    if page_size is None:
+        raise RuntimeError("page size unknown: capture was not started through the worker extension")
+    STEP.batches(_layout_source(metadata), _layout)
+    dtype = schema_dtype(query.dtype)
+    return STEP.calls((self.num_heads, self.num_kv_heads, self.head_size, page_size, RECORDER.num_pages or 0, dtype,
+                       float(self.impl.scale)))
+
+
+def traced_layer_calls(self: Any, query: torch.Tensor) -> Callable[[], list[KernelCall]]:
+    """While torch.compile traces an attention layer: its shape, and how to build its calls in each
+    step from the step's metadata (the attention op of a compiled or CUDA-graph forward runs no
+    Python hook; the metadata builder runs on the host every step)."""
+    seen(self)
+    require(layer_problem(self))
+    layer = (self.num_heads, self.num_kv_heads, self.head_size, schema_dtype(query.dtype), float(self.impl.scale))
+    return functools.partial(_calls_in_graph, layer)
+
+
+def _calls_in_graph(layer: tuple) -> list[KernelCall]:
+    common = STEP.context.get("common")
+    if common is None or RECORDER.page_size is None:
+        raise RuntimeError("a compiled forward ran without the step's attention metadata")
+    STEP.batches(common, _layout)
+    heads, kv_heads, head_size, dtype, scale = layer
+    return STEP.calls((heads, kv_heads, head_size, RECORDER.page_size, RECORDER.num_pages or 0, dtype, scale))

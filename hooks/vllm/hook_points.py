@@ -1,0 +1,100 @@
+"""vLLM's hook points, found by name (vLLM 0.26 on the GPU hosts, 0.32 in CI; neither pinned),
+each under its op family's key, and how each layer of a built model is judged.
+
+Methods are patched on the class before the model is built, so CustomOp's ``forward`` (which
+dispatches to the method it bound at ``__init__``) is wrapped once at the top, above every
+backend-specific path.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from fi_profile.capture.layers import LayerRule, covered
+from fi_profile.capture.patching import HookPoint
+from fi_profile.families import attention as attention_family
+from fi_profile.families import embedding, gemm, moe, rmsnorm, rope, sampling, silu_and_mul
+from fi_profile.hooks.vllm import attention, steps
+from fi_profile.hooks.vllm import moe as vllm_moe
+
+
+def _sampler(self: Any, logits: torch.Tensor, k: Optional[torch.Tensor], p: Optional[torch.Tensor]) -> list:
+    return [sampling.call(logits, k is not None, p is not None)]
+
+
+def _sampler_v2(self: Any, logits: torch.Tensor, idx_mapping_np: np.ndarray) -> list:
+    """The V2 model runner's own Sampler (vLLM's default on GPUs since 0.2x): top-k / top-p as its
+    per-request states say, from their host copies (no device sync); all-greedy steps take argmax."""
+    states, requests = self.sampling_states, idx_mapping_np
+    if np.all(states.temperature.np[requests] == 0.0):
+        return []
+    top_k = bool(np.any(states.top_k.np[requests] != states.vocab_size))
+    top_p = bool(np.any(states.top_p.np[requests] != 1.0))
+    return [sampling.call(logits, top_k, top_p)]
+
+
+_LAYERS = "vllm.model_executor.layers"
+
+POINTS = [
+    HookPoint(f"{_LAYERS}.layernorm", "RMSNorm", ("forward",), rmsnorm.KEY, rmsnorm.layer_calls),
+    HookPoint(f"{_LAYERS}.activation", "SiluAndMul", ("forward",), silu_and_mul.KEY, silu_and_mul.layer_calls),
+    HookPoint(f"{_LAYERS}.rotary_embedding.base", "RotaryEmbedding", ("forward",), rope.KEY, rope.layer_calls),
+    HookPoint(f"{_LAYERS}.linear", "UnquantizedLinearMethod", ("apply",), gemm.KEY, gemm.linear_calls),
+    # lm_head: the logits projection, and the method it applies (nested calls count once)
+    HookPoint(f"{_LAYERS}.logits_processor", "LogitsProcessor", ("_apply_head",), gemm.KEY, gemm.lm_head_calls,
+              outside_forward=True),
+    HookPoint(f"{_LAYERS}.vocab_parallel_embedding", "UnquantizedEmbeddingMethod", ("apply",), gemm.KEY, gemm.linear_calls),
+    HookPoint(f"{_LAYERS}.vocab_parallel_embedding", "VocabParallelEmbedding", ("forward",), embedding.KEY,
+              embedding.layer_calls),
+    HookPoint(f"{_LAYERS}.attention.attention", "Attention", ("forward",), attention_family.KEY, attention.layer_calls,
+              live=True, traced=attention.traced_layer_calls),
+    HookPoint(f"{_LAYERS}.fused_moe.runner.moe_runner", "MoERunner", ("forward",), moe.KEY, vllm_moe.layer_calls),
+    *(
+        HookPoint(f"vllm.v1.attention.backends.{module}", builder, ("build",), "step", attention.metadata_builder,
+                  optional=True, boundary=True)
+        for module, builder in (
+            ("cpu_attn", "CPUAttentionMetadataBuilder"),
+            ("triton_attn", "TritonAttentionMetadataBuilder"),
+            ("flashinfer", "FlashInferMetadataBuilder"),
+            ("flash_attn", "FlashAttentionMetadataBuilder"),
+        )
+    ),
+    HookPoint("vllm.v1.sample.ops.topk_topp_sampler", "TopKTopPSampler",
+              ("forward_native", "forward_cpu", "forward_cuda", "forward_hip", "forward_xpu"), sampling.KEY, _sampler,
+              outside_forward=True),
+    HookPoint("vllm.v1.worker.gpu.sample.sampler", "Sampler", ("sample",), sampling.KEY, _sampler_v2, optional=True,
+              outside_forward=True),
+    # every engine step that schedules tokens runs a forward, which must be in the record
+    HookPoint("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", ("execute_model",), "step", steps.engine_step, around=True),
+    HookPoint("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", ("execute_model",), "step", steps.engine_step, around=True,
+              optional=True),
+    # graph mode: each run of a compiled forward (and of a whole-model CUDA graph) in a step
+    HookPoint("vllm.compilation.wrapper", "TorchCompileWithNoGuardsWrapper", ("__call__",), "compiled_forward",
+              steps.compiled_forward, optional=True, boundary=True, raw=True),
+    *(
+        HookPoint(f"vllm.compilation.{module}", wrapper, ("__call__",), "compiled_forward", steps.cuda_graph_call,
+                  optional=True, boundary=True, raw=True)
+        for module, wrapper in (("cuda_graph", "CUDAGraphWrapper"), ("breakable_cudagraph", "BreakableCUDAGraphWrapper"))
+    ),
+    HookPoint("vllm.v1.worker.gpu.cudagraph_utils", "CudaGraphManager", ("run_fullgraph",), "compiled_forward",
+              steps.full_graph_replay, optional=True, boundary=True),
+]
+
+#: how each layer of a built model is judged (``run.not_covered``): the hooked layer classes by
+#: their own rules; any other layer of vLLM's custom-op or attention bases is a class no hook knows
+LAYER_RULES = [
+    LayerRule(f"{_LAYERS}.layernorm:RMSNorm", rmsnorm.layer_problem),
+    LayerRule(f"{_LAYERS}.activation:SiluAndMul", silu_and_mul.layer_problem),
+    LayerRule(f"{_LAYERS}.rotary_embedding.base:RotaryEmbedding", rope.layer_problem),
+    LayerRule(f"{_LAYERS}.attention_layer_base:AttentionLayerBase", attention.layer_problem),
+    LayerRule(f"{_LAYERS}.fused_moe.runner.moe_runner:MoERunner", vllm_moe.layer_problem),
+    LayerRule(f"{_LAYERS}.logits_processor:LogitsProcessor", covered),
+]
+KERNEL_LAYERS = [
+    "vllm.model_executor.custom_op:CustomOp",
+    "vllm.model_executor.custom_op:PluggableLayer",
+    f"{_LAYERS}.attention_layer_base:AttentionLayerBase",
+]

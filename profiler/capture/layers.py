@@ -1,0 +1,120 @@
+"""Which layers of a built model the hooks record: each layer judged by the rule of its class
+(``run.not_covered`` lists the layers no Definition computes, by kind), marked when a call of it
+reaches its hook (``unseen_layers`` lists covered layers no call of which was seen), and the
+helpers the families' hooks use for both (:func:`seen`, :func:`require`)."""
+
+from __future__ import annotations
+
+import importlib
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+#: A layer's exact class decides its Definition: a subclass or a sibling computes something else
+#: (another RoPE scaling, a norm with another weight convention), so it is either known here by its
+#: own name or reported as not covered, never recorded as the class it derives from.
+
+
+def exact_class(*names: str) -> Callable[[Any], Optional[str]]:
+    """A rule for layers whose hook records exactly the classes ``names``."""
+
+    def problem(layer: Any) -> Optional[str]:
+        name = type(layer).__name__
+        return None if name in names else f"{name} (a {names[0]} variant no Definition computes)"
+
+    return problem
+
+
+def covered(layer: Any) -> Optional[str]:
+    """A rule for layers whose hook records every instance (or that launch no kernel themselves)."""
+    return None
+
+
+#: ids of layer weights that a fused kernel's hook saw (SGLang's q/k norm kernel takes the RMSNorm
+#: layers' weights, not the layers): those layers count as seen
+SEEN_WEIGHTS: set[int] = set()
+
+
+def seen_weights(*weights: Any) -> None:
+    SEEN_WEIGHTS.update(id(w) for w in weights if w is not None)
+
+
+def seen(*layers: Any) -> None:
+    """These layers' calls reached their hook (checked at the end: :func:`unseen_layers`)."""
+    for layer in layers:
+        if layer is not None:
+            layer.__dict__["_fi_profile_seen"] = True
+
+
+def require(problem: Optional[str]) -> None:
+    """A hooked layer no Definition computes: its calls are lost, never recorded as another's."""
+    if problem is not None:
+        raise NotImplementedError(f"{problem}: not recorded (listed in run.not_covered)")
+
+
+@dataclass(frozen=True)
+class LayerRule:
+    """Layers of ``base`` (``module:Class``, or every instance of its subclasses) are judged by
+    ``problem``: why one is not covered, or None."""
+
+    base: str
+    problem: Callable[[Any], Optional[str]]
+
+
+def _resolve(path: str) -> Optional[type]:
+    module, _, name = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except Exception:  # noqa: BLE001 - an engine version without it: nothing of it to judge
+        return None
+
+
+def _judged_layers(model: Any, rules: Iterable[LayerRule],
+                   kernel_layers: Iterable[str]) -> Iterator[tuple[Any, Optional[str], bool]]:
+    """Each layer of ``model`` with a verdict, as ``(layer, why it is not covered or None, whether
+    its hook marks it seen)``; a judged layer's own parts (RoPE's rotation op) are part of its call,
+    and other modules are containers whose layers are judged one by one."""
+    judged = [(cls, rule.problem) for rule in rules if (cls := _resolve(rule.base)) is not None]
+    bases = tuple(cls for path in kernel_layers if (cls := _resolve(path)) is not None)
+    pending = [model]
+    while pending:
+        module = pending.pop()
+        method = getattr(module, "quant_method", None)
+        if method is not None:
+            name = type(method).__name__
+            problem = None if name.startswith("Unquantized") else f"{type(module).__name__} with {name}"
+            yield module, problem, name in ("UnquantizedLinearMethod", "UnquantizedEmbeddingMethod")
+            continue
+        rule = next((problem for cls, problem in judged if isinstance(module, cls)), None)
+        if rule is not None:
+            yield module, rule(module), True
+        elif bases and isinstance(module, bases):
+            yield module, f"{type(module).__name__} (a layer class no hook records)", False
+        else:
+            pending.extend(reversed(list(module.children())))
+
+
+def uncovered_layers(model: Any, rules: Iterable[LayerRule] = (), kernel_layers: Iterable[str] = ()) -> dict[str, int]:
+    """Layers whose kernels no hook records, by kind, read once from the built model, so the record
+    says what it misses instead of dropping it:
+
+    - a layer with a quantization method other than the unquantized ones (the hooks see those
+      only; quantized weights have no Definition here);
+    - a layer that one of ``rules`` judges not covered (a RoPE, norm or attention class or
+      configuration no Definition computes);
+    - a layer of a kernel-layer base (``kernel_layers``: the engine's custom-op and attention
+      bases) that no rule knows: a class no hook records, by its name."""
+    return dict(Counter(problem for _, problem, _ in _judged_layers(model, rules, kernel_layers) if problem is not None))
+
+
+def unseen_layers(model: Any, rules: Iterable[LayerRule] = ()) -> dict[str, int]:
+    """Covered layers whose hook never saw a call, by class: the model has them, but their kernels
+    ran past the hooked method (an engine path that calls a fused kernel with the layer's weights,
+    say) and are not in the record. Read at the end of a run that ran steps."""
+    found: Counter[str] = Counter()
+    for module, problem, marked in _judged_layers(model, rules, ()):
+        weight = module.__dict__.get("_parameters", {}).get("weight")
+        if problem is None and marked and not module.__dict__.get("_fi_profile_seen", False) and id(weight) not in SEEN_WEIGHTS:
+            found[f"{type(module).__name__} (in the model, but no call of it reached its hook: its kernels ran "
+                  "elsewhere, e.g. in a fused kernel, and are not in the record)"] += 1
+    return dict(found)

@@ -1,0 +1,35 @@
+"""The op families: each one package that holds everything of its op (see README, "Adding an op
+family"): what its calls are and how each becomes a Definition with its var axes, how the
+engines' layers of it are judged and read (where both engines' layers are alike), its template
+Definitions, its PyTorch baselines and the engines' native kernels as Solution sources, how its
+outputs are checked, and which kernel an engine runs for it. Each engine's hook points for it are
+in the engine's folder (``hooks/<engine>/hook_points.py``), under the family's key.
+
+Adding a family: its package, its templates under ``definitions/{op_type}/``, and one line below.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from fi_profile.families import attention, embedding, gemm, moe, qk_rmsnorm, rmsnorm, rope, sampling, silu_and_mul
+from fi_profile.families.family import Family
+
+FAMILIES: tuple[Family, ...] = (
+    rmsnorm.FAMILY,
+    qk_rmsnorm.FAMILY,
+    silu_and_mul.FAMILY,
+    gemm.FAMILY,
+    embedding.FAMILY,
+    rope.FAMILY,
+    attention.FAMILY,
+    moe.FAMILY,
+    sampling.FAMILY,
+)
+
+_BY_OP_TYPE = {op_type: family for family in FAMILIES for op_type in family.op_types}
+
+
+def family_of(op_type: str) -> Optional[Family]:
+    """The family that owns Definitions of ``op_type`` (None: one no family knows, a dataset's)."""
+    return _BY_OP_TYPE.get(op_type)

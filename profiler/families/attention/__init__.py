@@ -1,0 +1,84 @@
+"""Grouped-query attention over a paged KV cache (decode, and causal prefill), as the engines'
+attention layers run it; flashinfer-trace's ragged prefill too (replay only). Op types
+``gqa_paged`` and ``gqa_ragged``. Each engine reads its layers' metadata into a step's
+:class:`~fi_profile.capture.paged_layout.PagedBatch` layout (``hooks/<engine>/attention.py``);
+the calls of every layer of a step are built here, once per shape (:mod:`.step`)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+from fi_profile.capture.definition_factory import definition_for
+from fi_profile.capture.kernel_call import KernelCall, cached_definition, dtype_suffix
+from fi_profile.capture.paged_layout import PagedBatch
+from fi_profile.families.family import Baseline, EngineKernel, EngineRun, Family, Native
+from fi_profile.schema.definition import Definition
+from fi_profile.schema.dtype import DType
+
+KEY = "attention"
+
+
+def call(batch: PagedBatch, stage: str, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
+         num_pages: int, dtype: DType, sm_scale: float) -> KernelCall:
+    def build() -> Definition:
+        consts = {"num_qo_heads": num_q_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim, "page_size": page_size}
+        shape = f"h{num_q_heads}_kv{num_kv_heads}_d{head_dim}_ps{page_size}{dtype_suffix(dtype)}"
+        kind = "decode" if stage == "decode" else "prefill_causal"
+        template = f"gqa_paged_{kind}_h32_kv8_d128_ps{1 if page_size == 1 else 16}"
+        return definition_for(template, f"gqa_paged_{kind}_{shape}", consts, dtype)
+
+    definition = cached_definition(("paged_attention", stage, num_q_heads, num_kv_heads, head_dim, page_size, dtype), build)
+    if stage == "decode":
+        axes = {"batch_size": batch.batch_size, "len_indptr": batch.batch_size + 1}
+    else:
+        axes = {"len_indptr": batch.batch_size + 1, "total_q": batch.total_q}
+        if "batch_size" in definition.var_axes:
+            axes["batch_size"] = batch.batch_size
+    axes.update(num_kv_indices=int(batch.kv_indptr[-1]), num_pages=num_pages)
+    tensors: dict[str, Any] = {"kv_indptr": batch.kv_indptr, "kv_indices": batch.gather_kv_indices}  # gathered if kept
+    if "qo_indptr" in definition.inputs:
+        tensors["qo_indptr"] = batch.qo_indptr
+    if "kv_last_page_len" in definition.inputs:
+        tensors["kv_last_page_len"] = batch.kv_last_page_len
+    return KernelCall(definition, axes, tensors, {"sm_scale": sm_scale})
+
+
+def layer_calls(decode: Optional[PagedBatch], prefill: Optional[PagedBatch], *shape: Any) -> list[KernelCall]:
+    """One attention layer's calls in a step: its decode part and its prefill part, where present."""
+    parts = (("decode", decode), ("prefill", prefill))
+    return [call(batch, stage, *shape) for stage, batch in parts if batch is not None]
+
+
+def layer_problem(layer: Any, covered_class: str, features: Mapping[str, bool]) -> Optional[str]:
+    """Why an attention layer is not a paged GQA call the Definitions compute, or None: only the
+    engine's ``covered_class`` itself, without any of the ``features`` (what the engine's layer
+    says it does beyond causal decoder self-attention: a window, a soft cap, MLA ...) that apply."""
+    name = type(layer).__name__
+    if name != covered_class:
+        return f"{name} (an attention layer class no Definition computes)"
+    problems = [what for what, applies in features.items() if applies]
+    return f"{name} with {', '.join(problems)} (no Definition computes it)" if problems else None
+
+
+def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
+    kind = {"gqa_paged": "paged", "gqa_ragged": "ragged"}[definition.op_type]
+    return [Native("flashinfer", f"flashinfer_{kind}_attention.py", must_fit=True)]
+
+
+def _engine_kernel(run: EngineRun, definition: Definition) -> EngineKernel:
+    if run.attention_backend.lower() == "flashinfer":
+        return EngineKernel("flashinfer", f"the {run.attention_backend} attention backend")
+    return EngineKernel(None, f"the {run.attention_backend} attention backend, which the replay has no solution of")
+
+
+FAMILY = Family(
+    key=KEY,
+    package=__name__,
+    op_types=("gqa_paged", "gqa_ragged"),
+    templates=("gqa_paged_decode_h32_kv8_d128_ps1", "gqa_paged_decode_h32_kv8_d128_ps16",
+               "gqa_paged_prefill_causal_h32_kv8_d128_ps1", "gqa_paged_prefill_causal_h32_kv8_d128_ps16"),
+    baselines=(Baseline("torch_paged_attention.py", compiled=False, op_type="gqa_paged"),
+               Baseline("torch_ragged_attention.py", compiled=False, op_type="gqa_ragged")),
+    natives=_natives,
+    engine_kernel=_engine_kernel,
+)

@@ -1,0 +1,97 @@
+"""What an op family is, as data: the one key that names it (hook op, recorder, replay), the
+Definition op types it owns, its template Definitions, its PyTorch baselines and the engines'
+native kernels, how its outputs are checked, and which kernel an engine runs for it.
+
+How a family's calls become Definitions (and how the engines' layers become calls) is code, in
+the family's own package beside this description; see :mod:`fi_profile.families`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Optional, Sequence
+
+from fi_profile.schema.definition import Definition
+
+#: a sibling file of a native Solution that is the family's PyTorch baseline as fitted to the Definition
+FITTED_BASELINE = "<fitted baseline>"
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A PyTorch source of the family's package (``file``) that serves every shape of its op: it fits
+    a Definition whose inputs are its ``run``'s parameters (and whose outputs its ``OUTPUTS`` names,
+    where it names them); ``constants``: the assignments at its top set from the Definition (its
+    reference's constants, or its const axes), all of which the Definition must give."""
+
+    file: str
+    constants: tuple[str, ...] = ()
+    #: also run under torch.compile (not for a ``run`` that loops in Python over data-dependent
+    #: values: Dynamo would specialize on them and compile again for every workload)
+    compiled: bool = True
+    #: only for Definitions of this op type (None: any of the family's)
+    op_type: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Native:
+    """An engine library's own kernel as a Solution (``file`` of the family's package), used where
+    ``library`` (and ``requires``, a compiled module of it) imports, on CUDA."""
+
+    library: str
+    file: str
+    #: assignments at the source's top set from the Definition where it gives them
+    constants: tuple[str, ...] = ()
+    #: other files of the Solution, which ``file`` imports: path -> file of the family's package, or
+    #: :data:`FITTED_BASELINE`
+    siblings: Mapping[str, str] = field(default_factory=dict)
+    requires: Optional[str] = None
+    #: the inputs the kernel works in place on (``spec.overwrites``), from the Definition
+    overwrites: Optional[Callable[[Definition], Mapping[str, Optional[str]]]] = None
+    #: offered only where the Definition fits ``file``'s ``run`` as a :class:`Baseline` would
+    must_fit: bool = False
+
+
+@dataclass(frozen=True)
+class EngineKernel:
+    """Which replayed solution is the kernel an engine ran: its label (None: the replay has none)."""
+
+    label: Optional[str]
+    what: str  # what the engine ran, in words
+
+
+@dataclass(frozen=True)
+class EngineRun:
+    """How an engine ran a Definition's calls, as its capture record says."""
+
+    framework: str  # "vLLM", "SGLang"
+    execution: str  # "eager", "compiled", "cuda_graph" (joined with " and " when several)
+    attention_backend: str
+
+
+def no_natives(definition: Definition, fitted: Optional[str]) -> Sequence[Native]:
+    return ()
+
+
+def unknown_engine_kernel(run: EngineRun, definition: Definition) -> Optional[EngineKernel]:
+    return None
+
+
+@dataclass(frozen=True)
+class Family:
+    key: str
+    #: the package holding the family's sources (its own ``__name__``)
+    package: str
+    #: the Definition op types it owns (``definitions/{op_type}/``, ``workloads/{op_type}/``)
+    op_types: tuple[str, ...]
+    #: shipped Definitions its captured calls are instantiated from
+    templates: tuple[str, ...] = ()
+    #: tried in order (one that names its outputs before the one it refines)
+    baselines: tuple[Baseline, ...] = ()
+    #: (Definition, the file of the baseline that fits it or None) -> the native kernels that compute it
+    natives: Callable[[Definition, Optional[str]], Sequence[Native]] = no_natives
+    #: how outputs are judged against the reference: "elementwise" (allclose per dtype) or
+    #: "distribution" (random outputs: their empirical distributions)
+    check: str = "elementwise"
+    #: the kernel the engine ran for a Definition of the family, or None where unknown
+    engine_kernel: Callable[[EngineRun, Definition], Optional[EngineKernel]] = unknown_engine_kernel

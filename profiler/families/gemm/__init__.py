@@ -1,0 +1,83 @@
+"""GEMM ``x [M, K] @ W[N, K].T``: every linear layer, the logits projection (lm_head) and a MoE
+router the engine applies itself. Op type ``gemm``; hooked on the engines' unquantized linear
+methods and their logits processors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fi_profile.capture.definition_factory import definition_for
+from fi_profile.capture.kernel_call import SHORT_DTYPES, KernelCall, cached_definition, rows
+from fi_profile.capture.layers import seen
+from fi_profile.families import engine_kernels
+from fi_profile.families.family import Baseline, Family
+from fi_profile.schema.definition import Definition
+from fi_profile.schema.dtype import DType, schema_dtype
+
+KEY = "gemm"
+
+
+def name(n: int, k: int, dtype: DType) -> str:
+    """flashinfer-trace's ``gemm_n{N}_k{K}`` are float16; a GEMM of another dtype has another
+    interface, so its own name: ``gemm_bf16_n4096_k4096``."""
+    if dtype is DType.float16:
+        return f"gemm_n{n}_k{k}"
+    return f"gemm_{SHORT_DTYPES.get(dtype, dtype.value)}_n{n}_k{k}"
+
+
+def call(x: torch.Tensor, n: int, k: int) -> KernelCall:
+    """``n`` and ``k`` are the layer's logical sizes (never read from a weight tensor, which a
+    backend may have packed, quantized or replaced by an empty one)."""
+
+    def build() -> Definition:
+        dtype = schema_dtype(x.dtype)
+        return definition_for("gemm_bf16_n4096_k4096", name(n, k, dtype), {"N": n, "K": k}, dtype)
+
+    definition = cached_definition(("gemm", n, k, x.dtype), build)
+    return KernelCall(definition, {"M": rows(x, k)})
+
+
+def layer_size(layer: Any) -> tuple[int, int]:
+    """A linear layer's logical ``(N, K)`` on this rank, from the sizes the layer declares.
+
+    Never from ``layer.weight``: backends repack it (vLLM on CPUs with AVX-512 BF16 hands it to
+    oneDNN or its own kernel and leaves an empty tensor; SGLang packs it for AMX), quantized
+    methods store it packed or transposed, and its shape then says nothing about the GEMM."""
+    if hasattr(layer, "num_embeddings_per_partition") and hasattr(layer, "embedding_dim"):  # lm_head
+        return int(layer.num_embeddings_per_partition), int(layer.embedding_dim)
+    n = getattr(layer, "output_size_per_partition", None)
+    if n is None:
+        sizes = getattr(layer, "output_partition_sizes", None)
+        n = sum(sizes) if sizes else getattr(layer, "output_size", None)
+    k = getattr(layer, "input_size_per_partition", None) or getattr(layer, "input_size", None)
+    if n is None or k is None:
+        raise NotImplementedError(
+            f"{type(layer).__name__}: declares no logical sizes (output_size[_per_partition], input_size[_per_partition])"
+        )
+    return int(n), int(k)
+
+
+def linear_calls(self: Any, layer: Any, x: torch.Tensor) -> list:
+    """An unquantized linear method's ``apply(layer, x)`` (vLLM and SGLang alike)."""
+    seen(layer)
+    if getattr(layer, "_fi_profile_recorded_by", None) is not None:  # a MoE router its MoE call records
+        return []
+    return [call(x, *layer_size(layer))]
+
+
+def lm_head_calls(self: Any, lm_head: Any, hidden_states: torch.Tensor) -> list:
+    """The logits projection (vLLM and SGLang name these arguments alike, in different orders)."""
+    seen(self, lm_head)
+    return [call(hidden_states, *layer_size(lm_head))]
+
+
+FAMILY = Family(
+    key=KEY,
+    package=__name__,
+    op_types=("gemm",),
+    templates=("gemm_bf16_n4096_k4096",),
+    baselines=(Baseline("torch_gemm.py"),),
+    engine_kernel=engine_kernels.torch_call,
+)

@@ -1,0 +1,57 @@
+"""SwiGLU's activation: ``silu(gate) * up`` over a ``[tokens, 2 * intermediate]`` input. Op type
+``activation``; hooked on the engines' ``SiluAndMul`` layers."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from fi_profile.capture.definition_factory import definition_for
+from fi_profile.capture.kernel_call import KernelCall, cached_definition, dtype_suffix, rows
+from fi_profile.capture.layers import exact_class, require, seen
+from fi_profile.families import engine_kernels
+from fi_profile.families.family import Baseline, Family, Native
+from fi_profile.schema.definition import Definition
+from fi_profile.schema.dtype import schema_dtype
+
+KEY = "silu_and_mul"
+
+
+def call(x: torch.Tensor) -> KernelCall:
+    width = x.shape[-1]
+
+    def build() -> Definition:
+        dtype = schema_dtype(x.dtype)
+        return definition_for("silu_and_mul_i14336", f"silu_and_mul_i{width // 2}{dtype_suffix(dtype)}",
+                              {"intermediate_size": width // 2, "gate_up_size": width}, dtype)
+
+    definition = cached_definition(("silu_and_mul", width, x.dtype), build)
+    return KernelCall(definition, {"num_tokens": rows(x, width)})
+
+
+layer_problem = exact_class("SiluAndMul")
+
+
+def layer_calls(self: Any, x: torch.Tensor) -> list:
+    """``SiluAndMul.forward`` (vLLM and SGLang alike)."""
+    seen(self)
+    require(layer_problem(self))
+    return [call(x)]
+
+
+def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
+    if not definition.name.startswith("silu_and_mul"):
+        return []
+    return [Native(library, f"{library}_silu_and_mul.py") for library in ("vllm", "flashinfer")]
+
+
+FAMILY = Family(
+    key=KEY,
+    package=__name__,
+    op_types=("activation",),
+    templates=("silu_and_mul_i14336",),
+    baselines=(Baseline("torch_silu_and_mul.py"),),
+    natives=_natives,
+    engine_kernel=engine_kernels.custom_op,
+)
