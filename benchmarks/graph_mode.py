@@ -47,9 +47,9 @@ def run_one(args: argparse.Namespace, mode: str, out: Path) -> dict:
     if args.single_process:
         options["single_process"] = True
     summary, tokens, run = run_engine(args.model, out, scenario, **{k: v for k, v in options.items() if v is not None})
-    record = summary.record.model_dump(mode="json") if summary else None
+    record = summary.record.model_dump(mode="json", exclude_none=True) if summary else None
     parts = sorted((out / PARTS_DIR).glob("*.json"))  # one per engine process that recorded (a TP rank)
-    return {"tokens": tokens, "run": (record or {}).get("run", run),
+    return {"tokens": tokens, "run": run.model_dump(mode="json", exclude_none=True),
             "calls": {k["id"]: k["count"] for k in record["kernels"]} if record else {},
             "calls_per_process": [json.loads(p.read_text())["calls"] for p in parts]}
 

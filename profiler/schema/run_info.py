@@ -1,0 +1,67 @@
+"""The ``run`` block of a Kernel Calling Record (fi-profile's addition to seed 001): how the run
+was made and what the record holds or misses. Readers of the seed format can ignore it; like every
+other document here, an unknown field is an error. Completeness is decided over it in one place,
+:func:`fi_profile.capture.completeness.judge`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+from pydantic import NonNegativeInt
+
+from fi_profile.schema.base import StrictModel
+
+
+class StepCounts(StrictModel):
+    """Engine steps: learned (recorded call by call), replayed (counted as a learned step of the
+    same shape), ``engine`` (steps that ran the model's forward, every rank's), and compiled-forward
+    runs by how they ran (compiled, piecewise_cuda_graph, full_cuda_graph)."""
+
+    learned: Optional[NonNegativeInt] = None
+    replayed: Optional[NonNegativeInt] = None
+    engine: Optional[NonNegativeInt] = None
+    compiled_forward: Optional[dict[str, NonNegativeInt]] = None
+
+
+class PaddedTokens(StrictModel):
+    """Compiled-forward runs with ``ran_with`` tokens (padded, for a CUDA graph) for ``scheduled``."""
+
+    ran_with: NonNegativeInt
+    scheduled: NonNegativeInt
+    runs: NonNegativeInt
+
+
+class RunInfo(StrictModel):
+    # how the run was made
+    engine: Optional[str] = None  # "vllm 0.32.0"
+    eager: Optional[bool] = None
+    cuda_graphs_and_torch_compile: Optional[bool] = None
+    weights: Optional[str] = None  # "dummy (random)", or the load format
+    dtype: Optional[str] = None
+    tensor_parallel: Optional[NonNegativeInt] = None
+    attention_backend: Optional[str] = None
+    scenario: Optional[dict[str, Union[int, float, None]]] = None
+    #: hook points this engine version lacks (whatever they record is not in the record)
+    hooks_missing: Optional[list[str]] = None
+    #: layers whose kernels no hook records, by kind -> layers
+    not_covered: Optional[dict[str, NonNegativeInt]] = None
+    #: layers recorded at other shapes than their kernels ran, by kind -> layers
+    inexact: Optional[dict[str, NonNegativeInt]] = None
+    engine_args: Optional[dict[str, Any]] = None
+    count_only: Optional[bool] = None
+    # what the engine's processes recorded
+    processes: Optional[NonNegativeInt] = None
+    hook_errors: Optional[dict[str, NonNegativeInt]] = None
+    steps: Optional[StepCounts] = None
+    #: the steps in order: [tokens, requests, decoding, prefilling, consecutive steps]
+    schedule: Optional[list[list[NonNegativeInt]]] = None
+    #: how each Definition's calls ran: "eager", "compiled", "cuda_graph" (joined with " and ")
+    execution: Optional[dict[str, str]] = None
+    padded_tokens: Optional[list[PaddedTokens]] = None
+    #: per hook op (an op family's key): invocations whose calls are unknown (their hook failed)
+    calls_lost: Optional[dict[str, NonNegativeInt]] = None
+    #: per hook op: the recorded Definitions whose counts are therefore low
+    affected_definitions: Optional[dict[str, list[str]]] = None
+    #: what the record misses, in words; absent when it is complete
+    incomplete: Optional[str] = None
