@@ -7,7 +7,7 @@ import json
 import time
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, NoReturn, Optional
 
 import click
 import typer
@@ -128,63 +128,64 @@ def capture(
     if model is None:
         err.print("--model is required (try --model fi-profile/tiny-llama on CPU)")
         raise typer.Exit(code=2)
+    from fi_profile.capture.engine_run import Scenario, model_problem, parse_engine_args
     from fi_profile.capture.lengths import Length
+    from fi_profile.capture.options import CaptureOptions, EngineOptions, engine_runner
 
     input_len = input_len or ("1024" if range_ratio else DEFAULT_INPUT_LEN)
     output_len = output_len or ("128" if range_ratio else DEFAULT_OUTPUT_LEN)
     try:
         lengths = (Length.parse(input_len, "--input-len", range_ratio), Length.parse(output_len, "--output-len", range_ratio))
     except ValueError as exc:
-        err.print(str(exc), markup=False, highlight=False)
-        raise typer.Exit(code=2) from None
-    from fi_profile.capture.engine_output import ProgressLine, engine_output_to
-    from fi_profile.capture.engine_run import EngineFailed, Scenario, clear_output, model_problem
-    from fi_profile.capture.report import print_summary
-
+        _usage_error(str(exc))
     problem = model_problem(model)
     if problem is not None:
         err.print(problem, markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(code=2)
-    if framework is Framework.sglang:
-        from fi_profile.hooks.sglang.runner import OWN_ARGUMENTS
-        from fi_profile.hooks.sglang.runner import run_sglang as run_engine
-    else:
-        from fi_profile.hooks.vllm.runner import OWN_ARGUMENTS
-        from fi_profile.hooks.vllm.runner import run_vllm as run_engine
-    from fi_profile.capture.engine_run import parse_engine_args
-
+    runner = engine_runner(framework.value)
     try:
-        engine_args = parse_engine_args(engine_arg or [], OWN_ARGUMENTS)
+        engine_args = parse_engine_args(engine_arg or [], runner.OWN_ARGUMENTS)
     except ValueError as exc:
-        err.print(str(exc), markup=False, highlight=False)
-        raise typer.Exit(code=2) from None
+        _usage_error(str(exc))
+    options = CaptureOptions(
+        model=model,
+        out_dir=out_dir,
+        scenario=Scenario.of_lengths(*lengths, num_prompts=num_prompts, batch_size=batch_size, seed=seed,
+                                     temperature=temperature, top_k=top_k, top_p=top_p),
+        engine=EngineOptions(load_format=load_format.value, dtype=dtype, tp=tp, eager=eager, single_process=single_process,
+                             attention_backend=attention_backend, gpu_memory_utilization=gpu_memory_utilization,
+                             engine_args=engine_args),
+        max_workloads=max_workloads,
+        count_only=count_only,
+        autosave_s=save_every,
+    )
+    run = _run_capture(runner.ENGINE, options, framework, verbose)
+    _exit_for(run, accept_hook_errors)
 
-    scenario = Scenario.of_lengths(*lengths, num_prompts=num_prompts, batch_size=batch_size, seed=seed,
-                                   temperature=temperature, top_k=top_k, top_p=top_p)
+
+def _usage_error(message: str) -> NoReturn:
+    err.print(message, markup=False, highlight=False)
+    raise typer.Exit(code=2) from None
+
+
+def _run_capture(engine: Any, options: Any, framework: Framework, verbose: bool) -> Any:
+    """The capture, with the engine's output in ``DIR/engine.log`` (or here, ``verbose``) under a
+    progress line; its summary printed. An engine that could not start or died mid-run exits 1,
+    saying why (and what its processes saved)."""
+    from fi_profile.capture.engine_output import ProgressLine, engine_output_to
+    from fi_profile.capture.engine_run import EngineFailed, clear_output, run_capture
+    from fi_profile.capture.report import print_summary
+
+    out_dir = options.out_dir
     log = None if verbose else out_dir / "engine.log"
     out_dir.mkdir(parents=True, exist_ok=True)
     clear_output(out_dir)
     failed: Optional[EngineFailed] = None
     crash: Optional[BaseException] = None
     with engine_output_to(log) as terminal:
-        with ProgressLine(terminal, out_dir, f"{model} on {framework.value}", log) if not verbose else _nothing():
+        with ProgressLine(terminal, out_dir, f"{options.model} on {framework.value}", log) if not verbose else _nothing():
             try:
-                summary, _, run = run_engine(
-                    model,
-                    out_dir,
-                    scenario,
-                    load_format=load_format.value,
-                    dtype=dtype,
-                    tp=tp,
-                    eager=eager,
-                    max_workloads=max_workloads,
-                    single_process=single_process,
-                    attention_backend=attention_backend,
-                    gpu_memory_utilization=gpu_memory_utilization,
-                    autosave_s=save_every,
-                    count_only=count_only,
-                    engine_args=engine_args,
-                )
+                summary, _, run = run_capture(engine, options)
             except EngineFailed as exc:
                 failed = exc
             except Exception as exc:  # noqa: BLE001 - the engine could not start or run: said in one line
@@ -199,9 +200,9 @@ def capture(
         raise typer.Exit(code=1) from None
     if failed is not None:
         if failed.summary is not None:
-            print_summary(out, failed.summary, failed.run, out_dir)
+            print_summary(out, failed.summary, out_dir)
         err.print(
-            f"[red]{failed.run['incomplete']}[/red]"
+            f"[red]{failed.run.incomplete}[/red]"
             if failed.summary
             else f"[red]engine failed before any part was saved: {failed}[/red]"
         )
@@ -210,14 +211,21 @@ def capture(
             _print_log_tail(log)
         raise typer.Exit(code=1) from None
     assert summary is not None
-    print_summary(out, summary, run, out_dir)
-    if run.get("incomplete"):
-        if accept_hook_errors:
-            err.print("[yellow]the record is incomplete (run.incomplete says how); accepted with --accept-hook-errors[/yellow]")
-        else:
-            err.print(f"[red]the record is incomplete: {run['incomplete']}[/red]", highlight=False)
-            err.print("record.json says so (run.incomplete); pass --accept-hook-errors to exit 0 all the same")
-            raise typer.Exit(code=1) from None
+    print_summary(out, summary, out_dir)
+    return run
+
+
+def _exit_for(run: Any, accept_hook_errors: bool) -> None:
+    """The exit policy: 0 when the record is complete; 1 when it is not (``run.incomplete`` says
+    how), unless ``--accept-hook-errors``; the record says it either way."""
+    if not run.incomplete:
+        return
+    if accept_hook_errors:
+        err.print("[yellow]the record is incomplete (run.incomplete says how); accepted with --accept-hook-errors[/yellow]")
+    else:
+        err.print(f"[red]the record is incomplete: {run.incomplete}[/red]", highlight=False)
+        err.print("record.json says so (run.incomplete); pass --accept-hook-errors to exit 0 all the same")
+        raise typer.Exit(code=1) from None
 
 
 def _print_log_tail(log: Optional[Path], lines: int = 15) -> None:

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 from pathlib import Path
@@ -18,6 +17,7 @@ from fi_profile.capture.engine_run import (
     prompts_for,
     run_capture,
 )
+from fi_profile.capture.options import CaptureOptions
 
 #: ``sglang.Engine`` arguments that fi-profile sets itself: not taken from ``--engine-arg``
 OWN_ARGUMENTS = {
@@ -128,8 +128,13 @@ class SglangEngine:
         self.engine.shutdown()
 
 
-#: generate with capture on (:func:`run_capture`); keyword options are :class:`SglangEngine`'s
-run_sglang = functools.partial(run_capture, SglangEngine)
+#: this engine, as :data:`fi_profile.capture.options.ENGINE_RUNNERS` finds it
+ENGINE = SglangEngine
+
+
+def run_sglang(model: str, out_dir: Path, scenario: Scenario, **options: Any) -> Any:
+    """:func:`run_capture` of this engine with ``options`` by name (:meth:`CaptureOptions.of`)."""
+    return run_capture(ENGINE, CaptureOptions.of(model, out_dir, scenario, **options))
 
 
 def sampling_params(scenario: Scenario, output_len: int) -> dict[str, Any]:

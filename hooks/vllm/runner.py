@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 from pathlib import Path
 from typing import Any, Optional
@@ -16,6 +15,7 @@ from fi_profile.capture.engine_run import (
     prompts_for,
     run_capture,
 )
+from fi_profile.capture.options import CaptureOptions
 
 WORKER_EXTENSION = "fi_profile.hooks.vllm.plugin.CaptureWorkerExtension"
 
@@ -129,5 +129,10 @@ class VllmEngine:
         self.llm = None  # vLLM shuts its engine processes down when the LLM is collected
 
 
-#: generate with capture on (:func:`run_capture`); keyword options are :class:`VllmEngine`'s
-run_vllm = functools.partial(run_capture, VllmEngine)
+#: this engine, as :data:`fi_profile.capture.options.ENGINE_RUNNERS` finds it
+ENGINE = VllmEngine
+
+
+def run_vllm(model: str, out_dir: Path, scenario: Scenario, **options: Any) -> Any:
+    """:func:`run_capture` of this engine with ``options`` by name (:meth:`CaptureOptions.of`)."""
+    return run_capture(ENGINE, CaptureOptions.of(model, out_dir, scenario, **options))

@@ -10,11 +10,16 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+from fi_profile.capture.completeness import judged
 from fi_profile.capture.lengths import Length, draw_lengths
 from fi_profile.capture.output import CaptureSummary, merge_parts
 from fi_profile.capture.recorder import PARTS_DIR
+from fi_profile.schema.run_info import RunInfo
+
+if TYPE_CHECKING:
+    from fi_profile.capture.options import CaptureOptions
 
 TINY_MODEL = "fi-profile/tiny-llama"
 
@@ -122,32 +127,31 @@ def prompts_for(scenario: Scenario, vocab_size: int) -> list[list[int]]:
 class EngineFailed(RuntimeError):
     """The engine failed mid-run; ``summary`` merges what its processes had saved."""
 
-    def __init__(self, message: str, summary: CaptureSummary | None, run: dict[str, Any]) -> None:
+    def __init__(self, message: str, summary: CaptureSummary | None, run: RunInfo) -> None:
         super().__init__(message)
         self.summary, self.run = summary, run
 
 
-def run_info(engine: str, scenario: Scenario, options: dict[str, Any], attention_backend: str, hooks_missing: list[str],
-             not_covered: dict[str, int] | None = None, inexact: dict[str, int] | None = None) -> dict[str, Any]:
-    """The record's ``run`` block: engine, eager or graphs, weights, dtype, TP, scenario, missing
-    hooks, the layers whose kernels no hook records (``not_covered``: kind -> layers) and those
-    recorded at other shapes than their kernels ran (``inexact``: kind -> layers)."""
-    eager = options.get("eager", True)
-    load_format = options.get("load_format", "dummy")
-    return {
-        "engine": engine,
-        "eager": eager,
-        "cuda_graphs_and_torch_compile": not eager,
-        "weights": "dummy (random)" if load_format == "dummy" else load_format,
-        "dtype": options.get("dtype", "bfloat16"),
-        "tensor_parallel": options.get("tp", 1),
-        "attention_backend": attention_backend,
-        "scenario": asdict(scenario),
-        "hooks_missing": sorted(hooks_missing),
-        "not_covered": dict(sorted((not_covered or {}).items())),
-        "inexact": dict(sorted((inexact or {}).items())),
-        "engine_args": dict(options.get("engine_args") or {}),
-    }
+def run_info(engine: str, options: "CaptureOptions", attention_backend: str, status: "HookStatus") -> RunInfo:
+    """The record's ``run`` block as the run starts: engine, eager or graphs, weights, dtype, TP,
+    scenario, missing hooks, the layers whose kernels no hook records (kind -> layers) and those
+    recorded at other shapes than their kernels ran (kind -> layers)."""
+    built = options.engine
+    return RunInfo(
+        engine=engine,
+        eager=built.eager,
+        cuda_graphs_and_torch_compile=not built.eager,
+        weights="dummy (random)" if built.load_format == "dummy" else built.load_format,
+        dtype=built.dtype,
+        tensor_parallel=built.tp,
+        attention_backend=attention_backend,
+        scenario=asdict(options.scenario),
+        hooks_missing=sorted(status.missing),
+        not_covered=dict(sorted(status.not_covered.items())),
+        inexact=dict(sorted(status.inexact.items())),
+        engine_args=dict(built.engine_args or {}),
+        count_only=options.count_only,
+    )
 
 
 def parse_engine_args(values: list[str], owned: dict[str, str], option: str = "--engine-arg") -> dict[str, Any]:
@@ -203,55 +207,45 @@ class Engine(Protocol):
     def shutdown(self) -> None: ...
 
 
-def run_capture(
-    engine_class: Callable[..., Engine],
-    model: str,
-    out_dir: Path,
-    scenario: Scenario,
-    *,
-    max_workloads: int = 32,
-    capture: bool = True,
-    count_only: bool = False,
-    autosave_s: float = 10.0,
-    **options: Any,
-) -> tuple[CaptureSummary | None, list[list[int]], dict[str, Any]]:
-    """Every engine's run: build ``engine_class(model, scenario, capture=..., **options)``, start
-    recording, generate, stop, merge the processes' parts; returns the merged summary, the
+def run_capture(engine_class: Callable[..., Engine],
+                options: "CaptureOptions") -> tuple[CaptureSummary | None, list[list[int]], RunInfo]:
+    """Every engine's run: build ``engine_class(model, scenario, capture=..., **engine options)``,
+    start recording, generate, stop, merge the processes' parts; returns the merged summary, the
     generated token ids and the record's run block. If the engine dies mid-run, the parts saved
-    so far are merged and :class:`EngineFailed` carries them. ``capture=False`` runs the same
-    engine without recording (the A/B baseline); ``count_only``: calls per Definition only."""
-    engine = engine_class(model, scenario, capture=capture, **options)
+    so far are merged and :class:`EngineFailed` carries them. ``options.capture=False`` runs the
+    same engine without recording (the A/B baseline)."""
+    out_dir = options.out_dir
+    engine = engine_class(options.model, options.scenario, capture=options.capture, **options.engine.arguments())
     try:
         clear_output(out_dir)
-        status = engine.start(count_only, out_dir, autosave_s) if capture else HookStatus()
+        status = engine.start(options.count_only, out_dir, options.autosave_s) if options.capture else HookStatus()
         try:
-            tokens, failure = engine.generate(scenario), None
+            tokens, failure = engine.generate(options.scenario), None
         except Exception as exc:  # the engine died (or raised): keep what was saved
-            if not capture:
+            if not options.capture:
                 raise
             tokens, failure = [], f"{type(exc).__name__}: {exc}"
-        run = run_info(engine.version, scenario, options, engine.attention_backend, status.missing, status.not_covered,
-                       status.inexact)
-        run["count_only"] = count_only
+        run = run_info(engine.version, options, engine.attention_backend, status)
         if failure is not None:
-            fail_with_saved_parts(out_dir, model, engine.framework, max_workloads, run, failure)
-        summary = None
-        if capture:
-            engine.stop(out_dir)
-            summary = merge_parts(out_dir, model, engine.framework, max_workloads, run)
-        return summary, tokens, run
+            fail_with_saved_parts(out_dir, options.model, engine.framework, options.max_workloads, run, failure)
+        if not options.capture:
+            return None, tokens, run
+        engine.stop(out_dir)
+        summary = merge_parts(out_dir, options.model, engine.framework, options.max_workloads, run)
+        assert summary.record.run is not None
+        return summary, tokens, summary.record.run
     finally:
         engine.shutdown()
 
 
-def fail_with_saved_parts(
-    out_dir: Path, model: str, framework: str, max_workloads: int, run: dict[str, Any], failure: str
-) -> None:
+def fail_with_saved_parts(out_dir: Path, model: str, framework: str, max_workloads: int, run: RunInfo, failure: str) -> None:
     """The engine died mid-run: merge what its processes saved and raise :class:`EngineFailed`."""
-    run["incomplete"] = f"engine failed mid-run ({failure[:500]}); the record holds the steps saved before"
-    saved = any((out_dir / PARTS_DIR).glob("*.json"))
-    summary = merge_parts(out_dir, model, framework, max_workloads, run) if saved else None
-    raise EngineFailed(failure, summary, run)
+    died = f"engine failed mid-run ({failure[:500]}); the record holds the steps saved before"
+    if any((out_dir / PARTS_DIR).glob("*.json")):
+        summary = merge_parts(out_dir, model, framework, max_workloads, run, died)
+        assert summary.record.run is not None
+        raise EngineFailed(failure, summary, summary.record.run)
+    raise EngineFailed(failure, None, judged(run, died))
 
 
 def clear_output(out_dir: Path) -> None:
