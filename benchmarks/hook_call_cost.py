@@ -12,12 +12,14 @@ from __future__ import annotations
 import argparse
 import platform
 import time
+from collections import Counter
 
 import torch
 
-from fi_profile.capture import ops
+from fi_profile.capture.learned_steps import LearnedStep, StepReplay
+from fi_profile.capture.patching import wrap
 from fi_profile.capture.recorder import RECORDER
-from fi_profile.hooks.patching import wrap
+from fi_profile.families import gemm
 
 
 def per_call_us(fn, args, calls: int) -> float:
@@ -38,7 +40,7 @@ def main() -> None:
     def method(x):
         return x
 
-    hooked = wrap(method, "gemm", lambda x: [ops.gemm(x, *weight.shape)])
+    hooked = wrap(method, "gemm", lambda x: [gemm.call(x, *weight.shape)])
     base = per_call_us(method, (x,), args.calls)
     results = {}
     RECORDER.active = False
@@ -49,12 +51,12 @@ def main() -> None:
     RECORDER.begin_step("shape")
     hooked(x)
     RECORDER.begin_step("shape")  # learned one call; now replay it, over and over
-    RECORDER.replay = RECORDER.replay * args.calls
+    RECORDER.replay = StepReplay(LearnedStep(Counter(), Counter(), RECORDER.replay.step.labels * args.calls, ()))
     results["replayed"] = per_call_us(hooked, (x,), args.calls) - base
     RECORDER.active = False
-    import fi_profile.hooks.patching
+    import fi_profile.capture.patching
 
-    nvtx = "on" if fi_profile.hooks.patching._push is not None else "off (no NVTX tool attached; FI_PROFILE_NVTX=1 forces it)"
+    nvtx = "on" if fi_profile.capture.patching._push is not None else "off (no NVTX tool attached; FI_PROFILE_NVTX=1 forces it)"
     print(f"{platform.processor() or platform.machine()}, python {platform.python_version()}, {args.calls} calls, NVTX {nvtx}")
     for state, us in results.items():
         print(f"  {state:9s} +{us:.2f} us per call")

@@ -4,7 +4,7 @@ Every hook hands its calls to the process's :data:`RECORDER`. Recording costs a 
 per call; index tensors are copied only the first time a (definition, axes) pair is seen.
 
 Steps repeat: an engine step's calls are a function of its shape (token counts and attention
-layout), which the adapter reports at each step boundary as a signature. The first step of a
+layout), which the engine's hooks report at each step boundary as a signature. The first step of a
 signature is recorded call by call and its call list learned; a later step with the same
 signature is replayed: each hook then only counts (and opens its NVTX range), and the learned
 list is added at the step's end. Live hooks (attention, whose KV pages are not in the signature)
@@ -31,15 +31,14 @@ from typing import Hashable, Iterable, Iterator, Optional
 import torch
 from safetensors.torch import save_file
 
-from fi_profile.capture.ops import KernelCall
+from fi_profile.capture.kernel_call import KernelCall
+from fi_profile.capture.learned_steps import LearnedStep, StepLearning, StepReplay, WorkloadKey
 from fi_profile.schema.definition import Definition
 
 #: per-process parts and their tensors, hidden so the output folder holds only documents
 PARTS_DIR = ".fi-profile/parts"
 #: per-process progress (steps, tokens, calls) for the driver's progress line
 PROGRESS_DIR = ".fi-profile/progress"
-
-WorkloadKey = tuple[str, tuple[tuple[str, int], ...]]
 
 
 class Recorder:
@@ -75,9 +74,8 @@ class Recorder:
         self.graph_runs: Counter[str] = Counter()
         #: compiled-forward runs by (tokens the compiled code ran with, tokens the step scheduled)
         self.padding: Counter[tuple[int, int]] = Counter()
-        #: learned steps: signature -> (call keys, NVTX label of each hooked invocation, lost invocations per op)
-        #: (its calls by Definition and by workload, summed: a replayed step adds them in one go)
-        self.steps: dict[Hashable, tuple[tuple[Counter, Counter], tuple[str, ...], tuple[tuple[str, int], ...]]] = {}
+        #: learned steps by signature
+        self.steps: dict[Hashable, LearnedStep] = {}
         self.step_stats: Counter[str] = Counter()
         #: the steps in order, run-length encoded: [tokens, requests, decoding, prefilling, steps]
         self.schedule: list[list[int]] = []
@@ -86,14 +84,10 @@ class Recorder:
         self.engine_steps = 0
         #: layers the model has whose hook never saw a call (set at stop: kind -> layers)
         self.unseen_layers: dict[str, int] = {}
-        #: while the current step is replayed: the label of each hooked invocation, else None
-        self.replay: Optional[tuple[str, ...]] = None
-        self.replayed = 0
-        self._replay_keys: tuple = ()
-        self._replay_lost: tuple[tuple[str, int], ...] = ()
-        self._learning: Optional[list[WorkloadKey]] = None
-        self._learning_labels: list[str] = []
-        self._learning_lost: Counter[str] = Counter()
+        #: the current step, while it replays a learned one (its hooked invocations only counted)
+        self.replay: Optional[StepReplay] = None
+        #: the current step, while it is learned
+        self._learning: Optional[StepLearning] = None
         self._signature: Hashable = None
         self._next_save = time.monotonic() + (self.autosave[1] if self.autosave else 0.0)
         self._saved_samples = 0  # samples already in the blob on disk (samples only grow)
@@ -111,8 +105,8 @@ class Recorder:
         tokens it runs, for the progress line)."""
         snapshot = None
         with self._lock:
-            nothing_yet = (self.replay is not None and self.replayed == 0) or (
-                self._learning is not None and not self._learning_labels
+            nothing_yet = (self.replay is not None and self.replay.replayed == 0) or (
+                self._learning is not None and self._learning.empty
             )
             if nothing_yet:  # a second boundary before any call (several KV-cache groups): same step
                 signature = (self._signature, signature)
@@ -124,13 +118,10 @@ class Recorder:
             self._signature = signature
             self._step_tokens = tokens
             learned = self.steps.get(signature)
-            self.replayed = 0
             if learned is None:
-                self.replay, self._replay_keys, self._replay_lost = None, (Counter(), Counter()), ()
-                self._learning, self._learning_labels, self._learning_lost = [], [], Counter()
+                self.replay, self._learning = None, StepLearning()
             else:
-                self._replay_keys, self.replay, self._replay_lost = learned
-                self._learning = None
+                self.replay, self._learning = StepReplay(learned), None
         if snapshot is not None:
             directory, interval = self.autosave
             self._write(directory, *snapshot)
@@ -140,7 +131,7 @@ class Recorder:
             self._next_progress = time.monotonic() + 0.5
 
     def _schedule(self, signature: Hashable) -> None:
-        """The step's shape (an engine's ``ops.step_shape``) appended to the schedule."""
+        """The step's shape (:func:`fi_profile.capture.paged_layout.step_shape`) appended to the schedule."""
         if not (isinstance(signature, tuple) and len(signature) == 4 and all(isinstance(v, int) for v in signature)):
             return
         if self.schedule and tuple(self.schedule[-1][:4]) == signature:
@@ -164,29 +155,25 @@ class Recorder:
 
     def _commit_step(self) -> None:
         if self.replay is not None:
-            if self.replayed != len(self.replay):
+            step = self.replay.step
+            if not self.replay.matches:
                 self.errors[
-                    f"step replay: {self.replayed} hooked calls where the learned step had {len(self.replay)}; "
+                    f"step replay: {self.replay.replayed} hooked calls where the learned step had {len(step.labels)}; "
                     "counted as learned"
                 ] += 1
-            calls, workloads = self._replay_keys  # the learned step's calls, summed once when learned
-            self.calls.update(calls)
+            self.calls.update(step.calls)  # the learned step's calls, summed once when learned
             if not self.count_only:
-                self.workloads.update(workloads)
-            for op, lost in self._replay_lost:  # a hook that failed while the step was learned
+                self.workloads.update(step.workloads)
+            for op, lost in step.lost:  # a hook that failed while the step was learned
                 self.lost_calls[op] += lost
             self.step_stats["replayed"] += 1
             self.tokens += self._step_tokens
         elif self._learning is not None:
-            workloads = Counter(self._learning)
-            calls: Counter[str] = Counter()
-            for (name, _), n in workloads.items():
-                calls[name] += n
-            self.steps[self._signature] = ((calls, workloads), tuple(self._learning_labels), tuple(self._learning_lost.items()))
+            self.steps[self._signature] = self._learning.learned()
             self.step_stats["learned"] += 1
             self.tokens += self._step_tokens
         self._step_tokens = 0
-        self.replay, self._replay_keys, self._replay_lost, self._learning, self._signature = None, (), (), None, None
+        self.replay, self._learning, self._signature = None, None, None
 
     def record(self, calls: Iterable[Optional[KernelCall]], op: str, learned: bool = True, where: str = "eager",
                times: int = 1) -> str:
@@ -209,7 +196,7 @@ class Recorder:
                 self.execution.setdefault(name, set()).add(where)
                 key = (name, tuple(call.axes.items()))  # op functions build axes in a fixed order
                 if self._learning is not None and learned:
-                    self._learning.extend([key] * times)
+                    self._learning.keys.extend([key] * times)
                 if self.count_only:
                     continue
                 self.workloads[key] += times
@@ -218,7 +205,7 @@ class Recorder:
                     call.tensors = {k: _host_copy(v() if callable(v) else v) for k, v in call.tensors.items()}
                     self.samples[key] = call
             if self._learning is not None and learned:
-                self._learning_labels.extend([label] * times)
+                self._learning.labels.extend([label] * times)
         return label
 
     def graph_run(self, mode: str, ran_with: int, scheduled: int) -> None:
@@ -253,7 +240,7 @@ class Recorder:
         with self._lock:
             self.lost_calls[op] += times
             if self._learning is not None and learned:
-                self._learning_lost[op] += times
+                self._learning.lost[op] += times
         return self.record((), op, learned, times=times)  # keeps the step's invocation count right
 
     def flush(self, directory: Path) -> Path:
