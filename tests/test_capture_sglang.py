@@ -16,6 +16,7 @@ from test_capture_vllm import (
     OUTPUT_LEN,
     PROMPTS,
     SCENARIO,
+    assert_same_outputs,
     capture,
     check_tp2_record,
     counts,
@@ -47,6 +48,10 @@ def sglang_off(tmp_path_factory):
 def vllm(tmp_path_factory):
     pytest.importorskip("vllm")
     return capture(tmp_path_factory.mktemp("vllm"), "vllm", single_process=True)
+
+
+def test_capture_writes_what_it_always_wrote(sglang):
+    assert_same_outputs(sglang, "sglang")
 
 
 def test_exact_counts_follow_model_shape_and_steps(sglang):
@@ -140,6 +145,7 @@ def test_moe_layer_is_one_call_as_in_vllm(tmp_path):
     """Mixtral-style MoE (TopK then FusedMoE): one fused MoE call per layer and step, the router
     GEMM beside it, no SwiGLU of the experts counted on its own; the same record as vLLM's."""
     moe = capture(tmp_path, "moe", python=SGLANG_PYTHON, framework="sglang", model="fi-profile/tiny-mixtral")
+    assert_same_outputs(moe, "sglang-moe")
     c = counts(moe)
     steps = c["embedding_v2048_h256"]
     assert c["moe_bf16_renorm_topk2_e8_h256_i512"] == LAYERS * steps and c["gemm_bf16_n8_k256"] == LAYERS * steps

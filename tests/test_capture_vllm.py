@@ -41,6 +41,22 @@ def capture(tmp_path: Path, name: str, fault: str = "", python: Path = Path(sys.
     return result
 
 
+#: captures of the tiny models made by fi-profile before its op families were folded into one
+#: package each (c9a816d): the files a capture writes must stay byte for byte what they were
+GOLDEN = Path(__file__).with_name("fixtures") / "golden"
+
+
+def assert_same_outputs(result: dict, golden: str) -> None:
+    """Every file of the capture (record, Definitions, workloads, index tensors) byte for byte as in
+    ``fixtures/golden/{golden}``, and no other."""
+    out_dir, expected = result["out_dir"], GOLDEN / golden
+    ours = sorted(p.relative_to(out_dir) for p in out_dir.rglob("*")
+                  if p.is_file() and p.parts[len(out_dir.parts)] in ("record.json", "definitions", "workloads", "blob"))
+    assert ours == sorted(p.relative_to(expected) for p in expected.rglob("*") if p.is_file())
+    for rel in ours:
+        assert (out_dir / rel).read_bytes() == (expected / rel).read_bytes(), rel
+
+
 def counts(result: dict) -> Counter:
     return Counter({k["id"]: k["count"] for k in result["record"]["kernels"]})
 
@@ -92,6 +108,10 @@ def test_exact_counts_follow_model_shape_and_steps(single):
     # the steps in order (tokens, requests, decoding, prefilling, consecutive steps): one prefill, then decodes
     assert single["record"]["run"]["schedule"] == [[PROMPTS * INPUT_LEN, PROMPTS, 0, PROMPTS, 1],
                                                    [PROMPTS, PROMPTS, PROMPTS, 0, OUTPUT_LEN - 1]]
+
+
+def test_eager_capture_writes_what_it_always_wrote(single):
+    assert_same_outputs(single, "vllm-eager")
 
 
 @pytest.mark.parametrize("path", ["packed", "plain"])
@@ -196,6 +216,7 @@ def test_moe_layers_are_captured_as_one_fused_moe_call(tmp_path):
     """Tiny Mixtral (shipped config): the same 2-layer shape, 8 experts, top-2, intermediate 512."""
     mixtral = capture(tmp_path, "mixtral", model="fi-profile/tiny-mixtral", single_process=True)
     assert mixtral["record"]["run"]["hook_errors"] == {} and mixtral["run"]["hooks_missing"] == []
+    assert_same_outputs(mixtral, "vllm-moe")
     c = counts(mixtral)
     steps = c["embedding_v2048_h256"]
     moe = "moe_bf16_renorm_topk2_e8_h256_i512"
@@ -333,6 +354,10 @@ def compiled(tmp_path_factory):
                      env={"TORCHINDUCTOR_CACHE_DIR": str(root / "inductor-cache")})
     result["inductor_cache"] = root / "inductor-cache"
     return result
+
+
+def test_compiled_capture_writes_what_it_always_wrote(compiled):
+    assert_same_outputs(compiled, "vllm-compiled")
 
 
 def test_compiled_capture_counts_what_eager_capture_counts(compiled, single):
