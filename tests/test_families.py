@@ -1,0 +1,71 @@
+"""The op families as data: each one package whose templates, sources and constants are all there,
+and every shipped Definition owned by one."""
+
+import importlib
+
+import pytest
+
+from fi_profile.catalog import shipped_definitions
+from fi_profile.families import FAMILIES, family_of
+from fi_profile.families.family import FITTED_BASELINE
+from fi_profile.families.sources import declared_constants, read_source, set_constants
+from fi_profile.replay.baseline_solutions import baseline_solutions, native_candidates, native_solution
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.key)
+def test_a_family_is_one_package_with_its_templates_and_sources(family):
+    assert importlib.import_module(family.package).KEY == family.key  # one key names it everywhere
+    for name in family.templates:
+        template = shipped_definitions().get(name)
+        assert template is not None and template.op_type in family.op_types, name
+    for baseline in family.baselines:
+        declared = declared_constants(read_source(family.package, baseline.file))
+        assert set(baseline.constants) <= set(declared) and "run" not in declared, baseline.file
+
+
+def test_every_shipped_definition_has_a_family_and_a_baseline_that_fits_it():
+    for definition in shipped_definitions().values():
+        family = family_of(definition.op_type)
+        assert family is not None, definition.name
+        labels = {s.name.rsplit("__", 1)[1] for s in baseline_solutions(definition)}
+        assert "torch" in labels, definition.name
+
+
+def test_keys_are_distinct_and_each_op_type_has_one_family():
+    assert len({f.key for f in FAMILIES}) == len(FAMILIES)
+    op_types = [t for f in FAMILIES for t in f.op_types]
+    assert len(set(op_types)) == len(op_types)
+
+
+def test_every_native_kernel_becomes_a_solution_with_the_definitions_constants():
+    """Native Solutions are offered on CUDA only; their sources and constants are checked here."""
+    built = 0
+    for definition in shipped_definitions().values():
+        for family, native in native_candidates(definition):
+            solution = native_solution(definition, family, native)
+            main = solution.sources[0].content
+            for name in native.constants:
+                assert f"{name} = " in main
+            assert {s.path for s in solution.sources[1:]} == set(native.siblings)
+            if FITTED_BASELINE in native.siblings.values():
+                assert any("ROPE_THETA = " in s.content for s in solution.sources[1:])
+            built += 1
+    assert built >= 10
+
+
+def test_a_constant_a_source_does_not_declare_is_an_error_naming_the_source():
+    source = "EPS = 1e-6\n\n\ndef run(x):\n    return x\n"
+    assert set_constants(source, {"EPS": "1e-05"}, "rmsnorm.py").startswith("EPS = 1e-05\n")
+    with pytest.raises(KeyError, match="rmsnorm.py declares no constant FACTOR"):
+        set_constants(source, {"FACTOR": "8.0"}, "rmsnorm.py")
+
+
+def test_a_template_without_the_constant_is_an_error_naming_it():
+    from fi_profile.capture.definition_factory import instantiate
+    from fi_profile.schema.dtype import DType
+
+    template = shipped_definitions()["silu_and_mul_i14336"]
+    with pytest.raises(KeyError, match="silu_and_mul_i14336's reference sets no constant EPS"):
+        instantiate(template, "x", {"intermediate_size": 8, "gate_up_size": 16}, DType.bfloat16, {"EPS": 1e-5})
+    made = instantiate(template, "x", {"intermediate_size": 8, "gate_up_size": 16}, DType.float16)
+    assert "intermediate_size = 8" in made.reference and "torch.bfloat16" not in made.reference
