@@ -7,7 +7,7 @@ import json
 import time
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Callable, NoReturn, Optional
 
 import click
 import typer
@@ -16,6 +16,11 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from fi_profile.catalog import shipped_definitions
+
+if TYPE_CHECKING:
+    from fi_profile.capture.engine_run import Engine
+    from fi_profile.capture.options import CaptureOptions
+    from fi_profile.schema.run_info import RunInfo
 
 
 class CaptureByDefault(TyperGroup):
@@ -168,7 +173,7 @@ def _usage_error(message: str) -> NoReturn:
     raise typer.Exit(code=2) from None
 
 
-def _run_capture(engine: Any, options: Any, framework: Framework, verbose: bool) -> Any:
+def _run_capture(engine: Callable[..., Engine], options: CaptureOptions, framework: Framework, verbose: bool) -> RunInfo:
     """The capture, with the engine's output in ``DIR/engine.log`` (or here, ``verbose``) under a
     progress line; its summary printed. An engine that could not start or died mid-run exits 1,
     saying why (and what its processes saved)."""
@@ -215,7 +220,7 @@ def _run_capture(engine: Any, options: Any, framework: Framework, verbose: bool)
     return run
 
 
-def _exit_for(run: Any, accept_hook_errors: bool) -> None:
+def _exit_for(run: RunInfo, accept_hook_errors: bool) -> None:
     """The exit policy: 0 when the record is complete; 1 when it is not (``run.incomplete`` says
     how), unless ``--accept-hook-errors``; the record says it either way."""
     if not run.incomplete:
