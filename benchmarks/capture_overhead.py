@@ -30,16 +30,13 @@ MODES = ("off", "count", "full")
 def build_engine(args: argparse.Namespace, scenario: Scenario):
     """The runner's own engine (hooks installed, recorder inactive until ``start``)."""
     from fi_profile.capture.engine_run import parse_engine_args
+    from fi_profile.capture.options import EngineOptions, engine_runner
 
-    options = {"attention_backend": args.attention_backend, "eager": not args.no_eager}
-    if args.framework == "sglang":
-        from fi_profile.hooks.sglang.runner import OWN_ARGUMENTS, SglangEngine
-
-        return SglangEngine(args.model, scenario, engine_args=parse_engine_args(args.engine_arg, OWN_ARGUMENTS), **options)
-    from fi_profile.hooks.vllm.runner import OWN_ARGUMENTS, VllmEngine
-
-    return VllmEngine(args.model, scenario, single_process=args.single_process,
-                      engine_args=parse_engine_args(args.engine_arg, OWN_ARGUMENTS), **options)
+    runner = engine_runner(args.framework)
+    engine_args = parse_engine_args(args.engine_arg, runner.OWN_ARGUMENTS)
+    options = EngineOptions(attention_backend=args.attention_backend, eager=not args.no_eager,
+                            single_process=args.single_process, engine_args=engine_args)
+    return runner.ENGINE(args.model, scenario, options)
 
 
 def profile_one_generate(engine, generate, mode: str, out: Path) -> None:

@@ -17,7 +17,7 @@ from fi_profile.capture.engine_run import (
     prompts_for,
     run_capture,
 )
-from fi_profile.capture.options import CaptureOptions
+from fi_profile.capture.options import CaptureOptions, EngineOptions
 
 #: ``sglang.Engine`` arguments that fi-profile sets itself: not taken from ``--engine-arg``
 OWN_ARGUMENTS = {
@@ -30,26 +30,13 @@ OWN_ARGUMENTS = {
 
 class SglangEngine:
     """An SGLang ``Engine`` whose scheduler has the hooks (recording starts at ``start``).
-    Options that only vLLM has (``single_process``) are ignored."""
+    Options that only vLLM has (``single_process``, ``kv_cache_bytes``) are ignored."""
 
     framework = "SGLang"
 
-    def __init__(
-        self,
-        model: str,
-        scenario: Scenario,
-        *,
-        load_format: str = "dummy",
-        dtype: str = "bfloat16",
-        tp: int = 1,
-        eager: bool = True,
-        capture: bool = True,
-        attention_backend: Optional[str] = None,
-        gpu_memory_utilization: Optional[float] = None,
-        engine_args: Optional[dict[str, Any]] = None,
-        **_: Any,
-    ) -> None:
+    def __init__(self, model: str, scenario: Scenario, options: EngineOptions, capture: bool = True) -> None:
         source = engine_model(model, capture)
+        tp = options.tp
         import torch
 
         cpu = not torch.cuda.is_available()
@@ -59,18 +46,18 @@ class SglangEngine:
                 os.environ.setdefault("SGLANG_CPU_OMP_THREADS_BIND", cpu_thread_binding(tp))
         kwargs: dict[str, Any] = dict(
             model_path=source.path,
-            load_format=load_format,
+            load_format=options.load_format,
             skip_tokenizer_init=True,
-            dtype=dtype,
+            dtype=options.dtype,
             tp_size=tp,
             random_seed=scenario.seed,
             context_length=scenario.input_len + scenario.output_len + 16,
             max_running_requests=scenario.batch_size,
-            disable_cuda_graph=eager,
+            disable_cuda_graph=options.eager,
             log_level="error",
             sampling_backend="pytorch" if cpu else None,
-            attention_backend=attention_backend,
-            mem_fraction_static=gpu_memory_utilization,
+            attention_backend=options.attention_backend,
+            mem_fraction_static=options.gpu_memory_utilization,
         )
         if cpu:
             kwargs.update(
@@ -81,7 +68,7 @@ class SglangEngine:
                 max_total_tokens=max(4096, 2 * scenario.num_prompts * (scenario.input_len + scenario.output_len)),
                 disable_overlap_schedule=True,
             )
-        kwargs.update(engine_args or {})  # the user's own engine arguments, by name, last
+        kwargs.update(options.engine_args)  # the user's own engine arguments, by name, last
         from sglang.srt.entrypoints.engine import Engine as engine_class  # sglang.Engine is a lazy proxy
 
         if capture and hasattr(engine_class, "run_scheduler_process_func"):

@@ -15,7 +15,7 @@ from fi_profile.capture.engine_run import (
     prompts_for,
     run_capture,
 )
-from fi_profile.capture.options import CaptureOptions
+from fi_profile.capture.options import CaptureOptions, EngineOptions
 
 WORKER_EXTENSION = "fi_profile.hooks.vllm.plugin.CaptureWorkerExtension"
 
@@ -33,24 +33,10 @@ class VllmEngine:
 
     framework = "vLLM"
 
-    def __init__(
-        self,
-        model: str,
-        scenario: Scenario,
-        *,
-        load_format: str = "dummy",
-        dtype: str = "bfloat16",
-        tp: int = 1,
-        eager: bool = True,
-        single_process: bool = False,
-        capture: bool = True,
-        attention_backend: Optional[str] = None,
-        gpu_memory_utilization: Optional[float] = None,
-        kv_cache_bytes: Optional[int] = None,
-        engine_args: Optional[dict[str, Any]] = None,
-    ) -> None:
+    def __init__(self, model: str, scenario: Scenario, options: EngineOptions, capture: bool = True) -> None:
         source = engine_model(model, capture)
-        if single_process:
+        tp, eager, attention_backend = options.tp, options.eager, options.attention_backend
+        if options.single_process:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if capture and not eager:
             # the hooks record compiled code while Dynamo traces it: a forward loaded from vLLM's
@@ -64,22 +50,22 @@ class VllmEngine:
         register()  # the engine processes get it through the plugin entry point; this one too
         kwargs: dict[str, Any] = {}
         if not torch.cuda.is_available():
-            kwargs["kv_cache_memory_bytes"] = kv_cache_bytes or (256 << 20)
+            kwargs["kv_cache_memory_bytes"] = options.kv_cache_bytes or (256 << 20)
             if tp == 1:
                 kwargs["distributed_executor_backend"] = "uni"
             else:
                 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_thread_binding(tp))
         if attention_backend:
             kwargs["attention_backend"] = attention_backend
-        if gpu_memory_utilization:
-            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        if options.gpu_memory_utilization:
+            kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
         self.version = f"vllm {vllm.__version__}"
         self.attention_backend = attention_backend or "default"
         arguments: dict[str, Any] = dict(
             model=source.path,
-            load_format=load_format,
+            load_format=options.load_format,
             skip_tokenizer_init=True,
-            dtype=dtype,
+            dtype=options.dtype,
             tensor_parallel_size=tp,
             enforce_eager=eager,
             seed=scenario.seed,
@@ -88,7 +74,7 @@ class VllmEngine:
             worker_extension_cls=WORKER_EXTENSION,
             **kwargs,
         )
-        arguments.update(engine_args or {})  # the user's own engine arguments, by name, last
+        arguments.update(options.engine_args)  # the user's own engine arguments, by name, last
         self.llm = vllm.LLM(**arguments)
 
     def requests(self, scenario: Scenario) -> tuple[list[Any], list[Any]]:

@@ -209,13 +209,13 @@ class Engine(Protocol):
 
 def run_capture(engine_class: Callable[..., Engine],
                 options: "CaptureOptions") -> tuple[CaptureSummary | None, list[list[int]], RunInfo]:
-    """Every engine's run: build ``engine_class(model, scenario, capture=..., **engine options)``,
+    """Every engine's run: build ``engine_class(model, scenario, engine options, capture=...)``,
     start recording, generate, stop, merge the processes' parts; returns the merged summary, the
     generated token ids and the record's run block. If the engine dies mid-run, the parts saved
     so far are merged and :class:`EngineFailed` carries them. ``options.capture=False`` runs the
     same engine without recording (the A/B baseline)."""
     out_dir = options.out_dir
-    engine = engine_class(options.model, options.scenario, capture=options.capture, **options.engine.arguments())
+    engine = engine_class(options.model, options.scenario, options.engine, capture=options.capture)
     try:
         clear_output(out_dir)
         status = engine.start(options.count_only, out_dir, options.autosave_s) if options.capture else HookStatus()

@@ -27,8 +27,8 @@ def engine_runner(framework: str) -> ModuleType:
 
 @dataclass(frozen=True)
 class EngineOptions:
-    """What the engine is built with: each engine's constructor takes these by name (an engine
-    without one of them, such as SGLang's ``single_process``, ignores it)."""
+    """What the engine is built with (each engine's constructor reads what it has: SGLang has no
+    ``single_process`` or ``kv_cache_bytes``)."""
 
     load_format: str = "dummy"
     dtype: str = "bfloat16"
@@ -40,9 +40,6 @@ class EngineOptions:
     kv_cache_bytes: Optional[int] = None
     #: other arguments of the engine's constructor, by name (``--engine-arg``)
     engine_args: dict[str, Any] = field(default_factory=dict)
-
-    def arguments(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
 @dataclass(frozen=True)
