@@ -43,12 +43,13 @@ def fi_profile_stop(self: Any, out_dir: str) -> None:
     from fi_profile.capture.recorder import RECORDER, stop_recording
     from fi_profile.hooks.sglang.hook_points import LAYER_RULES
 
+    unseen: dict[str, int] = {}
     if RECORDER.engine_steps:
         try:
-            RECORDER.unseen_layers = unseen_layers(self.tp_worker.model_runner.model, LAYER_RULES)
+            unseen = unseen_layers(self.tp_worker.model_runner.model, LAYER_RULES)
         except Exception as exc:  # noqa: BLE001 - reported, never fatal
-            RECORDER.unseen_layers = {f"model not inspected for layers never seen ({type(exc).__name__}: {exc})"[:200]: 0}
-    stop_recording(out_dir)
+            unseen = {f"model not inspected for layers never seen ({type(exc).__name__}: {exc})"[:200]: 0}
+    stop_recording(out_dir, unseen)
 
 
 def run_scheduler_process(*args: Any, **kwargs: Any) -> Any:

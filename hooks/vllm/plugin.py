@@ -113,5 +113,5 @@ class CaptureWorkerExtension:
             RECORDER.error("compiled_forward", RuntimeError(
                 "the model's forward was traced by torch.compile, but no run of the compiled forward was seen: "
                 "its calls are not in the record (this vLLM version runs it past fi-profile's hook points)"))
-        RECORDER.unseen_layers = _unseen(self.model_runner.get_model()) if RECORDER.engine_steps else {}
-        return str(stop_recording(out_dir))
+        unseen = _unseen(self.model_runner.get_model()) if RECORDER.engine_steps else {}
+        return str(stop_recording(out_dir, unseen))

@@ -52,7 +52,7 @@ class Recorder:
         #: where this process reports steps, tokens and calls for the driver's progress line
         self.progress_file: Optional[Path] = None
         #: whether the current engine step's model forward was seen: a hooked call inside it, or a
-        #: run of a compiled forward or CUDA graph (set by the hooks, read by :meth:`engine_step`)
+        #: run of a compiled forward or CUDA graph (:meth:`forward_ran`, read by :meth:`engine_step`)
         self.forward_seen = False
         self._lock = threading.Lock()
         self.reset()
@@ -208,6 +208,11 @@ class Recorder:
                 self._learning.labels.extend([label] * times)
         return label
 
+    def forward_ran(self) -> None:
+        """A hooked call inside the model's forward, or a run of a compiled forward or graph: the
+        current engine step's forward is in the record (:meth:`engine_step`)."""
+        self.forward_seen = True
+
     def graph_run(self, mode: str, ran_with: int, scheduled: int) -> None:
         """A compiled forward ran (``mode``: compiled, piecewise_cuda_graph, full_cuda_graph) with
         ``ran_with`` tokens (padded for a CUDA graph) for ``scheduled`` tokens of the step."""
@@ -337,9 +342,11 @@ def start_recording(*, count_only: bool, out_dir: Optional[str], autosave_s: flo
     RECORDER.active = True
 
 
-def stop_recording(out_dir: str) -> Path:
-    """Stop recording and write this process's part; returns the part file."""
+def stop_recording(out_dir: str, unseen_layers: Optional[dict[str, int]] = None) -> Path:
+    """Stop recording and write this process's part; returns the part file. ``unseen_layers``: the
+    model's covered layers whose hook never saw a call, by kind (``run.not_covered``)."""
     RECORDER.active = False
+    RECORDER.unseen_layers = dict(unseen_layers or {})
     RECORDER.autosave = None
     part = RECORDER.flush(Path(out_dir))
     RECORDER.progress_file = None
