@@ -8,8 +8,9 @@ import pytest
 from fi_profile.catalog import shipped_definitions
 from fi_profile.families import FAMILIES, family_of
 from fi_profile.families.family import FITTED_BASELINE
-from fi_profile.families.sources import declared_constants, read_source, set_constants
+from fi_profile.families.sources import read_source, set_constants
 from fi_profile.replay.baseline_solutions import baseline_solutions, native_candidates, native_solution
+from fi_profile.schema.reference import top_level_assignments
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.key)
@@ -19,7 +20,7 @@ def test_a_family_is_one_package_with_its_templates_and_sources(family):
         template = shipped_definitions().get(name)
         assert template is not None and template.op_type in family.op_types, name
     for baseline in family.baselines:
-        declared = declared_constants(read_source(family.package, baseline.file))
+        declared = top_level_assignments(read_source(family.package, baseline.file))
         assert set(baseline.constants) <= set(declared) and "run" not in declared, baseline.file
 
 

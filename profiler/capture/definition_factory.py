@@ -15,7 +15,7 @@ from typing import Mapping, Union
 from fi_profile.catalog import shipped_definition
 from fi_profile.schema.definition import AxisConst, Definition
 from fi_profile.schema.dtype import DType
-from fi_profile.schema.reference import literal_assignments, reference_constant, replace_nodes
+from fi_profile.schema.reference import literal_assignments, literal_type, reference_constant, replace_nodes
 
 _TEMPLATE_DTYPE = DType.bfloat16
 #: input dtypes a shipped Definition may keep whatever the call's dtype (indices, scales, probabilities)
@@ -105,12 +105,6 @@ def _integer(node: ast.AST) -> bool:
     return isinstance(node, ast.Constant) and type(node.value) is int
 
 
-def _number(node: ast.AST) -> bool:
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        node = node.operand
-    return isinstance(node, ast.Constant) and type(node.value) in (int, float)
-
-
 def _with_constants(template: str, reference: str, consts: Mapping[str, int],
                     reference_constants: Mapping[str, Number]) -> str:
     """``reference`` with the const axes' literals and the constants (``EPS = 1e-5``) set, found in
@@ -119,7 +113,7 @@ def _with_constants(template: str, reference: str, consts: Mapping[str, int],
     edits: list[tuple[ast.AST, str]] = [(node, str(value)) for axis, value in consts.items()
                                         for node in _axis_literals(tree, axis)]
     for constant, value in reference_constants.items():
-        found = [node for node in literal_assignments(reference, constant) if _number(node.value)]
+        found = [node for node in literal_assignments(tree, constant) if literal_type(node.value) in (int, float)]
         if not found:
             raise KeyError(f"{template}'s reference sets no constant {constant}")
         edits += [(node.value, repr(value)) for node in found]

@@ -21,7 +21,7 @@ def count_graph_run(trace: Trace, sizes: Mapping[str, int], mode: str, ran_with:
     """One run of ``trace``'s forward or graph in this step, at ``sizes`` (its size symbols'
     values), as ``mode`` (compiled, piecewise_cuda_graph, full_cuda_graph) with ``ran_with``
     tokens (the padded count, for a CUDA graph)."""
-    RECORDER.forward_ran()
+    RECORDER.forward_seen = True
     RECORDER.graph_run(mode, ran_with, RECORDER.step_tokens)  # beside the step's scheduled tokens
     where = trace.where
     replay = RECORDER.replay

@@ -130,7 +130,7 @@ def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls, live: bool = False,
             label = observe_captured(op, lambda: trace_calls(**trace_read(args, kwargs)))
         else:
             if in_forward:
-                RECORDER.forward_ran()
+                RECORDER.forward_seen = True
             label = observe(op, lambda: to_calls(**read(args, kwargs)), live)
         # the real call inside an NVTX range, marked so nested calls of the same op are not counted
         outer = [getattr(_depth, m, 0) for m in nested] if nested else ()

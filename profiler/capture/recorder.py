@@ -52,7 +52,8 @@ class Recorder:
         #: where this process reports steps, tokens and calls for the driver's progress line
         self.progress_file: Optional[Path] = None
         #: whether the current engine step's model forward was seen: a hooked call inside it, or a
-        #: run of a compiled forward or CUDA graph (:meth:`forward_ran`, read by :meth:`engine_step`)
+        #: run of a compiled forward or CUDA graph (set by the hooks: a plain store, as it is on the
+        #: hot path of every hooked call; read by :meth:`engine_step`)
         self.forward_seen = False
         self._lock = threading.Lock()
         self.reset()
@@ -207,11 +208,6 @@ class Recorder:
             if self._learning is not None and learned:
                 self._learning.labels.extend([label] * times)
         return label
-
-    def forward_ran(self) -> None:
-        """A hooked call inside the model's forward, or a run of a compiled forward or graph: the
-        current engine step's forward is in the record (:meth:`engine_step`)."""
-        self.forward_seen = True
 
     def graph_run(self, mode: str, ran_with: int, scheduled: int) -> None:
         """A compiled forward ran (``mode``: compiled, piecewise_cuda_graph, full_cuda_graph) with

@@ -8,24 +8,17 @@ naming the source, not a silent no-op.
 
 from __future__ import annotations
 
-import ast
+import functools
 from importlib import resources
 from typing import Mapping
 
-from fi_profile.schema.reference import replace_nodes
+from fi_profile.schema.reference import replace_nodes, top_level_assignments
 
 
+@functools.lru_cache(maxsize=None)
 def read_source(package: str, file: str) -> str:
+    """A file of a family's package (read once per process: the package's files do not change)."""
     return (resources.files(package) / file).read_text()
-
-
-def declared_constants(source: str) -> dict[str, ast.Assign]:
-    """The source's top-level ``NAME = value`` assignments, by name (the first of each)."""
-    found: dict[str, ast.Assign] = {}
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            found.setdefault(node.targets[0].id, node)
-    return found
 
 
 def set_constants(source: str, values: Mapping[str, str], label: str) -> str:
@@ -33,7 +26,7 @@ def set_constants(source: str, values: Mapping[str, str], label: str) -> str:
     literal given; raises ``KeyError`` naming ``label`` where one is not declared."""
     if not values:
         return source
-    declared = declared_constants(source)
+    declared = top_level_assignments(source)
     missing = [name for name in values if name not in declared]
     if missing:
         raise KeyError(f"{label} declares no constant {', '.join(missing)} (a top-level NAME = value)")

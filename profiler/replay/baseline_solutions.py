@@ -11,13 +11,14 @@ set from the Definition's reference or const axes, so one source serves every sh
 
 from __future__ import annotations
 
+import ast
 from typing import Optional
 
 from fi_profile.families import family_of
 from fi_profile.families.family import FITTED_BASELINE, Baseline, Family, Native
-from fi_profile.families.sources import declared_constants, read_source, set_constants
+from fi_profile.families.sources import read_source, set_constants
 from fi_profile.schema.definition import Definition
-from fi_profile.schema.reference import entry_signature, reference_constant
+from fi_profile.schema.reference import entry_signature, reference_constant, top_level_assignments
 from fi_profile.schema.solution import Solution
 
 
@@ -33,9 +34,7 @@ def _fits(definition: Definition, source: str) -> bool:
 
 def _declared_outputs(source: str) -> Optional[tuple[str, ...]]:
     """A source's ``OUTPUTS = (...)``, or None where it returns the Definition's one output."""
-    import ast
-
-    node = declared_constants(source).get("OUTPUTS")
+    node = top_level_assignments(source).get("OUTPUTS")
     return None if node is None else tuple(ast.literal_eval(node.value))
 
 

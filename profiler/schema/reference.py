@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterable, Iterator, Optional
 
 
 @dataclass(frozen=True)
@@ -51,21 +51,34 @@ def entry_signature(source: str, function: str = "run") -> EntrySignature:
     raise ValueError(f"defines no top-level function {function!r}")
 
 
-def _literal(node: ast.AST) -> bool:
-    """A number, bool or string literal (``-1`` too)."""
+def literal_type(node: ast.AST) -> Optional[type]:
+    """The type of a number, bool or string literal (``-1`` too), or None for any other expression."""
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         node = node.operand
-    return isinstance(node, ast.Constant) and isinstance(node.value, (int, float, bool, str))
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float, bool, str)):
+        return type(node.value)
+    return None
 
 
-def literal_assignments(source: str, name: str, *, top_level: bool = False) -> list[ast.Assign]:
-    """The ``NAME = literal`` statements of ``source`` (at any depth, or ``top_level`` only), in order."""
-    nodes = ast.parse(source).body if top_level else ast.walk(ast.parse(source))
-    found = [
-        node for node in nodes
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-        and node.targets[0].id == name and _literal(node.value)
-    ]
+def _named_assignments(nodes: Iterable[ast.AST]) -> Iterator[ast.Assign]:
+    """The ``NAME = ...`` statements among ``nodes`` (one plain name assigned)."""
+    for node in nodes:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            yield node
+
+
+def top_level_assignments(source: str) -> dict[str, ast.Assign]:
+    """The source's top-level ``NAME = value`` statements, by name (the first of each)."""
+    found: dict[str, ast.Assign] = {}
+    for node in _named_assignments(ast.parse(source).body):
+        found.setdefault(node.targets[0].id, node)  # type: ignore[attr-defined]
+    return found
+
+
+def literal_assignments(tree: ast.AST, name: str) -> list[ast.Assign]:
+    """The ``NAME = literal`` statements anywhere in ``tree`` (a parsed source), in source order."""
+    found = [node for node in _named_assignments(ast.walk(tree))
+             if node.targets[0].id == name and literal_type(node.value) is not None]  # type: ignore[attr-defined]
     return sorted(found, key=lambda n: (n.lineno, n.col_offset))
 
 
@@ -88,5 +101,5 @@ def replace_nodes(source: str, replacements: list[tuple[ast.AST, str]]) -> str:
 
 def reference_constant(source: str, name: str) -> Optional[str]:
     """The literal of the first ``NAME = literal`` in ``source`` (e.g. ``EPS = 1e-5``), as written."""
-    found = literal_assignments(source, name)
+    found = literal_assignments(ast.parse(source), name)
     return ast.get_source_segment(source, found[0].value) if found else None
