@@ -18,7 +18,7 @@ def test_definitions_table_lists_every_shipped_definition():
 def test_definitions_filter_by_op_type():
     result = runner.invoke(app, ["definitions", "--op-type", "gemm"], env={"COLUMNS": "250"})
     assert result.exit_code == 0
-    assert "5 shipped definitions" in result.output and "gemm_bf16_n128256_k4096" in result.output
+    assert "6 shipped definitions" in result.output and "gemm_bf16_n128256_k4096" in result.output
     assert "rmsnorm_h4096" not in result.output
 
 
@@ -41,6 +41,7 @@ def test_shipped_set_covers_llama_31_8b_and_the_moe_templates():
         "top_k_sampling_from_probs_v128256", "top_p_sampling_from_probs_v128256",
         "top_k_top_p_sampling_from_probs_v128256",
         "qk_rmsnorm_h32_kv4_d128",  # Qwen3-30B-A3B's q/k norms, as SGLang runs them
+        "gemm_bias_bf16_n4096_k4096",  # linear layers that add their bias in the GEMM (Qwen2's q/k/v)
     } == names
     assert all(d.inputs[next(iter(d.inputs))].dtype.value in ("bfloat16", "float32", "int32") for d in shipped_definitions().values())
 

@@ -61,6 +61,29 @@ def test_gemm(name):
     torch.testing.assert_close(out["C"], expected, **BF16)
 
 
+def test_gemm_with_bias():
+    inputs, out = reference("gemm_bias_bf16_n4096_k4096", {"M": 3})
+    expected = F.linear(inputs["A"].float(), inputs["B"].float(), inputs["bias"].float()).to(torch.bfloat16)
+    torch.testing.assert_close(out["C"], expected, **BF16)
+
+
+def test_a_linear_layer_that_adds_its_bias_in_the_gemm_is_recorded_with_it():
+    """Qwen2's q/k/v projections hand their bias to the linear method, which adds it in the GEMM
+    (F.linear): a GEMM with bias, never recorded as the plain one; lm_head's embedding bias too."""
+    from types import SimpleNamespace
+
+    from fi_profile.families import gemm
+
+    layer = SimpleNamespace(output_size_per_partition=512, input_size_per_partition=256)
+    x = torch.zeros(5, 256, dtype=torch.bfloat16)
+    (plain,), (biased,) = gemm.linear_calls(None, layer, x), gemm.linear_calls(None, layer, x, torch.zeros(512))
+    assert plain.definition.name == "gemm_bf16_n512_k256" and biased.definition.name == "gemm_bias_bf16_n512_k256"
+    assert list(biased.definition.inputs) == ["A", "B", "bias"] and biased.axes == {"M": 5}
+    head = SimpleNamespace(num_embeddings_per_partition=2048, embedding_dim=256)
+    (logits,) = gemm.lm_head_calls(SimpleNamespace(), head, x, torch.zeros(2048))
+    assert logits.definition.name == "gemm_bias_bf16_n2048_k256"
+
+
 def llama3_inv_freq_hf_style(dim=128, theta=500000.0, factor=8.0, low=1.0, high=4.0, original=8192):
     """Vectorised, as transformers' _compute_llama3_parameters writes it."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))

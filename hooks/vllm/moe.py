@@ -63,8 +63,11 @@ def layer_calls(self: Any, hidden_states: torch.Tensor, router_logits: torch.Ten
     if gate is None or not (_opaque(self) or fused):  # the gate's own hook sees it (traced or eager)
         return calls
     n, k = gemm.layer_size(gate)
+    layers = [gate]
     if fused:  # one F.linear over the router and shared-expert gate weights, hooked nowhere else
         n += gemm.layer_size(self.shared_expert_gate)[0]
+        layers.append(self.shared_expert_gate)
     gate._fi_profile_recorded_by = "moe"
-    seen(gate, getattr(self, "shared_expert_gate", None) if fused else None)
-    return [gemm.call(hidden_states, n, k), *calls]
+    seen(*layers)
+    bias = any(getattr(layer, "bias", None) is not None for layer in layers)
+    return [gemm.call(hidden_states, n, k, bias=bias), *calls]

@@ -1,10 +1,10 @@
-"""GEMM ``x [M, K] @ W[N, K].T``: every linear layer, the logits projection (lm_head) and a MoE
-router the engine applies itself. Op type ``gemm``; hooked on the engines' unquantized linear
-methods and their logits processors."""
+"""GEMM ``x [M, K] @ W[N, K].T``, with the layer's bias where it has one: every linear layer, the
+logits projection (lm_head) and a MoE router the engine applies itself. Op type ``gemm``; hooked
+on the engines' unquantized linear methods and their logits processors."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -19,23 +19,25 @@ from fi_profile.schema.dtype import DType, schema_dtype
 KEY = "gemm"
 
 
-def name(n: int, k: int, dtype: DType) -> str:
+def name(n: int, k: int, dtype: DType, bias: bool = False) -> str:
     """flashinfer-trace's ``gemm_n{N}_k{K}`` are float16; a GEMM of another dtype has another
-    interface, so its own name: ``gemm_bf16_n4096_k4096``."""
+    interface, so its own name: ``gemm_bf16_n4096_k4096``; with a bias, ``gemm_bias_bf16_...``."""
+    kind = "gemm_bias" if bias else "gemm"
     if dtype is DType.float16:
-        return f"gemm_n{n}_k{k}"
-    return f"gemm_{SHORT_DTYPES.get(dtype, dtype.value)}_n{n}_k{k}"
+        return f"{kind}_n{n}_k{k}"
+    return f"{kind}_{SHORT_DTYPES.get(dtype, dtype.value)}_n{n}_k{k}"
 
 
-def call(x: torch.Tensor, n: int, k: int) -> KernelCall:
+def call(x: torch.Tensor, n: int, k: int, bias: bool = False) -> KernelCall:
     """``n`` and ``k`` are the layer's logical sizes (never read from a weight tensor, which a
-    backend may have packed, quantized or replaced by an empty one)."""
+    backend may have packed, quantized or replaced by an empty one); ``bias``: the GEMM adds one."""
 
     def build() -> Definition:
         dtype = schema_dtype(x.dtype)
-        return definition_for("gemm_bf16_n4096_k4096", name(n, k, dtype), {"N": n, "K": k}, dtype)
+        template = "gemm_bias_bf16_n4096_k4096" if bias else "gemm_bf16_n4096_k4096"
+        return definition_for(template, name(n, k, dtype, bias), {"N": n, "K": k}, dtype)
 
-    definition = cached_definition(("gemm", n, k, x.dtype), build)
+    definition = cached_definition(("gemm", n, k, x.dtype, bias), build)
     return KernelCall(definition, {"M": rows(x, k)})
 
 
@@ -59,25 +61,27 @@ def layer_size(layer: Any) -> tuple[int, int]:
     return int(n), int(k)
 
 
-def linear_calls(self: Any, layer: Any, x: torch.Tensor) -> list:
-    """An unquantized linear method's ``apply(layer, x)`` (vLLM and SGLang alike)."""
+def linear_calls(self: Any, layer: Any, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> list:
+    """An unquantized linear method's ``apply(layer, x, bias)`` (vLLM and SGLang alike): the bias it
+    is handed is the one the GEMM adds (a layer that adds its bias later passes none)."""
     seen(layer)
     if getattr(layer, "_fi_profile_recorded_by", None) is not None:  # a MoE router its MoE call records
         return []
-    return [call(x, *layer_size(layer))]
+    return [call(x, *layer_size(layer), bias=bias is not None)]
 
 
-def lm_head_calls(self: Any, lm_head: Any, hidden_states: torch.Tensor) -> list:
+def lm_head_calls(self: Any, lm_head: Any, hidden_states: torch.Tensor,
+                  embedding_bias: Optional[torch.Tensor] = None) -> list:
     """The logits projection (vLLM and SGLang name these arguments alike, in different orders)."""
     seen(self, lm_head)
-    return [call(hidden_states, *layer_size(lm_head))]
+    return [call(hidden_states, *layer_size(lm_head), bias=embedding_bias is not None)]
 
 
 FAMILY = Family(
     key=KEY,
     package=__name__,
     op_types=("gemm",),
-    templates=("gemm_bf16_n4096_k4096",),
+    templates=("gemm_bf16_n4096_k4096", "gemm_bias_bf16_n4096_k4096"),
     baselines=(Baseline("torch_gemm.py"),),
     engine_kernel=engine_kernels.torch_call,
 )
