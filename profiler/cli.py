@@ -98,7 +98,7 @@ def capture(
             "SGLang: CUDA graphs). --eager: no graphs, no torch.compile.",
         ),
     ] = False,
-    temperature: Annotated[float, typer.Option(min=0.0, help="0: greedy (no sampling kernel).")] = 0.0,
+    temperature: Annotated[float, typer.Option(min=0.0, help="0: greedy (the sampler's argmax).")] = 0.0,
     top_k: Annotated[int, typer.Option(min=0, help="0: off.")] = 0,
     top_p: Annotated[float, typer.Option(min=0.0, max=1.0)] = 1.0,
     single_process: Annotated[bool, typer.Option("--single-process", help="Engine core in this process.")] = False,
@@ -115,6 +115,16 @@ def capture(
             "where it parses (true, 0.5, {...}), else a string. Repeatable.",
         ),
     ] = None,
+    kernel_accounting: Annotated[
+        bool,
+        typer.Option("--kernel-accounting/--no-kernel-accounting",
+                     help="Measure the engine's own kernels (torch.profiler) and attribute them to Definitions "
+                          "(run.engine_kernels)."),
+    ] = True,
+    min_attributed: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="On a GPU: the attributed share of the engine's kernel time below "
+                                                   "which the record is incomplete.")
+    ] = 0.95,
     save_every: Annotated[
         float, typer.Option(min=0.0, help="Seconds between saves of each engine process's part (kept if the engine dies).")
     ] = 10.0,
@@ -163,6 +173,8 @@ def capture(
         max_workloads=max_workloads,
         count_only=count_only,
         autosave_s=save_every,
+        kernel_accounting=kernel_accounting,
+        min_attributed=min_attributed,
     )
     run = _run_capture(runner.ENGINE, options, framework, verbose)
     _exit_for(run, accept_hook_errors)
@@ -360,8 +372,9 @@ def replay(
 
     from fi_profile.replay.breakdown import FILE as BREAKDOWN_FILE
     from fi_profile.replay.dataset import DatasetError, load_dataset, load_solutions
-    from fi_profile.replay.projection import project
-    from fi_profile.replay.report import print_breakdown, print_projection, print_results
+    from fi_profile.replay.engine_kernel import ENGINE
+    from fi_profile.replay.projection import against_measurement, project
+    from fi_profile.replay.report import print_breakdown, print_measured, print_projection, print_results
     from fi_profile.replay.runner import ReplayOptions
     from fi_profile.replay.runner import replay as run_replay
 
@@ -376,6 +389,7 @@ def replay(
     if unknown:
         err.print(f"{dataset_dir}: solutions name Definitions it does not have: {', '.join(unknown)}")
         raise typer.Exit(code=1) from None
+    captured_workloads = dataset.workloads  # the projection weighs every one of them
     if max_workloads is not None:
         from fi_profile.workload_choice import choose_workloads
 
@@ -418,8 +432,12 @@ def replay(
                              plan=lambda total: bar.update(task, total=total))
     print_results(out, results)
     if dataset.record is not None:
-        print_projection(out, project(dataset.record, results, dataset.workloads, baseline, dataset.definitions),
+        print_projection(out, project(dataset.record, results, captured_workloads, baseline, dataset.definitions),
                          dataset.record.model)
+        measured = dataset.record.run.engine_kernels if dataset.record.run is not None else None
+        if measured is not None:  # the projection as the engine ran its kernels, beside what they took
+            engine = project(dataset.record, results, captured_workloads, ENGINE, dataset.definitions)
+            print_measured(out, against_measurement(engine, measured), measured.total_ms, measured.device)
     print_breakdown(out, json.loads((results_dir / BREAKDOWN_FILE).read_text()))
     where = f"Ray cluster {ray}" if ray is not None else f"devices {', '.join(chosen)}"
     out.print(f"results: {results_dir / 'results.jsonl'} ({len(results)} results, {where})")

@@ -60,9 +60,13 @@ def test_exact_counts_follow_model_shape_and_steps(sglang):
     assert steps == OUTPUT_LEN  # one extend step for all prompts, then one decode step per new token
     assert c["rmsnorm_h256"] == steps and c["fused_add_rmsnorm_inplace_h256"] == 2 * LAYERS * steps
     for kernel in ("gemm_bf16_n512_k256", "gemm_bf16_n256_k256", "gemm_bf16_n1024_k256", "gemm_bf16_n256_k512", "silu_and_mul_i512",
-                   "rope_llama3_neox_style_h4_kv2_d64"):
+                   "rope_llama3_neox_style_h4_kv2_d64", "kv_cache_write_kv2_d64_ps1"):
         assert c[kernel] == LAYERS * steps, kernel
     assert c["gemm_bf16_n2048_k256"] == steps  # lm_head
+    assert c["greedy_sampling_from_logits_v2048"] == steps  # the sampler at temperature 0
+    # the KV-cache write: every new token once per layer
+    assert token_total(sglang["out_dir"], "kv_cache_write_kv2_d64_ps1", "num_tokens") == LAYERS * PROMPTS * (
+        INPUT_LEN + OUTPUT_LEN - 1)
     assert c[PREFILL] == LAYERS and c[DECODE] == LAYERS * (steps - 1)
     run = sglang["record"]["run"]
     assert sglang["record"]["framework"] == "SGLang" and run["hook_errors"] == {} and run["hooks_missing"] == []
@@ -127,6 +131,14 @@ def test_decode_steps_replay_though_their_kv_pages_change(tmp_path, sglang):
     assert sglang["record"]["run"]["steps"] == {"learned": 2, "replayed": OUTPUT_LEN - 2, "engine": OUTPUT_LEN}
     assert sum(entry[4] for entry in sglang["record"]["run"]["schedule"]) == OUTPUT_LEN
     assert counted["record"]["run"]["steps"] == {"learned": 2, "replayed": OUTPUT_LEN - 2, "engine": OUTPUT_LEN}
+
+
+def test_engine_kernels_of_the_scheduler_process_are_attributed(sglang):
+    """SGLang runs the model in its scheduler process: its accounting comes back in the record."""
+    kernels = sglang["record"]["run"]["engine_kernels"]
+    assert kernels["device"] == "cpu" and kernels["steps"] == OUTPUT_LEN
+    assert set(kernels["by_definition"]) == set(counts(sglang))
+    assert 0.5 < kernels["attributed_share"] < 1.0
 
 
 def test_failing_hook_in_the_scheduler_does_not_break_generation(tmp_path, sglang, sglang_off):

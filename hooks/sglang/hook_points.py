@@ -27,7 +27,7 @@ def _fused_qk_norm(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_w
 
 def _sampler(self: Any, logits_output: Any, sampling_info: Any) -> list:
     if sampling_info.is_all_greedy:
-        return []
+        return [sampling.greedy_call(logits_output.next_token_logits)]
     top_k, top_p = bool(sampling_info.need_top_k_sampling), bool(sampling_info.need_top_p_sampling)
     return [sampling.call(logits_output.next_token_logits, top_k, top_p)]
 

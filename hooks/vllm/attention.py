@@ -14,7 +14,7 @@ from fi_profile.capture.kernel_call import KernelCall
 from fi_profile.capture.layers import require, seen
 from fi_profile.capture.paged_layout import paged_batches, step_shape
 from fi_profile.capture.recorder import RECORDER
-from fi_profile.families import attention
+from fi_profile.families import attention, kv_cache
 from fi_profile.families.attention.step import Batches, StepAttention
 from fi_profile.schema.dtype import schema_dtype
 
@@ -79,8 +79,37 @@ def layer_problem(layer: Any) -> Optional[str]:
     })
 
 
-def layer_calls(self: Any, query: torch.Tensor) -> list[KernelCall]:
-    """``Attention.forward``: the step's layout from the forward context's metadata."""
+def _writes_cache(layer: Any, key: Optional[torch.Tensor]) -> bool:
+    """Whether the layer writes its new keys and values to the KV cache (not one sharing another
+    layer's cache)."""
+    return key is not None and getattr(layer, "kv_sharing_target_layer_name", None) is None
+
+
+def _cache_write(layer_name: Optional[str], kv_heads: int, head_size: int, dtype: Any) -> list[KernelCall]:
+    """The layer's KV-cache write in this step: over its slot mapping (the forward context's, per
+    layer, padded with -1 for a CUDA graph as the kernel runs it; else the step's metadata's).
+    ``layer_name`` None: a layer of a compiled forward, whose slots are any layer's of the step
+    (one KV-cache group: the same for all)."""
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+
+    slot_mapping = None
+    if is_forward_context_available():
+        by_layer = getattr(get_forward_context(), "slot_mapping", None)
+        if isinstance(by_layer, list):  # micro-batches: the first one's
+            by_layer = by_layer[0] if by_layer else None
+        if isinstance(by_layer, dict) and by_layer:
+            slot_mapping = by_layer.get(layer_name) if layer_name is not None else next(iter(by_layer.values()))
+    if slot_mapping is None:
+        slot_mapping = getattr(STEP.context.get("common"), "slot_mapping", None)
+    if slot_mapping is None:
+        raise RuntimeError("the step's slot mapping (where the KV cache is written) is unknown")
+    return [kv_cache.call(int(slot_mapping.shape[0]), kv_heads, head_size, RECORDER.page_size or 0,
+                          RECORDER.num_pages or 0, dtype, kv_cache.slots(slot_mapping))]
+
+
+def layer_calls(self: Any, query: torch.Tensor, key: Optional[torch.Tensor] = None) -> list[KernelCall]:
+    """``Attention.forward``: the step's layout from the forward context's metadata; the layer's
+    KV-cache write first, as it runs."""
     from vllm.forward_context import get_forward_context
 
     seen(self)
@@ -97,24 +126,28 @@ def layer_calls(self: Any, query: torch.Tensor) -> list[KernelCall]:
         raise RuntimeError("page size unknown: capture was not started through the worker extension")
     STEP.batches(_layout_source(metadata), _layout)
     dtype = schema_dtype(query.dtype)
-    return STEP.calls((self.num_heads, self.num_kv_heads, self.head_size, page_size, RECORDER.num_pages or 0, dtype,
-                       float(self.impl.scale)))
+    writes = _cache_write(self.layer_name, self.num_kv_heads, self.head_size, dtype) if _writes_cache(self, key) else []
+    return writes + STEP.calls((self.num_heads, self.num_kv_heads, self.head_size, page_size, RECORDER.num_pages or 0,
+                                dtype, float(self.impl.scale)))
 
 
-def traced_layer_calls(self: Any, query: torch.Tensor) -> Callable[[], list[KernelCall]]:
+def traced_layer_calls(self: Any, query: torch.Tensor, key: Optional[torch.Tensor] = None) -> Callable[[], list[KernelCall]]:
     """While torch.compile traces an attention layer: its shape, and how to build its calls in each
     step from the step's metadata (the attention op of a compiled or CUDA-graph forward runs no
     Python hook; the metadata builder runs on the host every step)."""
     seen(self)
     require(layer_problem(self))
     layer = (self.num_heads, self.num_kv_heads, self.head_size, schema_dtype(query.dtype), float(self.impl.scale))
-    return functools.partial(_calls_in_graph, layer)
+    return functools.partial(_calls_in_graph, layer, _writes_cache(self, key))
 
 
-def _calls_in_graph(layer: tuple) -> list[KernelCall]:
+def _calls_in_graph(layer: tuple, writes: bool = False) -> list[KernelCall]:
+    """A compiled or CUDA-graph forward's attention layer in this step (``writes``: it writes the
+    KV cache)."""
     common = STEP.context.get("common")
     if common is None or RECORDER.page_size is None:
         raise RuntimeError("a compiled forward ran without the step's attention metadata")
     STEP.batches(common, _layout)
     heads, kv_heads, head_size, dtype, scale = layer
-    return STEP.calls((heads, kv_heads, head_size, RECORDER.page_size, RECORDER.num_pages or 0, dtype, scale))
+    written = _cache_write(None, kv_heads, head_size, dtype) if writes else []
+    return written + STEP.calls((heads, kv_heads, head_size, RECORDER.page_size, RECORDER.num_pages or 0, dtype, scale))

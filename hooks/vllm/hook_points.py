@@ -25,12 +25,22 @@ def _sampler(self: Any, logits: torch.Tensor, k: Optional[torch.Tensor], p: Opti
     return [sampling.call(logits, k is not None, p is not None)]
 
 
+def _sampler_v1(self: Any, logits: torch.Tensor, sampling_metadata: Any) -> list:
+    """The V1 Sampler's ``sample``: argmax for the greedy requests (computed over every row where
+    any is greedy), top-k / top-p sampling for the random ones where they ask for it (the
+    ``TopKTopPSampler`` it calls, nested, is not counted again)."""
+    calls = [] if sampling_metadata.all_random else [sampling.greedy_call(logits)]
+    if not sampling_metadata.all_greedy:
+        calls.append(sampling.call(logits, sampling_metadata.top_k is not None, sampling_metadata.top_p is not None))
+    return calls
+
+
 def _sampler_v2(self: Any, logits: torch.Tensor, idx_mapping_np: np.ndarray) -> list:
     """The V2 model runner's own Sampler (vLLM's default on GPUs since 0.2x): top-k / top-p as its
     per-request states say, from their host copies (no device sync); all-greedy steps take argmax."""
     states, requests = self.sampling_states, idx_mapping_np
     if np.all(states.temperature.np[requests] == 0.0):
-        return []
+        return [sampling.greedy_call(logits)]
     top_k = bool(np.any(states.top_k.np[requests] != states.vocab_size))
     top_p = bool(np.any(states.top_p.np[requests] != 1.0))
     return [sampling.call(logits, top_k, top_p)]
@@ -62,6 +72,7 @@ POINTS = [
             ("flash_attn", "FlashAttentionMetadataBuilder"),
         )
     ),
+    HookPoint("vllm.v1.sample.sampler", "Sampler", ("sample",), sampling.KEY, _sampler_v1, outside_forward=True),
     HookPoint("vllm.v1.sample.ops.topk_topp_sampler", "TopKTopPSampler",
               ("forward_native", "forward_cpu", "forward_cuda", "forward_hip", "forward_xpu"), sampling.KEY, _sampler,
               outside_forward=True),

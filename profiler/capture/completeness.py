@@ -22,6 +22,11 @@ def gaps(run: RunInfo, died: Optional[str] = None) -> list[str]:
     if run.inexact:
         layers = ", ".join(f"{n} x {kind}" for kind, n in run.inexact.items())
         found.append(f"layers recorded at other shapes than their kernels ran: {layers}")
+    kernels = run.engine_kernels
+    if kernels is not None and kernels.required_share is not None and kernels.attributed_share < kernels.required_share:
+        largest = ", ".join(f"{k.name} {100 * k.share:.1f}%" for k in kernels.unattributed[:5])
+        found.append(f"only {100 * kernels.attributed_share:.1f}% of the engine's kernel time is attributed to "
+                     f"Definitions (required: {100 * kernels.required_share:.0f}%); largest not attributed: {largest}")
     return found
 
 

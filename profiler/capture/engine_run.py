@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from fi_profile.capture.completeness import judged
+from fi_profile.capture.kernel_accounting import prepare as prepare_accounting
 from fi_profile.capture.lengths import Length, draw_lengths
 from fi_profile.capture.output import CaptureSummary, merge_parts
 from fi_profile.capture.recorder import PARTS_DIR
@@ -215,6 +216,7 @@ def run_capture(engine_class: Callable[..., Engine],
     so far are merged and :class:`EngineFailed` carries them. ``options.capture=False`` runs the
     same engine without recording (the A/B baseline)."""
     out_dir = options.out_dir
+    prepare_accounting(options.min_attributed if options.kernel_accounting and options.capture else None)
     engine = engine_class(options.model, options.scenario, options.engine, capture=options.capture)
     try:
         clear_output(out_dir)

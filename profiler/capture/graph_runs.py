@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 from typing import Mapping
 
+from fi_profile.capture.kernel_accounting import ACCOUNTING, JOIN, GraphCalls
 from fi_profile.capture.kernel_call import KernelCall
 from fi_profile.capture.patching import observe
 from fi_profile.capture.recorder import RECORDER
@@ -25,19 +26,47 @@ def count_graph_run(trace: Trace, sizes: Mapping[str, int], mode: str, ran_with:
     RECORDER.graph_run(mode, ran_with, RECORDER.step_tokens)  # beside the step's scheduled tokens
     where = trace.where
     replay = RECORDER.replay
+    live_labels: list[str] = []  # this step's Definitions of each live group, for the accounting
     if replay is not None:  # a step like one learned: its calls counted in one go
         replay.count("", trace.fixed)
         for op, live, layers in trace.live_groups():
             if RECORDER.count_only:
-                replay.count(op, layers)
+                live_labels.append(replay.count(op, layers))
             else:
                 try:
-                    RECORDER.record(live(), op, learned=False, where=where, times=layers)
+                    live_labels.append(RECORDER.record(live(), op, learned=False, where=where, times=layers))
                 except Exception as exc:  # noqa: BLE001 - a hook must never break the engine
-                    RECORDER.lost(op, exc, learned=False, times=layers)
-        return
-    for op, template, layers in trace.groups():  # a step being learned: layers of one shape at once
-        observe(op, functools.partial(_realize, template, sizes), live=template.live is not None, where=where, times=layers)
+                    live_labels.append(RECORDER.lost(op, exc, learned=False, times=layers))
+    else:
+        for op, template, layers in trace.groups():  # a step being learned: layers of one shape at once
+            label = observe(op, functools.partial(_realize, template, sizes), live=template.live is not None,
+                            where=where, times=layers)
+            if template.live is not None:
+                live_labels.append(label)
+    if ACCOUNTING.active:  # the run that follows is this graph's: its kernels are its calls'
+        ACCOUNTING.pending_graph = graph_calls(trace, tuple(live_labels))
+
+
+def graph_calls(trace: Trace, live_labels: tuple[str, ...]) -> int:
+    """The accounting's index of ``trace``'s calls in order (live ones with this step's labels)."""
+    key = (id(trace), len(trace.templates), live_labels)
+    index = ACCOUNTING.graph_index(key, ())
+    if not ACCOUNTING.graphs[index].calls:
+        by_live = dict(zip((_live_key(live) for _, live, _ in trace.live_groups()), live_labels))
+        calls = []
+        for template in trace.templates:
+            if template.live is not None:
+                label = by_live.get(_live_key(template.live), "")
+                calls.append((template.op, tuple(label.split(JOIN)) if label else ()))
+            else:
+                calls.append((template.op, tuple(dict.fromkeys(c.definition.name for c in template.calls))))
+        ACCOUNTING.graphs[index] = GraphCalls(tuple(calls))
+    return index
+
+
+def _live_key(live: object) -> object:
+    """What makes live templates one group (:func:`fi_profile.capture.traced._same_calls`)."""
+    return getattr(live, "func", live), getattr(live, "args", ())
 
 
 def _realize(template: Template, sizes: Mapping[str, int]) -> list[KernelCall]:

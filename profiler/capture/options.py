@@ -59,6 +59,10 @@ class CaptureOptions:
     autosave_s: float = 10.0
     #: False: the same engine run without recording (the A/B baseline)
     capture: bool = True
+    #: the engine's kernels measured and attributed to Definitions (``run.engine_kernels``)
+    kernel_accounting: bool = True
+    #: on a GPU, the attributed share of the engine's kernel time below which the record is incomplete
+    min_attributed: float = 0.95
 
     @classmethod
     def of(cls, model: str, out_dir: Path, scenario: Scenario, **options: Any) -> "CaptureOptions":

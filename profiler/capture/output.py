@@ -17,6 +17,7 @@ from typing import Any, Optional
 from safetensors.torch import load_file, save_file
 
 from fi_profile.capture.completeness import judged
+from fi_profile.capture.kernel_accounting import merged
 from fi_profile.capture.recorder import PARTS_DIR
 from fi_profile.schema import Definition, KernelCallingRecord, KernelCount, Trace
 from fi_profile.schema.run_info import PaddedTokens, RunInfo, StepCounts
@@ -91,6 +92,7 @@ class _Merged:
     engine_steps: int = 0
     unseen: dict[str, int] = field(default_factory=dict)
     schedule: list[list[int]] = field(default_factory=list)
+    engine_kernels: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, part: dict[str, Any]) -> None:
         self.calls.update(part["calls"])
@@ -107,6 +109,8 @@ class _Merged:
         self.schedule = self.schedule or part.get("schedule", [])  # every rank runs the same steps
         for kind, layers in part.get("unseen_layers", {}).items():  # each rank has the same layers
             self.unseen[kind] = max(layers, self.unseen.get(kind, 0))
+        if part.get("engine_kernels"):
+            self.engine_kernels.append(part["engine_kernels"])
 
     def run_block(self, run: RunInfo, processes: int) -> RunInfo:
         """``run`` with what the processes recorded (completeness is judged after)."""
@@ -125,6 +129,8 @@ class _Merged:
         if self.graph_runs:  # the padded sizes beside the scheduled ones
             update["padded_tokens"] = [PaddedTokens(ran_with=padded, scheduled=real, runs=n)
                                        for (padded, real), n in sorted(self.padding.items())]
+        if self.engine_kernels:  # every rank's kernels, summed
+            update["engine_kernels"] = merged(self.engine_kernels)
         if self.unseen:
             update["not_covered"] = dict(sorted({**(run.not_covered or {}), **self.unseen}.items()))
         if self.errors:  # per op, the invocations lost and the Definitions of that op whose counts are low

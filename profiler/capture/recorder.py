@@ -26,11 +26,12 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Hashable, Iterable, Iterator, Optional
+from typing import Hashable, Iterable, Iterator, Mapping, Optional, Sequence
 
 import torch
 from safetensors.torch import save_file
 
+from fi_profile.capture.kernel_accounting import ACCOUNTING, JOIN, wanted
 from fi_profile.capture.kernel_call import KernelCall
 from fi_profile.capture.learned_steps import LearnedStep, StepLearning, StepReplay, WorkloadKey
 from fi_profile.schema.definition import Definition
@@ -85,6 +86,9 @@ class Recorder:
         self.engine_steps = 0
         #: layers the model has whose hook never saw a call (set at stop: kind -> layers)
         self.unseen_layers: dict[str, int] = {}
+        #: the engine's kernel time attributed to Definitions (set at stop, when accounted for:
+        #: :mod:`fi_profile.capture.kernel_accounting`)
+        self.engine_kernels: Optional[dict] = None
         #: the current step, while it replays a learned one (its hooked invocations only counted)
         self.replay: Optional[StepReplay] = None
         #: the current step, while it is learned
@@ -178,18 +182,20 @@ class Recorder:
 
     def record(self, calls: Iterable[Optional[KernelCall]], op: str, learned: bool = True, where: str = "eager",
                times: int = 1) -> str:
-        """Record one hooked invocation's calls; returns its NVTX label (first Definition, or op).
+        """Record one hooked invocation's calls; returns its label (its Definitions, joined by
+        :data:`~fi_profile.capture.kernel_accounting.JOIN`, or ``op`` when it has none): the name
+        of its NVTX range and of its range in the engine kernel accounting.
         ``learned=False``: a live invocation, recorded in every step, not part of the step's list.
         ``where``: how the calls ran (``eager``, ``compiled`` or ``cuda_graph``: see ``execution``).
         ``times``: the same invocation that many times (layers of one shape in a compiled step)."""
-        label = op
+        names: list[str] = []
         with self._lock:
             for call in calls:
                 if call is None:
                     continue
                 name = call.definition.name
-                if label is op:
-                    label = name
+                if name not in names:
+                    names.append(name)
                 self.calls[name] += times
                 if name not in self.definitions:
                     self.definitions[name] = call.definition
@@ -205,6 +211,7 @@ class Recorder:
                     # (a tensor, or a callable that makes it: page ids are gathered only for kept samples)
                     call.tensors = {k: _host_copy(v() if callable(v) else v) for k, v in call.tensors.items()}
                     self.samples[key] = call
+            label = JOIN.join(names) if names else op
             if self._learning is not None and learned:
                 self._learning.labels.extend([label] * times)
         return label
@@ -294,6 +301,7 @@ class Recorder:
             "engine_steps": self.engine_steps,
             "unseen_layers": self.unseen_layers,
             "schedule": self.schedule,
+            "engine_kernels": self.engine_kernels,
         }
         self._saved_samples = len(self.samples)
         return part, blob_tensors
@@ -336,13 +344,23 @@ def start_recording(*, count_only: bool, out_dir: Optional[str], autosave_s: flo
     RECORDER.page_size = page_size
     RECORDER.num_pages = num_pages
     RECORDER.active = True
+    if wanted():  # the engine's kernels accounted for, from here to the stop
+        ACCOUNTING.start()
 
 
-def stop_recording(out_dir: str, unseen_layers: Optional[dict[str, int]] = None) -> Path:
+def stop_recording(out_dir: str, unseen_layers: Optional[dict[str, int]] = None,
+                   kernel_words: Optional[Mapping[str, Sequence[str]]] = None) -> Path:
     """Stop recording and write this process's part; returns the part file. ``unseen_layers``: the
-    model's covered layers whose hook never saw a call, by kind (``run.not_covered``)."""
+    model's covered layers whose hook never saw a call, by kind (``run.not_covered``);
+    ``kernel_words``: op type -> the words its kernels are named with (the kernel accounting's)."""
     RECORDER.active = False
     RECORDER.unseen_layers = dict(unseen_layers or {})
+    try:
+        op_types = {name: d.op_type for name, d in RECORDER.definitions.items()}
+        accounted = ACCOUNTING.stop(kernel_words or {}, op_types, RECORDER.engine_steps)
+        RECORDER.engine_kernels = accounted.part() if accounted is not None else None
+    except Exception as exc:  # noqa: BLE001 - the accounting must never cost the record
+        RECORDER.error("kernel accounting", exc)
     RECORDER.autosave = None
     part = RECORDER.flush(Path(out_dir))
     RECORDER.progress_file = None

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fi_profile.capture.output import CaptureSummary
-from fi_profile.schema.run_info import RunInfo
+from fi_profile.schema.run_info import EngineKernels, RunInfo
 
 
 def print_summary(console: Console, summary: CaptureSummary, out_dir: Path) -> None:
@@ -34,6 +34,8 @@ def print_summary(console: Console, summary: CaptureSummary, out_dir: Path) -> N
         )
     console.print(table)
     console.print(f"engine {run.engine}, weights {run.weights}, {_mode(run)}")
+    if run.engine_kernels is not None:
+        console.print(engine_kernel_line(run.engine_kernels), markup=False, highlight=False, soft_wrap=True)
     if run.hooks_missing:
         console.print(f"[yellow]hook points not found: {', '.join(run.hooks_missing)}[/]")
     if run.not_covered:
@@ -55,6 +57,21 @@ def print_summary(console: Console, summary: CaptureSummary, out_dir: Path) -> N
             which = f"counts too low: {', '.join(names)}" if names else "no Definition of it in the record"
             console.print(f"  {op}: {lost} call(s) not recorded; {which}", markup=False)
     console.print(f"written to {out_dir}/ (record.json, definitions/, workloads/, blob/)")
+
+
+def engine_kernel_line(kernels: EngineKernels) -> str:
+    """One line: the engine's kernel time, the share attributed to Definitions and the largest rest."""
+    what = "kernel time" if kernels.device == "cuda" else "operator time (CPU, self time of the profiler's operators)"
+    line = (f"engine {what} {kernels.total_ms:,.1f} ms over {kernels.steps} steps; "
+            f"{100 * kernels.attributed_share:.1f}% attributed to {len(kernels.by_definition)} Definitions")
+    if kernels.unattributed:
+        rest = ", ".join(f"{k.name[:60]} {100 * k.share:.1f}%" for k in kernels.unattributed[:5])
+        line += f"; not attributed: {rest}"
+        if len(kernels.unattributed) > 5:
+            line += f", … ({len(kernels.unattributed) - 5} more in run.engine_kernels)"
+    if kernels.required_share is not None and kernels.attributed_share < kernels.required_share:
+        line += f" — below the required {100 * kernels.required_share:.0f}%: the record is incomplete"
+    return line
 
 
 def _workloads(summary: CaptureSummary, name: str) -> str:

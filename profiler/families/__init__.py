@@ -12,7 +12,18 @@ from __future__ import annotations
 
 from typing import Optional
 
-from fi_profile.families import attention, embedding, gemm, moe, qk_rmsnorm, rmsnorm, rope, sampling, silu_and_mul
+from fi_profile.families import (
+    attention,
+    embedding,
+    gemm,
+    kv_cache,
+    moe,
+    qk_rmsnorm,
+    rmsnorm,
+    rope,
+    sampling,
+    silu_and_mul,
+)
 from fi_profile.families.family import Family
 
 FAMILIES: tuple[Family, ...] = (
@@ -22,12 +33,17 @@ FAMILIES: tuple[Family, ...] = (
     gemm.FAMILY,
     embedding.FAMILY,
     rope.FAMILY,
+    kv_cache.FAMILY,
     attention.FAMILY,
     moe.FAMILY,
     sampling.FAMILY,
 )
 
 _BY_OP_TYPE = {op_type: family for family in FAMILIES for op_type in family.op_types}
+
+#: op type -> the words its engine kernels are named with (the capture's kernel accounting)
+KERNEL_WORDS: dict[str, tuple[str, ...]] = {op_type: family.kernel_words for family in FAMILIES
+                                            for op_type in family.op_types}
 
 
 def family_of(op_type: str) -> Optional[Family]:

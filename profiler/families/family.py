@@ -50,6 +50,8 @@ class Native:
     overwrites: Optional[Callable[[Definition], Mapping[str, Optional[str]]]] = None
     #: offered only where the Definition fits ``file``'s ``run`` as a :class:`Baseline` would
     must_fit: bool = False
+    #: its Solution's label where the library has several kernels for one Definition (else ``library``)
+    label: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -95,3 +97,10 @@ class Family:
     check: str = "elementwise"
     #: the kernel the engine ran for a Definition of the family, or None where unknown
     engine_kernel: Callable[[EngineRun, Definition], Optional[EngineKernel]] = unknown_engine_kernel
+    #: the words the engines' kernels of the family are named with, as the profiler reports them
+    #: (cuBLAS's ``nvjet_*``, Inductor's ``triton_red_fused_add_rms_norm_0``, vLLM's
+    #: ``reshape_and_cache_flash_kernel``): a kernel of a compiled forward or a CUDA graph is
+    #: matched to the graph's calls by them (:mod:`fi_profile.capture.kernel_accounting`). A word
+    #: of 4 letters or more also matches inside a name (``ApplyRotaryPosIds``), a shorter one only
+    #: as a word of it (``aten::mm``)
+    kernel_words: tuple[str, ...] = ()

@@ -137,8 +137,8 @@ def native_solution(definition: Definition, family: Family, native: Native) -> S
         else:
             siblings[path] = read_source(family.package, file)
     overwrites = None if native.overwrites is None else dict(native.overwrites(definition))
-    return _solution(definition, native.library, "python", source, f"{native.library}'s kernel, as the engine calls it",
-                     siblings, overwrites)
+    return _solution(definition, native.label or native.library, "python", source,
+                     f"{native.library}'s kernel, as the engine calls it", siblings, overwrites)
 
 
 def native_solutions(definition: Definition) -> list[Solution]:

@@ -1,20 +1,29 @@
 """Model-level projection: what a faster kernel buys the model.
 
 Per kernel of the Kernel Calling Record: its time per call under a solution is the workloads'
-times weighted by how often each was captured (``count``). A solution counts only if it passed
+times weighted by how often each was captured (``count``); workloads a replay did not run (told
+``--max-workloads``) count with a time estimated from those it ran, by their inputs' size, so that
+rare large calls (a long prefill) weigh what they weigh in the capture. A solution counts only if it passed
 every workload of its Definition. ``count × time per call`` for the baseline and for the best
 such solution, and the kernel time the model would save. The baseline is by default the kernel
 the engine ran (:mod:`fi_profile.replay.engine_kernel`); a kernel the replay has no solution of
-has no baseline, and its row says what the engine ran instead of comparing with another kernel."""
+has no baseline, and its row says what the engine ran instead of comparing with another kernel.
+
+Where the capture measured the engine's own kernels (``run.engine_kernels``), the engine-baseline
+projection is set beside that measurement (:func:`against_measurement`): a projection that does
+not match what the engine spent says where it cannot be trusted."""
 
 from __future__ import annotations
 
+import bisect
+import math
 from dataclasses import dataclass
 from typing import Optional
 
 from fi_profile.replay.engine_kernel import ENGINE, engine_kernel
 from fi_profile.replay.runner import REFERENCE, label_of
 from fi_profile.schema import BenchmarkResult, Definition, KernelCallingRecord, Workload
+from fi_profile.schema.run_info import EngineKernels
 
 
 @dataclass
@@ -35,8 +44,12 @@ class KernelProjection:
         return self.count * (self.baseline_ms - self.best_ms)
 
 
-def per_call_ms(results: list[BenchmarkResult], workloads: list[Workload]) -> dict[str, float]:
-    """Solution -> frequency-weighted time per call, for solutions that passed every workload."""
+def per_call_ms(results: list[BenchmarkResult], workloads: list[Workload],
+                definition: Optional[Definition] = None) -> dict[str, float]:
+    """Solution -> frequency-weighted time per call, for solutions that passed every workload they
+    ran. With ``definition``, workloads a solution did not run (a replay told ``--max-workloads``)
+    stand in with a time estimated from the ones it ran, by their inputs' size
+    (:func:`estimated_ms`); without it, a solution must have run every workload."""
     weights = {w.uuid: float(w.count or 1) for w in workloads}
     by_source: dict[str, dict[str, float]] = {}
     failed: set[str] = set()
@@ -48,11 +61,41 @@ def per_call_ms(results: list[BenchmarkResult], workloads: list[Workload]) -> di
         else:
             by_source.setdefault(r.source, {})[r.workload] = r.time
     total = sum(weights.values())
-    return {
-        source: sum(weights[w] * t for w, t in times.items()) / total
-        for source, times in by_source.items()
-        if source not in failed and set(times) == set(weights)
-    }
+    sizes = {w.uuid: input_size(definition, w) for w in workloads} if definition is not None else {}
+    found = {}
+    for source, times in by_source.items():
+        if source in failed or (not sizes and set(times) != set(weights)):
+            continue
+        found[source] = sum(weights[w] * (times[w] if w in times else estimated_ms(sizes[w], sizes, times))
+                            for w in weights) / total
+    return found
+
+
+def input_size(definition: Definition, workload: Workload) -> float:
+    """The elements a workload's inputs hold (those sized by the KV cache's pages aside: the whole
+    cache, the same for every workload of a capture): what a kernel's time grows with."""
+    axes = definition.axis_values(dict(workload.axes))
+    size = 0
+    for spec in definition.inputs.values():
+        if spec.shape is None or "num_pages" in spec.shape:
+            continue
+        shape = definition.shape_of(spec, axes)
+        size += math.prod(shape) if shape else 1
+    return float(size)
+
+
+def estimated_ms(size: float, sizes: dict[str, float], times: dict[str, float]) -> float:
+    """A workload's time from the timed ones of its Definition, by input size: linear between the
+    nearest smaller and larger, the smallest's below them (a small call costs its launch), growing
+    in proportion above them (a large one its work)."""
+    timed = sorted((sizes[w], t) for w, t in times.items())
+    if size <= timed[0][0]:
+        return timed[0][1]
+    if size >= timed[-1][0]:
+        return timed[-1][1] * size / timed[-1][0] if timed[-1][0] > 0 else timed[-1][1]
+    i = bisect.bisect_left([s for s, _ in timed], size)
+    (s0, t0), (s1, t1) = timed[i - 1], timed[i]
+    return t0 + (t1 - t0) * (size - s0) / (s1 - s0) if s1 > s0 else t1
 
 
 def project(
@@ -64,7 +107,8 @@ def project(
 ) -> list[KernelProjection]:
     rows = []
     for kernel in record.kernels:
-        times = per_call_ms([r for r in results if r.kernel_id == kernel.id], workloads.get(kernel.id, []))
+        times = per_call_ms([r for r in results if r.kernel_id == kernel.id], workloads.get(kernel.id, []),
+                            (definitions or {}).get(kernel.id))
         missing = None
         wanted = baseline
         if baseline == ENGINE:
@@ -92,3 +136,54 @@ def project(
             )
         )
     return rows
+
+
+@dataclass
+class MeasuredRow:
+    """The projection of Definitions beside what the engine's kernels took for them in the capture
+    (``run.engine_kernels``): one Definition, or those one kernel computed together."""
+
+    kernels: tuple[str, ...]
+    calls: int
+    measured_ms: float
+    #: the captured counts × the replayed time of the kernel the engine ran (None: not replayed)
+    projected_ms: Optional[float]
+    #: the engine's kernel as the replay labels it, or why the projection has none
+    engine: str
+    #: what the best candidate that passed would save against the engine's kernel
+    saved_ms: float
+
+    @property
+    def ratio(self) -> Optional[float]:
+        return self.projected_ms / self.measured_ms if self.projected_ms is not None and self.measured_ms > 0 else None
+
+
+def against_measurement(rows: list[KernelProjection], kernels: EngineKernels) -> list[MeasuredRow]:
+    """Each row of an engine-baseline projection beside the engine's measured time; Definitions
+    measured together (``shared_with``) are one row, projected as the sum of theirs."""
+    by_kernel = {row.kernel: row for row in rows}
+    groups: list[set[str]] = []
+    for name, measured in kernels.by_definition.items():
+        group = {name, *(measured.shared_with or ())}
+        joined = [g for g in groups if g & group]
+        for g in joined:
+            groups.remove(g)
+            group |= g
+        groups.append(group)
+    found = []
+    for group in groups:
+        names = tuple(sorted(group, key=lambda n: -(by_kernel[n].count if n in by_kernel else 0)))
+        projections = [by_kernel.get(n) for n in names]
+        complete = all(p is not None and p.baseline_ms is not None for p in projections)
+        projected = sum(p.count * p.baseline_ms for p in projections) if complete else None  # type: ignore[union-attr,operator]
+        engine = ", ".join(sorted({label_of(p.baseline) if p is not None and p.baseline else
+                                   (p.missing if p is not None and p.missing else "not replayed") for p in projections}))
+        found.append(MeasuredRow(
+            names,
+            sum(p.count for p in projections if p is not None),
+            sum(kernels.by_definition[n].ms for n in names if n in kernels.by_definition),
+            projected,
+            engine,
+            sum(p.saved_ms for p in projections if p is not None),
+        ))
+    return sorted(found, key=lambda r: -r.measured_ms)

@@ -32,6 +32,41 @@ class PaddedTokens(StrictModel):
     runs: NonNegativeInt
 
 
+class DefinitionKernelTime(StrictModel):
+    """The engine's kernel time attributed to one Definition: ``ms`` over the run, the kernel
+    launches (on CPU: operators) it was measured over, the kernels' names, and the Definitions it
+    was measured together with where one kernel computed several (``shared_with``)."""
+
+    ms: float
+    calls: NonNegativeInt
+    kernels: list[str]
+    shared_with: Optional[list[str]] = None
+
+
+class UnattributedKernel(StrictModel):
+    name: str
+    calls: NonNegativeInt
+    ms: float
+    share: float
+
+
+class EngineKernels(StrictModel):
+    """What the engine's kernels took over the recorded steps, attributed to Definitions
+    (:mod:`fi_profile.capture.kernel_accounting`). ``device``: ``cuda`` (kernels, from CUPTI) or
+    ``cpu`` (operators' self time); ``required_share``: the attributed share below which the record
+    is incomplete (on GPUs; on CPU the share is reported, not required)."""
+
+    device: str
+    steps: NonNegativeInt
+    total_ms: float
+    attributed_share: float
+    by_definition: dict[str, DefinitionKernelTime]
+    unattributed: list[UnattributedKernel]
+    required_share: Optional[float] = None
+    #: seconds the engine's processes spent attributing the profile after the run (summed)
+    processing_s: Optional[float] = None
+
+
 class RunInfo(StrictModel):
     # how the run was made
     engine: Optional[str] = None  # "vllm 0.32.0"
@@ -63,5 +98,7 @@ class RunInfo(StrictModel):
     calls_lost: Optional[dict[str, NonNegativeInt]] = None
     #: per hook op: the recorded Definitions whose counts are therefore low
     affected_definitions: Optional[dict[str, list[str]]] = None
+    #: the engine's own kernel time over the recorded steps, attributed to Definitions
+    engine_kernels: Optional[EngineKernels] = None
     #: what the record misses, in words; absent when it is complete
     incomplete: Optional[str] = None

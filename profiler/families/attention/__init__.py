@@ -81,4 +81,5 @@ FAMILY = Family(
                Baseline("torch_ragged_attention.py", compiled=False, op_type="gqa_ragged")),
     natives=_natives,
     engine_kernel=_engine_kernel,
+    kernel_words=("attention", "attn", "flash", "paged", "fwd", "stage1", "stage2", "reduce_segments", "decode_kernel"),
 )

@@ -46,4 +46,5 @@ FAMILY = Family(
     templates=("embedding_v128256_h4096",),
     baselines=(Baseline("torch_embedding.py"),),
     engine_kernel=engine_kernels.torch_call,
+    kernel_words=("embedding", "indexselect"),  # Inductor names a gather of RoPE's cos/sin cache index_select
 )

@@ -84,4 +84,6 @@ FAMILY = Family(
     templates=("gemm_bf16_n4096_k4096", "gemm_bias_bf16_n4096_k4096"),
     baselines=(Baseline("torch_gemm.py"),),
     engine_kernel=engine_kernels.torch_call,
+    kernel_words=("gemm", "gemv", "nvjet", "cutlass", "cublas", "cublaslt", "splitkreduce", "xmma", "wgmma", "mm", "addmm", "bmm",
+                  "linear", "matmul", "onednn"),
 )

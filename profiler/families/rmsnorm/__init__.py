@@ -75,4 +75,5 @@ FAMILY = Family(
     baselines=(Baseline("torch_fused_add_rmsnorm.py", ("EPS",)), Baseline("torch_rmsnorm.py", ("EPS",))),
     natives=_natives,
     engine_kernel=engine_kernels.custom_op,
+    kernel_words=("rms", "rmsnorm", "rms_norm", "rsqrt"),
 )

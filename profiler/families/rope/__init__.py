@@ -114,4 +114,5 @@ FAMILY = Family(
     baselines=(Baseline("torch_rope.py", CONSTANTS),),
     natives=_natives,
     engine_kernel=engine_kernels.custom_op,
+    kernel_words=("rotary", "rope", "cos_sin"),
 )

