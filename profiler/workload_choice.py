@@ -2,7 +2,8 @@
 capture writes its workloads and where a replay is told ``--max-workloads``.
 
 The most frequent half of the cap (ties by axis values), then the rest spread evenly over the
-remaining axis values, so rare shapes at both ends of the range stay represented."""
+remaining axis values, both ends included, so rare shapes at both ends of the range stay
+represented (a rare long prefill weighs more in the model's time than its count says)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ def choose_workloads(workloads: Sequence[T], cap: int, count: Callable[[T], int]
     chosen = by_count[: math.ceil(cap / 2)]
     rest = sorted(by_count[len(chosen):], key=lambda w: sorted(axes(w).items()))
     need = cap - len(chosen)
-    if need:
-        step = len(rest) / need
-        chosen += [rest[int(i * step)] for i in range(need)]
+    if need == 1:
+        chosen.append(rest[-1])  # the largest: what a projection can least guess from the others
+    elif need:
+        chosen += [rest[round(i * (len(rest) - 1) / (need - 1))] for i in range(need)]  # both ends, evenly between
     return chosen

@@ -48,6 +48,34 @@ def workload_inputs(
             tensor = load_captured(root, source)
             if tensor is not None:
                 given[name] = tensor
-    return synthesize_inputs(
-        definition, workload.axes, device=device, seed=seed, given=given, scalars=scalars
-    )
+    axes = compact_pages(definition, dict(workload.axes), given)
+    return synthesize_inputs(definition, axes, device=device, seed=seed, given=given, scalars=scalars)
+
+
+def compact_pages(definition: Definition, axes: dict[str, int], given: dict[str, Any]) -> dict[str, int]:
+    """A paged workload's pages renumbered from 0 in their order, and ``num_pages`` the pages it
+    uses: a capture's ``num_pages`` is the engine's whole KV cache (tens of GB on a GPU), of which a
+    kernel reads or writes only the pages its captured ``kv_indices`` / ``slot_mapping`` name.
+    Changes ``given``'s index tensors in place; returns the axes to replay with."""
+    if "num_pages" not in definition.var_axes or not ({"kv_indices", "slot_mapping"} & set(given)):
+        return axes
+    page_size = int(definition.axis_values(axes).get("page_size", 1))
+    indices = given.get("kv_indices")
+    slots = given.get("slot_mapping")
+    used = []
+    if isinstance(indices, torch.Tensor):
+        used.append(indices.to(torch.int64).flatten())
+    if isinstance(slots, torch.Tensor):
+        slots = slots.to(torch.int64)
+        used.append(torch.div(slots[slots >= 0], page_size, rounding_mode="floor"))
+    pages = torch.unique(torch.cat(used)) if used else torch.empty(0, dtype=torch.int64)
+    if not len(pages) or len(pages) >= axes.get("num_pages", 0):
+        return axes
+    if isinstance(indices, torch.Tensor):
+        given["kv_indices"] = torch.searchsorted(pages, indices.to(torch.int64)).to(indices.dtype)
+    if isinstance(slots, torch.Tensor):
+        written = slots >= 0
+        renumbered = torch.searchsorted(pages, torch.div(slots, page_size, rounding_mode="floor").clamp(min=0))
+        given["slot_mapping"] = torch.where(written, renumbered * page_size + slots % page_size, slots).to(
+            given["slot_mapping"].dtype)
+    return {**axes, "num_pages": len(pages)}

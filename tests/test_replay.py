@@ -181,6 +181,66 @@ def test_projection_weights_workloads_by_their_counts(baseline_run):
     assert norm.best_ms <= norm.baseline_ms and norm.saved_ms == pytest.approx(100 * (norm.baseline_ms - norm.best_ms))
 
 
+def test_workloads_a_replay_left_out_count_with_a_time_estimated_from_those_it_ran(baseline_run):
+    """``--max-workloads`` replays some workloads; the projection still weighs every captured one,
+    the others' time estimated by input size (here: the 20 calls of the larger norm)."""
+    from fi_profile.replay.projection import estimated_ms, input_size
+
+    dataset, results, _ = baseline_run
+    small, large = sorted(dataset.workloads[RMSNORM], key=lambda w: input_size(dataset.definitions[RMSNORM], w))
+    kept = [r for r in results if r.workload != large.uuid]
+    rows = {row.kernel: row for row in project(dataset.record, kept, dataset.workloads, "torch", dataset.definitions)}
+    t_small = next(r.time for r in kept if r.source == f"{RMSNORM}__torch" and r.workload == small.uuid)
+    scale = input_size(dataset.definitions[RMSNORM], large) / input_size(dataset.definitions[RMSNORM], small)
+    assert rows[RMSNORM].baseline_ms == pytest.approx((small.count * t_small + large.count * t_small * scale)
+                                                      / (small.count + large.count))
+    # without the Definition, a solution must have run every workload (as before)
+    assert RMSNORM not in {row.kernel for row in project(dataset.record, kept, dataset.workloads, "torch")
+                           if row.baseline_ms is not None}
+    sizes = {"a": 10.0, "b": 30.0}
+    assert estimated_ms(20.0, sizes, {"a": 1.0, "b": 3.0}) == pytest.approx(2.0)  # between: linear
+    assert estimated_ms(5.0, sizes, {"a": 1.0, "b": 3.0}) == 1.0  # below: the smallest's (its launch)
+    assert estimated_ms(60.0, sizes, {"a": 1.0, "b": 3.0}) == pytest.approx(6.0)  # above: in proportion
+
+
+def test_the_projection_is_set_beside_the_engines_measured_time(baseline_run):
+    from fi_profile.replay.projection import against_measurement
+    from fi_profile.schema.run_info import EngineKernels
+
+    dataset, results, _ = baseline_run
+    rows = project(dataset.record, results, dataset.workloads, "torch", dataset.definitions)
+    by_kernel = {row.kernel: row for row in rows}
+    measured = EngineKernels.model_validate({
+        "device": "cuda", "steps": 3, "total_ms": 10.0, "attributed_share": 0.9, "unattributed": [],
+        "by_definition": {RMSNORM: {"ms": 2.0, "calls": 100, "kernels": ["rms_norm_kernel"]},
+                          GEMM: {"ms": 5.0, "calls": 50, "kernels": ["nvjet"], "shared_with": [DECODE]},
+                          DECODE: {"ms": 2.0, "calls": 50, "kernels": ["nvjet"], "shared_with": [GEMM]}}})
+    found = {row.kernels: row for row in against_measurement(rows, measured)}
+    norm = found[(RMSNORM,)]
+    assert norm.measured_ms == 2.0 and norm.projected_ms == pytest.approx(by_kernel[RMSNORM].count * by_kernel[RMSNORM].baseline_ms)
+    assert norm.ratio == pytest.approx(norm.projected_ms / 2.0)
+    joint = next(row for names, row in found.items() if GEMM in names)
+    assert set(joint.kernels) == {GEMM, DECODE} and joint.measured_ms == 7.0  # measured together: one row
+
+
+def test_paged_workloads_replay_on_the_pages_they_use():
+    """A capture's num_pages is the engine's whole KV cache; a workload is replayed on the pages its
+    indices name, renumbered in order (slots keep their offset in the page)."""
+    import torch
+
+    from fi_profile.workload_inputs import compact_pages
+
+    definition = shipped_definition("kv_cache_write_kv8_d128_ps16")
+    given = {"slot_mapping": torch.tensor([16 * 900 + 3, -1, 16 * 40 + 15, 16 * 900 + 4])}
+    axes = compact_pages(definition, {"num_tokens": 4, "num_pages": 8_000_000}, given)
+    assert axes == {"num_tokens": 4, "num_pages": 2}
+    assert given["slot_mapping"].tolist() == [16 + 3, -1, 15, 16 + 4]
+    decode = shipped_definition("gqa_paged_decode_h32_kv8_d128_ps16")
+    given = {"kv_indices": torch.tensor([70, 5, 70, 9], dtype=torch.int32)}
+    assert compact_pages(decode, {"batch_size": 2, "num_pages": 100, "num_kv_indices": 4, "len_indptr": 3}, given)["num_pages"] == 3
+    assert given["kv_indices"].tolist() == [2, 0, 2, 1] and given["kv_indices"].dtype == torch.int32
+
+
 def test_projection_compares_with_the_kernel_the_engine_ran_by_default(baseline_run):
     """The record's engine (vLLM, eager: its _C norm; GEMM through F.linear) decides each row's
     baseline. On this CPU vLLM's _C norm is not among the replayed solutions: the row says what

@@ -13,7 +13,9 @@ def test_the_most_frequent_half_then_the_rest_spread_over_the_axis_values():
     workloads = [{"axes": {"M": m}, "count": count} for m, count in
                  [(1, 50), (2, 40), (3, 1), (4, 1), (5, 1), (6, 1), (7, 1), (8, 1), (9, 1), (10, 1)]]
     chosen = choose_workloads(workloads, 4, lambda w: w["count"], lambda w: w["axes"])
-    assert [w["axes"]["M"] for w in chosen] == [1, 2, 3, 7]  # the two most frequent, then spread over 3..10
+    assert [w["axes"]["M"] for w in chosen] == [1, 2, 3, 10]  # the two most frequent, then 3..10's both ends
+    chosen = choose_workloads(workloads, 6, lambda w: w["count"], lambda w: w["axes"])
+    assert [w["axes"]["M"] for w in chosen] == [1, 2, 3, 4, 7, 10]  # the largest always: a long prefill's weight
     assert choose_workloads(workloads, 20, lambda w: w["count"], lambda w: w["axes"])[0]["axes"] == {"M": 1}
 
 
