@@ -10,17 +10,20 @@ or captured, :mod:`fi_profile.capture.traced`).
 At the end, each unit of engine work is attributed:
 
 - on a GPU a unit is a kernel (or a memcpy/memset); it belongs where the CPU call that launched it
-  was (CUPTI's correlation id; a CUDA graph's kernels to the ``cudaGraphLaunch`` that replayed it);
-- on CPU a unit is an operator's self time (the profiler's leaf operators, and Inductor's C++
-  kernels, which report themselves when ``TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE=1``).
+  was (CUPTI's correlation id), and a kernel CUPTI does not link to a launch (a CUDA graph's may
+  not be) to the range whose span on the GPU's timeline holds it (Kineto's GPU user annotation);
+- on CPU a unit is an operator's self time (the profiler's operators, and Inductor's C++ kernels,
+  which report themselves when ``TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE=1``).
 
-A unit inside a hooked call's range is that call's (split evenly when one kernel computes several
-Definitions, as a unified attention kernel does for prefill and decode). A unit inside a graph
-range is aligned, in launch order, with the graph's calls: by the words its op family's kernels
-are named with (:attr:`fi_profile.families.family.Family.kernel_words`), each unit to the next call
-of a family its name fits, and a unit whose name fits no family to the one call of the graph left
-between its neighbours (Inductor's ``triton_poi_fused_3`` between the QKV GEMM and the output
-projection is the RoPE). What fits nothing is listed as not attributed, by name.
+A unit inside a hooked call's range is that call's; where the call computed Definitions of
+several op types (an attention layer writes the KV cache, then attends), the one whose family's
+words its name fits best, and split evenly where its name does not tell them apart (vLLM's unified
+attention kernel computes prefill and decode: measured together, ``shared_with``). A unit inside a
+graph range is aligned, in launch order, with the graph's calls by the words each family's kernels
+are named with (:attr:`fi_profile.families.family.Family.kernel_words`); a run of units whose names
+fit no family, between two units placed, goes to the one call left between them (Inductor's
+``triton_poi_fused_3`` between the QKV GEMM and the KV-cache write is the RoPE). What is left is
+listed as not attributed, by name: never given to a call it cannot be shown to belong to.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ UNATTRIBUTED_KEPT = 40
 
 @dataclass
 class GraphCalls:
-    """One graph's calls in order, as (op family key, Definitions it computed)."""
+    """One graph's calls in order, as (hook op, Definitions it computed)."""
 
     calls: tuple[tuple[str, tuple[str, ...]], ...]
 
