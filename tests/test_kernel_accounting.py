@@ -246,3 +246,24 @@ def test_what_no_call_is_left_for_stays_unattributed_and_edges_are_not_guessed()
     assert by_definition(result) == {"gemm_qkv": 20, "gqa_paged_decode_h4": 9, "gemm_o": 10}
     assert result.unattributed == {"Memcpy HtoD (Pinned -> Device)": [1, 2], "_fwd_grouped_kernel_stage1": [1, 8],
                                    "Memset (Device)": [1, 1]}
+
+
+def test_a_profiler_that_does_not_start_is_said_and_recording_goes_on(tmp_path, monkeypatch):
+    """Another profiler may hold the engine's process (Nsight, the user's own torch.profiler):
+    recording starts all the same and the record says the kernels were not measured."""
+    import torch.profiler
+
+    from fi_profile.capture import kernel_accounting
+    from fi_profile.capture.recorder import RECORDER, start_recording, stop_recording
+
+    def busy(*args, **kwargs):
+        raise RuntimeError("Can't disable Kineto profiler when it's not running")
+
+    monkeypatch.setenv(kernel_accounting.ENV, "0.95")
+    monkeypatch.setattr(torch.profiler, "profile", busy)
+    start_recording(count_only=True, out_dir=None, autosave_s=10.0, page_size=16, num_pages=0)
+    assert RECORDER.active and not kernel_accounting.ACCOUNTING.active
+    assert any("torch.profiler did not start" in e for e in RECORDER.errors)
+    stop_recording(str(tmp_path))
+    assert RECORDER.engine_kernels is None
+    RECORDER.reset()

@@ -345,7 +345,11 @@ def start_recording(*, count_only: bool, out_dir: Optional[str], autosave_s: flo
     RECORDER.num_pages = num_pages
     RECORDER.active = True
     if wanted():  # the engine's kernels accounted for, from here to the stop
-        ACCOUNTING.start()
+        try:
+            ACCOUNTING.start()
+        except Exception as exc:  # noqa: BLE001 - another profiler holds it, say: the record says so
+            RECORDER.error("kernel accounting", RuntimeError(
+                f"the engine's kernels are not measured: torch.profiler did not start ({type(exc).__name__}: {exc})"))
 
 
 def stop_recording(out_dir: str, unseen_layers: Optional[dict[str, int]] = None,
