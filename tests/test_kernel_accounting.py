@@ -261,6 +261,8 @@ def test_a_profiler_that_does_not_start_is_said_and_recording_goes_on(tmp_path, 
 
     monkeypatch.setenv(kernel_accounting.ENV, "0.95")
     monkeypatch.setattr(torch.profiler, "profile", busy)
+    for name in ("active", "count_only", "page_size", "num_pages", "autosave", "progress_file"):
+        monkeypatch.setattr(RECORDER, name, getattr(RECORDER, name))  # the process's recorder, as it was after
     start_recording(count_only=True, out_dir=None, autosave_s=10.0, page_size=16, num_pages=0)
     assert RECORDER.active and not kernel_accounting.ACCOUNTING.active
     assert any("torch.profiler did not start" in e for e in RECORDER.errors)
