@@ -178,15 +178,16 @@ def test_inductor_names_a_fused_norm_after_the_gemm_it_reads_and_it_is_still_the
     assert by_definition(result) == {"gemm_o": 50, "fused_add_rmsnorm_inplace_h64": 7, "gemm_qkv": 40}
 
 
-def test_on_cpu_each_operator_counts_its_self_time():
+def test_on_cpu_an_operator_counts_with_the_operators_it_called():
     parent = Event("aten::linear", 0, 100)
     child = Event("aten::mm", 10, 70)
     grandchild = Event("aten::resolve_conj", 20, 5)
     hooked = Event(CALL_RANGE + "gemm_qkv", 0, 100, annotation=True)
     stray = Event("aten::copy_", 200, 9)
     result = attribute([hooked, parent, child, grandchild, stray], [], KERNEL_WORDS, OP_TYPES)
-    assert result.total_ns == 100 + 9  # self times: 30 + 65 + 5, and the copy
+    assert result.total_ns == 100 + 9  # the linear with its mm and resolve_conj, and the copy
     assert by_definition(result) == {"gemm_qkv": 100}
+    assert result.by_definition["gemm_qkv"][1:] == [1, {"aten::linear"}]  # one operator, named as the engine called it
     assert result.unattributed == {"aten::copy_": [1, 9]}
 
 

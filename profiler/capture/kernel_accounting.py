@@ -12,8 +12,9 @@ At the end, each unit of engine work is attributed:
 - on a GPU a unit is a kernel (or a memcpy/memset); it belongs where the CPU call that launched it
   was (CUPTI's correlation id), and a kernel CUPTI does not link to a launch (a CUDA graph's may
   not be) to the range whose span on the GPU's timeline holds it (Kineto's GPU user annotation);
-- on CPU a unit is an operator's self time (the profiler's operators, and Inductor's C++ kernels,
-  which report themselves when ``TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE=1``).
+- on CPU a unit is an operator the engine (or a hooked call) called, with the operators it called in
+  turn: the profiler's operators, and Inductor's C++ kernels, which report themselves when
+  ``TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE=1``.
 
 A unit inside a hooked call's range is that call's; where the call computed Definitions of
 several op types (an attention layer writes the KV cache, then attends), the one whose family's
@@ -110,6 +111,7 @@ class Accounting:
     def __init__(self) -> None:
         self.active = False
         self.profiler: Any = None
+        self.on_gpu = False  # the GPU's kernels are profiled (else the CPU's operators)
         self.graphs: list[GraphCalls] = []
         self._graph_ids: dict[Hashable, int] = {}
         #: the graph range the next graph run opens (set by the graph-run hook just before it runs)
@@ -120,7 +122,8 @@ class Accounting:
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU]
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
+        self.on_gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
+        if self.on_gpu:
             activities.append(ProfilerActivity.CUDA)
         self.graphs, self._graph_ids, self.pending_graph = [], {}, None
         options: dict[str, Any] = {}
@@ -157,7 +160,7 @@ class Accounting:
         profiler.stop()
         began = time.perf_counter()
         events = profiler.profiler.kineto_results.events()
-        attributed = attribute(events, self.graphs, kernel_words, known)
+        attributed = attribute(events, self.graphs, kernel_words, known, self.on_gpu)
         attributed.steps = steps
         attributed.processing_s = time.perf_counter() - began
         return attributed
@@ -270,47 +273,51 @@ def _device_kind(event: Any) -> str:
 
 
 def attribute(events: Sequence[Any], graphs: Sequence[GraphCalls], kernel_words: Mapping[str, Sequence[str]],
-              op_types: Mapping[str, str]) -> Attributed:
+              op_types: Mapping[str, str], on_gpu: Optional[bool] = None) -> Attributed:
     """Attribute the profiler's ``events`` (Kineto's) to the hooked calls' and graphs' ranges. A
     call range names Definitions of the record (``op_types``: name -> op type; a range naming none
-    is a hook that failed: not attributed); ``kernel_words``: op type -> its kernels' words."""
+    is a hook that failed: not attributed); ``kernel_words``: op type -> its kernels' words.
+    ``on_gpu``: whether the GPU's kernels were profiled (None: whether any is among the events); a
+    GPU run whose profile holds no kernel then says it measured nothing, rather than its CPU time."""
     known = frozenset(op_types)
     fits = _Fits(kernel_words, op_types)
-    cpu_events = [e for e in events if _device_kind(e) == "cpu"]
-    device_events, spans = [], []
+    cpu_events, device_events, spans = [], [], []
     for e in events:
         if _device_kind(e) == "cpu":
+            cpu_events.append(e)
             continue
         own = _range_of(e.name(), e.start_ns(), e.start_ns() + e.duration_ns(), known)
         if own is not None:  # a range's span on the GPU's timeline (Kineto's GPU user annotation)
             spans.append(own)
         elif not e.is_user_annotation():
             device_events.append(e)
-    on_gpu = bool(device_events)
+    if on_gpu is None:
+        on_gpu = bool(device_events)
     result = Attributed("cuda" if on_gpu else "cpu")
 
-    # the CPU side, per thread: each event's innermost enclosing fi range, and (on CPU) its self time
+    # the CPU side, per thread: each event's innermost enclosing fi range, and (for CPU units) the
+    # operators the engine called, each with what it called in turn (an operator inside another
+    # is its caller's work: aten::mm's aten::resolve_conj)
     innermost: dict[int, Optional[_Range]] = {}  # id(event) -> range
-    self_ns: dict[int, int] = {}
+    outermost: list[Any] = []
     by_thread: dict[int, list[Any]] = defaultdict(list)
     for e in cpu_events:
         by_thread[e.start_thread_id()].append(e)
     for thread_events in by_thread.values():
         thread_events.sort(key=lambda e: (e.start_ns(), -e.duration_ns()))
-        stack: list[tuple[Any, Optional[_Range]]] = []  # (event, its own range if it is one)
+        # (event, its own range if it is one, whether it is an operator or a range: what a unit stops at)
+        stack: list[tuple[Any, Optional[_Range], bool]] = []
         for e in thread_events:
             start, end = e.start_ns(), e.start_ns() + e.duration_ns()
             while stack and stack[-1][0].start_ns() + stack[-1][0].duration_ns() <= start:
                 stack.pop()
-            parent = stack[-1][0] if stack else None
-            enclosing = next((r for _, r in reversed(stack) if r is not None), None)
+            enclosing = next((r for _, r, _ in reversed(stack) if r is not None), None)
             own = _range_of(e.name(), start, end, known)
             innermost[id(e)] = own or enclosing
-            if parent is not None and id(parent) in self_ns:
-                self_ns[id(parent)] -= e.duration_ns()
-            if own is None and _is_operator(e):
-                self_ns[id(e)] = e.duration_ns()
-            stack.append((e, own))
+            operator = own is None and _is_operator(e)
+            if operator and not next((r is None for _, r, stops in reversed(stack) if stops), False):
+                outermost.append(e)  # no operator between it and its range (or the root)
+            stack.append((e, own, operator or own is not None))
 
     units: list[tuple[int, str, int, Optional[_Range]]] = []  # (start, name, ns, range)
     if on_gpu:
@@ -322,10 +329,7 @@ def attribute(events: Sequence[Any], graphs: Sequence[GraphCalls], kernel_words:
                 where = on_device.around(e.start_ns(), e.start_ns() + e.duration_ns())
             units.append((e.start_ns(), e.name(), e.duration_ns(), where))
     else:
-        for e in cpu_events:
-            ns = self_ns.get(id(e))
-            if ns:
-                units.append((e.start_ns(), e.name(), max(ns, 0), innermost.get(id(e))))
+        units = [(e.start_ns(), e.name(), e.duration_ns(), innermost.get(id(e))) for e in outermost]
     units.sort(key=lambda u: u[0])
     for start, name, ns, where in units:
         result.total_ns += ns

@@ -61,7 +61,7 @@ def print_summary(console: Console, summary: CaptureSummary, out_dir: Path) -> N
 
 def engine_kernel_line(kernels: EngineKernels) -> str:
     """One line: the engine's kernel time, the share attributed to Definitions and the largest rest."""
-    what = "kernel time" if kernels.device == "cuda" else "operator time (CPU, self time of the profiler's operators)"
+    what = "kernel time" if kernels.device == "cuda" else "operator time (CPU: the operators the engine called)"
     line = (f"engine {what} {kernels.total_ms:,.1f} ms over {kernels.steps} steps; "
             f"{100 * kernels.attributed_share:.1f}% attributed to {len(kernels.by_definition)} Definitions")
     if kernels.unattributed:

@@ -53,8 +53,9 @@ class UnattributedKernel(StrictModel):
 class EngineKernels(StrictModel):
     """What the engine's kernels took over the recorded steps, attributed to Definitions
     (:mod:`fi_profile.capture.kernel_accounting`). ``device``: ``cuda`` (kernels, from CUPTI) or
-    ``cpu`` (operators' self time); ``required_share``: the attributed share below which the record
-    is incomplete (on GPUs; on CPU the share is reported, not required)."""
+    ``cpu`` (the operators the engine called, with those they called); ``required_share``: the
+    attributed share below which the record is incomplete (on GPUs; on CPU the share is reported,
+    not required)."""
 
     device: str
     steps: NonNegativeInt

@@ -114,5 +114,5 @@ FAMILY = Family(
     baselines=(Baseline("torch_moe.py", CONSTANTS, compiled=False),),
     natives=_natives,
     engine_kernel=_engine_kernel,
-    kernel_words=("moe", "expert", "experts", "topk_softmax", "grouped_topk", "align_block"),
+    kernel_words=("moe", "expert", "experts", "topk", "topk_softmax", "grouped_topk", "align_block"),
 )
