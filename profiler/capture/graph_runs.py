@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from typing import Mapping
 
-from fi_profile.capture.kernel_accounting import ACCOUNTING, JOIN, GraphCalls
+from fi_profile.capture.kernel_accounting import ACCOUNTING, JOIN
 from fi_profile.capture.kernel_call import KernelCall
 from fi_profile.capture.patching import observe
 from fi_profile.capture.recorder import RECORDER
@@ -49,19 +49,19 @@ def count_graph_run(trace: Trace, sizes: Mapping[str, int], mode: str, ran_with:
 
 def graph_calls(trace: Trace, live_labels: tuple[str, ...]) -> int:
     """The accounting's index of ``trace``'s calls in order (live ones with this step's labels)."""
-    key = (id(trace), len(trace.templates), live_labels)
-    index = ACCOUNTING.graph_index(key, ())
-    if not ACCOUNTING.graphs[index].calls:
+
+    def calls() -> list[tuple[str, tuple[str, ...]]]:
         by_live = dict(zip((_live_key(live) for _, live, _ in trace.live_groups()), live_labels))
-        calls = []
+        found = []
         for template in trace.templates:
             if template.live is not None:
                 label = by_live.get(_live_key(template.live), "")
-                calls.append((template.op, tuple(label.split(JOIN)) if label else ()))
+                found.append((template.op, tuple(label.split(JOIN)) if label else ()))
             else:
-                calls.append((template.op, tuple(dict.fromkeys(c.definition.name for c in template.calls))))
-        ACCOUNTING.graphs[index] = GraphCalls(tuple(calls))
-    return index
+                found.append((template.op, tuple(dict.fromkeys(c.definition.name for c in template.calls))))
+        return found
+
+    return ACCOUNTING.graph_index((id(trace), len(trace.templates), live_labels), calls)
 
 
 def _live_key(live: object) -> object:

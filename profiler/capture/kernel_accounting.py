@@ -36,7 +36,7 @@ import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Hashable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, Optional, Sequence
 
 if TYPE_CHECKING:
     from fi_profile.schema.run_info import EngineKernels
@@ -136,12 +136,13 @@ class Accounting:
         self.profiler.start()
         self.active = True
 
-    def graph_index(self, key: Hashable, calls: Sequence[tuple[str, tuple[str, ...]]]) -> int:
-        """The index of the graph whose calls are ``calls`` (``key``: what identifies it cheaply)."""
+    def graph_index(self, key: Hashable, calls: Callable[[], Sequence[tuple[str, tuple[str, ...]]]]) -> int:
+        """The index of the graph ``key`` identifies (cheaply); ``calls`` gives its calls in order,
+        called the first time the graph is seen."""
         index = self._graph_ids.get(key)
         if index is None:
             index = self._graph_ids[key] = len(self.graphs)
-            self.graphs.append(GraphCalls(tuple(calls)))
+            self.graphs.append(GraphCalls(tuple(calls())))
         return index
 
     def stop(self, kernel_words: Mapping[str, Sequence[str]], known: Mapping[str, str],

@@ -33,9 +33,9 @@ def call(num_tokens: int, num_kv_heads: int, head_dim: int, page_size: int, num_
     return KernelCall(definition, {"num_tokens": num_tokens, "num_pages": num_pages}, {"slot_mapping": slot_mapping})
 
 
-def slots(tensor: torch.Tensor, tokens: Optional[int] = None) -> Callable[[], torch.Tensor]:
-    """The slots as the workload keeps them (int64, the first ``tokens``), read only when kept."""
-    return lambda: tensor[:tokens].to(torch.int64)
+def slots(tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """The slots as the workload keeps them (int64), read only where the workload is kept."""
+    return lambda: tensor.to(torch.int64)
 
 
 def _overwrites(definition: Definition) -> dict[str, Optional[str]]:
