@@ -143,7 +143,11 @@ def test_a_graph_runs_kernels_are_aligned_with_the_calls_it_holds_in_order():
     result = attribute(profile.events, [GraphCalls(tuple(LAYER))], KERNEL_WORDS, OP_TYPES)
     assert by_definition(result) == {"rmsnorm_h64": 3, "gemm_qkv": 22, "rope_h4": 5, "kv_cache_write_kv2": 5,
                                      "gqa_paged_decode_h4": 30, "gemm_o": 10, "fused_add_rmsnorm_inplace_h64": 3}
-    assert result.unattributed == {}
+    assert result.unattributed == {} and result.graph_traces is None
+    traced = attribute(profile.events, [GraphCalls(tuple(LAYER))], KERNEL_WORDS, OP_TYPES, trace=True)
+    units = traced.graph_traces[0]  # each kernel of the graph's first run, with the call it went to
+    assert [u[0] for u in units] == [name for name, _ in kernels]
+    assert [u[2].split(":")[1] for u in units][:4] == ["rmsnorm", "gemm", "gemm", "rope"]
 
 
 def test_a_graph_kernel_that_fits_no_call_left_is_listed_not_guessed():
@@ -233,6 +237,25 @@ def test_a_cuda_graphs_kernels_unlinked_to_their_launch_go_by_the_graph_ranges_s
     result = attribute(events, [GraphCalls(tuple(calls))], KERNEL_WORDS, OP_TYPES)
     assert by_definition(result) == {"gemm_qkv": 20, "rope_h4": 5, "gemm_o": 30}
     assert result.unattributed == {"outside": [1, 9]} and result.total_ns == 64  # the span itself is no kernel
+
+
+def test_a_copy_another_thread_launched_while_a_graph_ran_is_not_the_graphs():
+    """SGLang copies the next batch's inputs from another thread while a CUDA graph replays: the copy
+    runs between the graph's kernels on the GPU, but CUPTI links it to its own launch, outside every
+    range. It is not attributed, and the graph's kernels after it stay aligned (it once pushed a
+    split-K GEMM's reduction onto the next GEMM's call, and every call after it one layer on)."""
+    calls = [("gemm", ("gemm_o",)), ("rmsnorm", ("fused_add_rmsnorm_inplace_h64",)), ("gemm", ("gemm_qkv",))]
+    events = [Event(f"{GRAPH_RANGE}0", 0, 10, annotation=True), Event("cudaGraphLaunch", 2, 3, correlation=7),
+              Event(f"{GRAPH_RANGE}0", 1000, 100, kind="CUDA", annotation=True),
+              Event("cudaMemcpyAsync", 4, 1, correlation=8, thread=2),
+              Event("nvjet_splitK", 1001, 20, kind="CUDA", correlation=7),
+              Event("direct_copy_kernel", 1022, 6, kind="CUDA", correlation=8),
+              Event("splitKreduce_kernel", 1030, 2, kind="CUDA", correlation=7),
+              Event("FusedAddRMSNormKernel", 1035, 3, kind="CUDA", correlation=7),
+              Event("nvjet_b", 1040, 30, kind="CUDA", correlation=7)]
+    result = attribute(events, [GraphCalls(tuple(calls))], KERNEL_WORDS, OP_TYPES)
+    assert by_definition(result) == {"gemm_o": 22, "fused_add_rmsnorm_inplace_h64": 3, "gemm_qkv": 30}
+    assert result.unattributed == {"direct_copy_kernel": [1, 6]}
 
 
 def test_what_no_call_is_left_for_stays_unattributed_and_edges_are_not_guessed():

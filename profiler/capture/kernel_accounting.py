@@ -9,9 +9,11 @@ or captured, :mod:`fi_profile.capture.traced`).
 
 At the end, each unit of engine work is attributed:
 
-- on a GPU a unit is a kernel (or a memcpy/memset); it belongs where the CPU call that launched it
-  was (CUPTI's correlation id), and a kernel CUPTI does not link to a launch (a CUDA graph's may
-  not be) to the range whose span on the GPU's timeline holds it (Kineto's GPU user annotation);
+- on a GPU a unit is a kernel (or a memcpy/memset); it belongs where the CUDA call that launched it
+  was (CUPTI's correlation id): inside a range, or outside every range (a copy another thread
+  launched, even while a graph ran: not attributed); a kernel CUPTI does not link to a launch (a
+  CUDA graph's may not be) goes to the range whose span on the GPU's timeline holds it (Kineto's
+  GPU user annotation);
 - on CPU a unit is an operator the engine (or a hooked call) called, with the operators it called in
   turn: the profiler's operators, and Inductor's C++ kernels, which report themselves when
   ``TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE=1``.
@@ -49,6 +51,9 @@ JOIN = " + "
 #: the environment variable that turns accounting on in the engine's processes (set by the driver):
 #: the attributed share a GPU run must reach (``0.95``), or ``0`` for off
 ENV = "FI_PROFILE_ACCOUNTING"
+#: the environment variable naming a file to write, per graph, how its first run's kernels were
+#: aligned with its calls (``<file>.<pid>.json``): to see why a kernel went where it did
+TRACE_ENV = "FI_PROFILE_ACCOUNTING_TRACE"
 #: kernel names kept per Definition in the record
 NAMES_KEPT = 8
 #: kernels not attributed kept in the record, the largest first
@@ -76,6 +81,9 @@ class Attributed:
     unattributed: dict[str, list[int]] = field(default_factory=dict)
     steps: int = 0
     processing_s: float = 0.0
+    #: graph -> its first run that launched kernels (a CUDA graph's capture launches none), its units
+    #: as attributed: [name, µs, the call's op type or None] (kept only where :data:`TRACE_ENV` asks)
+    graph_traces: Optional[dict[int, list[list[Any]]]] = None
 
     def part(self) -> dict[str, Any]:
         return {
@@ -161,9 +169,16 @@ class Accounting:
         profiler.stop()
         began = time.perf_counter()
         events = profiler.profiler.kineto_results.events()
-        attributed = attribute(events, self.graphs, kernel_words, known, self.on_gpu)
+        trace = os.environ.get(TRACE_ENV)
+        attributed = attribute(events, self.graphs, kernel_words, known, self.on_gpu, trace=bool(trace))
         attributed.steps = steps
         attributed.processing_s = time.perf_counter() - began
+        if trace:
+            import json
+
+            with open(f"{trace}.{os.getpid()}.json", "w") as f:
+                json.dump({str(g): {"calls": [list(c) for c in self.graphs[g].calls], "units": units}
+                           for g, units in (attributed.graph_traces or {}).items()}, f, indent=0)
         return attributed
 
 
@@ -274,7 +289,7 @@ def _device_kind(event: Any) -> str:
 
 
 def attribute(events: Sequence[Any], graphs: Sequence[GraphCalls], kernel_words: Mapping[str, Sequence[str]],
-              op_types: Mapping[str, str], on_gpu: Optional[bool] = None) -> Attributed:
+              op_types: Mapping[str, str], on_gpu: Optional[bool] = None, trace: bool = False) -> Attributed:
     """Attribute the profiler's ``events`` (Kineto's) to the hooked calls' and graphs' ranges. A
     call range names Definitions of the record (``op_types``: name -> op type; a range naming none
     is a hook that failed: not attributed); ``kernel_words``: op type -> its kernels' words.
@@ -294,7 +309,7 @@ def attribute(events: Sequence[Any], graphs: Sequence[GraphCalls], kernel_words:
             device_events.append(e)
     if on_gpu is None:
         on_gpu = bool(device_events)
-    result = Attributed("cuda" if on_gpu else "cpu")
+    result = Attributed("cuda" if on_gpu else "cpu", graph_traces={} if trace else None)
 
     # the CPU side, per thread: each event's innermost enclosing fi range, and (for CPU units) the
     # operators the engine called, each with what it called in turn (an operator inside another
@@ -322,12 +337,21 @@ def attribute(events: Sequence[Any], graphs: Sequence[GraphCalls], kernel_words:
 
     units: list[tuple[int, str, int, Optional[_Range]]] = []  # (start, name, ns, range)
     if on_gpu:
+        # a kernel and the CUDA call that launched it (cudaLaunchKernel, cudaGraphLaunch, a copy)
+        # share CUPTI's correlation id; a kernel is also linked to the operator around that call
+        runtime = {e.correlation_id(): innermost.get(id(e)) for e in cpu_events
+                   if e.correlation_id() and e.name().startswith("cu")}
         launcher = {e.correlation_id(): innermost.get(id(e)) for e in cpu_events if e.correlation_id()}
         on_device = _Spans(spans)
         for e in device_events:
-            where = launcher.get(e.linked_correlation_id())
-            if where is None:  # a CUDA graph's kernels are not linked to their launch: the range's span
-                where = on_device.around(e.start_ns(), e.start_ns() + e.duration_ns())
+            if e.correlation_id() and e.correlation_id() in runtime:
+                # where its launch was, or nowhere: a copy another thread launched outside every
+                # range (SGLang's next batch, on a side stream) is no graph's though it runs during one
+                where = runtime[e.correlation_id()]
+            else:
+                where = launcher.get(e.linked_correlation_id())
+                if where is None:  # a CUDA graph's kernels CUPTI does not link to their launch: the range's span
+                    where = on_device.around(e.start_ns(), e.start_ns() + e.duration_ns())
             units.append((e.start_ns(), e.name(), e.duration_ns(), where))
     else:
         units = [(e.start_ns(), e.name(), e.duration_ns(), innermost.get(id(e))) for e in outermost]
@@ -345,7 +369,10 @@ def attribute(events: Sequence[Any], graphs: Sequence[GraphCalls], kernel_words:
             where.units.append((start, name, ns))
     for graph_run in _graph_runs([*innermost.values(), *spans]):
         if 0 <= graph_run.graph < len(graphs):
-            _align(graph_run.units, fits.split(graphs[graph_run.graph].calls, known), fits, result)
+            traced = None
+            if result.graph_traces is not None and graph_run.graph not in result.graph_traces and graph_run.units:
+                traced = result.graph_traces[graph_run.graph] = []
+            _align(graph_run.units, fits.split(graphs[graph_run.graph].calls, known), fits, result, traced)
         else:
             for _, name, ns in graph_run.units:
                 result.miss(name, ns)
@@ -464,7 +491,7 @@ class _Fits:
 
 
 def _align(units: list[tuple[int, str, int]], calls: Sequence[tuple[str, tuple[str, ...]]], fits: _Fits,
-           result: Attributed) -> None:
+           result: Attributed, trace: Optional[list[list[Any]]] = None) -> None:
     """A graph run's units (in launch order) to its calls (op type, Definitions; in order): a unit
     right after one of the current call whose name fits only that call's op type to it (unless the
     next call is of that type too), else to the next call of a type it fits; then the units whose
@@ -534,6 +561,8 @@ def _align(units: list[tuple[int, str, int]], calls: Sequence[tuple[str, tuple[s
         i = j
     for (_, name, ns), call in zip(units, assigned):
         definitions = calls[call][1] if call is not None else ()
+        if trace is not None:
+            trace.append([name[:100], round(ns / 1e3, 2), f"{call}:{calls[call][0]}" if call is not None else None])
         if definitions:
             result.add(definitions, name, ns)
         else:
