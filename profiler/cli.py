@@ -359,6 +359,16 @@ def replay(
     ] = None,
     min_time: Annotated[float, typer.Option(min=0.0, help="Seconds of timed calls per pair.")] = 0.1,
     cuda_graph: Annotated[bool, typer.Option("--cuda-graph", help="Time CUDA-graph replays of each call (labelled).")] = False,
+    timer: Annotated[
+        str, typer.Option(help="'events': CUDA events around each call (its device time, gaps between its kernels "
+                          "included); 'kernels': the durations of the call's own kernels (CUPTI, through "
+                          "torch.profiler), as the capture's engine kernel accounting measures the engine's.")
+    ] = "events",
+    warm_inputs: Annotated[
+        bool, typer.Option("--warm-inputs/--cold-inputs", help="After the L2 flush before each call, read the "
+                           "call's per-step inputs (activations, not weights or the KV cache) back into the L2, as "
+                           "the engine's previous kernel leaves them.")
+    ] = False,
     resume: Annotated[bool, typer.Option("--resume", help="Skip pairs already in results.jsonl.")] = False,
     prewarm: Annotated[
         Optional[bool],
@@ -377,6 +387,7 @@ def replay(
     from fi_profile.replay.report import print_breakdown, print_measured, print_projection, print_results
     from fi_profile.replay.runner import ReplayOptions
     from fi_profile.replay.runner import replay as run_replay
+    from fi_profile.replay.timing import TIMERS
 
     with_baselines = "baselines" in solutions
     try:
@@ -396,6 +407,8 @@ def replay(
         dataset.workloads = {name: choose_workloads(ws, max_workloads, lambda w: w.count or 0, lambda w: w.axes)
                              for name, ws in dataset.workloads.items()}
     try:
+        if timer not in TIMERS:
+            raise ValueError(f"--timer {timer}: expected one of {', '.join(TIMERS)}")
         chosen = replay_devices(device, _names(devices))
         if ray is not None:
             if device is not None or devices:
@@ -408,7 +421,8 @@ def replay(
         err.print(str(exc), markup=False, highlight=False)
         raise typer.Exit(code=2) from None
     options = ReplayOptions(device=chosen[0], devices=chosen, ray=ray, timeout_s=timeout, min_time_s=min_time,
-                            cuda_graph=cuda_graph, baseline=baseline, resume=resume, prewarm=prewarm)
+                            cuda_graph=cuda_graph, timer=timer, warm_inputs=warm_inputs, baseline=baseline,
+                            resume=resume, prewarm=prewarm)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
     with Progress(*columns, console=err) as bar:
@@ -437,7 +451,8 @@ def replay(
         measured = dataset.record.run.engine_kernels if dataset.record.run is not None else None
         if measured is not None:  # the projection as the engine ran its kernels, beside what they took
             engine = project(dataset.record, results, captured_workloads, ENGINE, dataset.definitions)
-            print_measured(out, against_measurement(engine, measured), measured.total_ms, measured.device)
+            timers = frozenset(r.timing.method for r in results if r.timing is not None and r.source != "reference")
+            print_measured(out, against_measurement(engine, measured), measured.total_ms, measured.device, timers)
     print_breakdown(out, json.loads((results_dir / BREAKDOWN_FILE).read_text()))
     where = f"Ray cluster {ray}" if ray is not None else f"devices {', '.join(chosen)}"
     out.print(f"results: {results_dir / 'results.jsonl'} ({len(results)} results, {where})")

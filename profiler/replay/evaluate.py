@@ -41,6 +41,10 @@ class Task:
     draws: int = 3
     min_time_s: float = 0.1
     cuda_graph: bool = False
+    #: CUDA events around each call, or the call's own kernels' durations (:data:`~fi_profile.replay.timing.TIMERS`)
+    timer: str = "events"
+    #: the call's per-step inputs read back into the L2 after each flush (:func:`per_step_inputs`)
+    warm_inputs: bool = False
     #: build and call once, untimed and unchecked (a warm-up of the on-disk caches: replay/prewarm.py)
     warm_only: bool = False
 
@@ -90,9 +94,11 @@ def evaluate(task: Task) -> Outcome:
         with phases("check"):
             check = method.check(definition, calling, draws, device)
         inputs, reference = draws[0]
-        call, prepare = _bound(definition, calling, inputs, reference, device)
+        call, prepare, arguments = _bound_arguments(definition, calling, inputs, reference, device)
+        warm = [arguments[n] for n in per_step_inputs(definition)] if task.warm_inputs else None
         with phases("timed calls"):
-            measured = measure(call, prepare, device, min_time_s=task.min_time_s, cuda_graph=task.cuda_graph)
+            measured = measure(call, prepare, device, min_time_s=task.min_time_s, cuda_graph=task.cuda_graph,
+                               timer=task.timer, warm=(lambda: warm) if warm else None)
         if method.recheck_last_output:
             with phases("check"):
                 last = _named(definition, measured.last_output, calling)
@@ -239,6 +245,12 @@ class _InPlace:
 def _bound(definition: Definition, calling: Calling, inputs, reference, device):
     """A zero-argument call on these inputs, and its untimed preparation: poisoned outputs, and
     fresh copies of the inputs the call overwrites (so the copies are never timed)."""
+    call, prepare, _ = _bound_arguments(definition, calling, inputs, reference, device)
+    return call, prepare
+
+
+def _bound_arguments(definition: Definition, calling: Calling, inputs, reference, device):
+    """:func:`_bound`, and the arguments the call gets (by name)."""
     filled = calling.returned(definition) if calling.destination_passing else []
     outputs = _outputs(filled, device, reference)
     written = {n: torch.empty_like(inputs[n]) for n in calling.overwrites}
@@ -258,7 +270,17 @@ def _bound(definition: Definition, calling: Calling, inputs, reference, device):
             result = outputs
         return _InPlace(result, written) if written else result
 
-    return call, prepare
+    return call, prepare, arguments
+
+
+def per_step_inputs(definition: Definition) -> list[str]:
+    """The inputs an engine's previous kernel has just written when it runs this one: those sized
+    by the step (a var axis), the KV cache aside (sized by its pages, written over many steps);
+    weights have const axes only. Under ``warm_inputs`` they are read back into the L2 before
+    each timed call."""
+    var = set(definition.var_axes)
+    return [name for name, spec in definition.inputs.items()
+            if spec.shape and "num_pages" not in spec.shape and any(axis in var for axis in spec.shape)]
 
 
 def _named(definition: Definition, result: Any, calling: Calling) -> dict[str, Any]:

@@ -75,10 +75,13 @@ def print_projection(console: Console, rows: list[KernelProjection], model: str)
 MATTERS, ROW_TOLERANCE, TOTAL_TOLERANCE = 0.02, 0.10, 0.05
 
 
-def print_measured(console: Console, rows: list[MeasuredRow], total_ms: float, device: str) -> None:
-    """The engine-baseline projection beside the engine's kernel time measured in the capture."""
+def print_measured(console: Console, rows: list[MeasuredRow], total_ms: float, device: str,
+                   timers: frozenset[str] = frozenset()) -> None:
+    """The engine-baseline projection beside the engine's kernel time measured in the capture;
+    ``timers``: how the replayed times were taken (the results' ``timing.method``)."""
     what = "kernel time" if device == "cuda" else "operator time (CPU)"
-    table = Table(title=f"projection against the engine's measured {what} (ms, over the captured steps)")
+    how = f"; replay timed by {', '.join(sorted(timers))}" if timers else ""
+    table = Table(title=f"projection against the engine's measured {what} (ms, over the captured steps{how})")
     for column in ("kernel", "calls", "measured", "projected", "projected / measured", "engine's kernel", "best saves"):
         table.add_column(column, justify="left" if column in ("kernel", "engine's kernel") else "right")
     off = []
@@ -106,9 +109,13 @@ def print_measured(console: Console, rows: list[MeasuredRow], total_ms: float, d
     console.print(line, markup=False, highlight=False, soft_wrap=True)
     if off:
         console.print(f"! projected outside ±{100 * ROW_TOLERANCE:.0f}% of the measurement for a kernel with "
-                      f"≥{100 * MATTERS:.0f}% of the time: the replay times one call at a time with a warm L2 and "
-                      "the workloads kept stand for all the calls; the engine's kernels ran in a stream, between "
-                      "others", markup=False, highlight=False, soft_wrap=True)
+                      f"≥{100 * MATTERS:.0f}% of the time: the replay times one call at a time, the L2 flushed before "
+                      "it, and the workloads kept stand for all the calls; the engine's kernels ran in a stream, "
+                      "between others", markup=False, highlight=False, soft_wrap=True)
+    if device == "cuda" and any("events" in t or t == "cuda_graph" for t in timers):
+        console.print("note: CUDA events time a kernel of a few µs at 2-2.5× the duration the engine's accounting "
+                      "measures for it (benchmarks/l2_state.py); --timer kernels times the replay as the accounting "
+                      "does", markup=False, highlight=False, soft_wrap=True)
 
 
 def print_breakdown(console: Console, document: dict) -> None:

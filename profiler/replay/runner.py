@@ -44,6 +44,11 @@ class ReplayOptions:
     draws: int = 3
     min_time_s: float = 0.1
     cuda_graph: bool = False
+    #: CUDA events around each call, or the call's own kernels' durations (as the engine's kernel
+    #: accounting measures them): :data:`fi_profile.replay.timing.TIMERS`
+    timer: str = "events"
+    #: each call's per-step inputs read back into the L2 after the flush, as the engine leaves them
+    warm_inputs: bool = False
     #: build what the pairs compile (FlashInfer JIT, Triton, torch.compile) in parallel up front
     #: (:mod:`fi_profile.replay.prewarm`); None: where the devices are GPUs
     prewarm: Optional[bool] = None
@@ -182,6 +187,8 @@ class Group:
             draws=options.draws,
             min_time_s=options.min_time_s,
             cuda_graph=options.cuda_graph,
+            timer=options.timer,
+            warm_inputs=options.warm_inputs,
         )
 
     def result(self, solution: Optional[Solution], outcome: Outcome, device: Device, libs: dict[str, str]) -> dict:

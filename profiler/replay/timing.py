@@ -1,23 +1,34 @@
 """Timing one callable, in the tone of ``triton.testing.do_bench``: untimed warm-up, then timed
 calls until enough time has passed, reported as median, p10/p90 and coefficient of variation.
 
-CUDA: each call between two events on the current stream; before each call (outside the timed
-region) a buffer of twice the L2 size is zeroed, so every call starts with a cold L2 and the
-preparation (poisoning outputs) is not timed either. Then a spin kernel (``torch.cuda._sleep``)
-runs for twice the host time one call takes to enqueue: while it spins, the host enqueues the
-start event, the call and the end event, so the events time the device's work, not the host's
-launch overhead (which otherwise shows up in calls of a few microseconds, by how fast the host is).
+CUDA: before each call (outside the timed region) the L2 is flushed by reading a buffer of twice
+its size, so every call starts with a cold L2 holding no dirty lines (a flush that writes, as
+zeroing a buffer does, leaves the L2 full of dirty lines that the timed call must write back to
+memory as it reads: a memory-bound GEMM of a decode step measured up to 1.3x slower for it; see
+``benchmarks/l2_state.py``). With ``warm`` the call's per-step inputs (what the engine's previous
+kernel has just written: activations, not weights or the KV cache) are then read back into the L2,
+as they sit there when the engine runs the kernel. Then a spin kernel (``torch.cuda._sleep``) runs
+for twice the host time one call takes to enqueue: while it spins, the host enqueues the call, so
+what is timed is the device's work, not the host's launch overhead.
+
+Two timers: ``events`` (the default), CUDA events around each call, which time the device from
+the call's first launch to its last kernel's end, gaps between its kernels included; ``kernels``,
+the durations CUPTI reports for the call's own kernels (torch.profiler), summed: what the engine's
+kernel accounting (:mod:`fi_profile.capture.kernel_accounting`) measures, without the µs or two an
+event pair adds around a kernel of a few µs.
 CPU: ``perf_counter`` around each call.
-The output of the last timed call is returned, read after its end event only (no device-wide
+The output of the last timed call is returned, read after the call's end only (no device-wide
 sync), so work left running on a side stream shows up as a wrong output.
 """
 
 from __future__ import annotations
 
+import bisect
+import contextlib
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -29,6 +40,8 @@ class Measured:
     last_output: Any
     cold_l2: bool
     host_lead_us: float = 0.0
+    #: whether the call's per-step inputs were read back into the L2 after the flush
+    warm_inputs: bool = False
 
     def stats(self) -> dict[str, Any]:
         t = sorted(self.times_ms)
@@ -44,19 +57,35 @@ class Measured:
             "cv": cv,
             "cold_l2": self.cold_l2,
             "host_lead_us": self.host_lead_us,
+            "warm_inputs": self.warm_inputs,
         }
 
 
-_FLUSH: dict[int, torch.Tensor] = {}
+#: the timers: CUDA events around each call, or the durations of its own kernels (CUPTI)
+TIMERS = ("events", "kernels")
+#: the profiler range each timed call runs in, under the ``kernels`` timer
+TIMED_RANGE = "fi-replay::timed"
+
+_FLUSH: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 _SLEEP_CYCLES_PER_MS: dict[int, float] = {}
 
 
-def _flush_buffer(device: torch.device) -> torch.Tensor:
+def _flush_l2(device: torch.device) -> None:
+    """Read a buffer of twice the L2's size (into a scalar): the L2 then holds only its clean lines."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _FLUSH:
         l2 = torch.cuda.get_device_properties(index).L2_cache_size
-        _FLUSH[index] = torch.empty(2 * l2, dtype=torch.uint8, device=device)
-    return _FLUSH[index]
+        _FLUSH[index] = (torch.ones(2 * l2 // 4, dtype=torch.float32, device=device),
+                         torch.empty((), dtype=torch.float32, device=device))
+    buffer, sink = _FLUSH[index]
+    torch.sum(buffer, dim=0, out=sink)
+
+
+def read_back(tensors: list[torch.Tensor]) -> None:
+    """Read each tensor once on the device (a reduction of its bytes), leaving its lines in the L2."""
+    for tensor in tensors:
+        if tensor.numel():
+            torch.amax(tensor.detach().reshape(-1).view(torch.uint8))
 
 
 def _sleep_cycles_per_ms(device: torch.device) -> float:
@@ -84,18 +113,25 @@ def measure(
     max_reps: int = 100_000,
     warmup_calls: int = 3,
     cuda_graph: bool = False,
+    timer: str = "events",
+    warm: Optional[Callable[[], list[torch.Tensor]]] = None,
 ) -> Measured:
     """Time ``call`` (``prepare`` runs untimed before each); the loop runs for ``min_time_s``.
+    ``timer``: one of :data:`TIMERS`; ``warm``: the call's per-step inputs, read back into the L2
+    after each flush (None: all cold).
     On CUDA, ``device`` is made the current device meanwhile: events, the spin kernel and the
     call's own launches must all go to its streams (events recorded on another GPU time nothing)."""
+    if timer not in TIMERS:
+        raise ValueError(f"timer {timer!r}: expected one of {', '.join(TIMERS)}")
     if device.type != "cuda":
         _warm_up(call, prepare, warmup_calls)
         return _measure_cpu(call, prepare, min_time_s, min_reps, max_reps)
+    loop = _Loop(device, timer, warm, min_time_s, min_reps, max_reps)
     with torch.cuda.device(device):
         if cuda_graph:
-            return _measure_graph(call, prepare, device, min_time_s, min_reps, max_reps, warmup_calls)
+            return _measure_graph(call, prepare, loop, warmup_calls)
         enqueue_s = _warm_up(call, prepare, warmup_calls, device)
-        return _event_loop(call, prepare, device, "cuda_events", min_time_s, min_reps, max_reps, enqueue_s)
+        return loop.run(call, prepare, "cuda_events" if timer == "events" else "cupti_kernels", enqueue_s)
 
 
 def _warm_up(call, prepare, calls: int, device: torch.device | None = None) -> float:
@@ -114,31 +150,91 @@ def _warm_up(call, prepare, calls: int, device: torch.device | None = None) -> f
     return fastest
 
 
-def _event_loop(call, prepare, device, method, min_time_s, min_reps, max_reps, enqueue_s, result=None) -> Measured:
-    """Events around each call, the L2 flushed and a host lead spun before each; ``result``
-    overrides the call's return value as the output to snapshot (a graph replay returns nothing)."""
-    flush = _flush_buffer(device)
-    lead_ms = min(2 * enqueue_s * 1e3 + 0.02, 10.0)
-    lead_cycles = int(lead_ms * _sleep_cycles_per_ms(device))
-    starts, ends = [], []
-    output = None
-    loop_start = time.perf_counter()
-    while len(starts) < max_reps and (len(starts) < min_reps or time.perf_counter() - loop_start < min_time_s):
-        prepare()
-        flush.zero_()
-        torch.cuda._sleep(lead_cycles)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        output = call()
-        end.record()
-        starts.append(start)
-        ends.append(end)
-        if len(starts) % 256 == 0:
-            end.synchronize()  # keep the host from running far ahead of the device
-    ends[-1].synchronize()
-    last = _snapshot(output if result is None else result)
-    torch.cuda.synchronize(device)
-    return Measured(method, [s.elapsed_time(e) for s, e in zip(starts, ends)], last, True, lead_ms * 1e3)
+@dataclass
+class _Loop:
+    """The timed loop on CUDA: before each call the L2 flushed (and the per-step inputs read back),
+    a host lead spun; events around each call, and under the ``kernels`` timer the profiler on."""
+
+    device: torch.device
+    timer: str
+    warm: Optional[Callable[[], list[torch.Tensor]]]
+    min_time_s: float
+    min_reps: int
+    max_reps: int
+
+    def run(self, call, prepare, method: str, enqueue_s: float, result: Any = None) -> Measured:
+        """``result`` overrides the call's return value as the output to snapshot (a graph replay
+        returns nothing)."""
+        lead_ms = min(2 * enqueue_s * 1e3 + 0.02, 10.0)
+        lead_cycles = int(lead_ms * _sleep_cycles_per_ms(self.device))
+        warm = self.warm() if self.warm is not None else []
+        profiler = _kernel_profiler() if self.timer == "kernels" else contextlib.nullcontext()
+        starts, ends = [], []
+        output = None
+        with profiler as prof:
+            loop_start = time.perf_counter()
+            while len(starts) < self.max_reps and (
+                    len(starts) < self.min_reps or time.perf_counter() - loop_start < self.min_time_s):
+                prepare()
+                _flush_l2(self.device)
+                read_back(warm)
+                torch.cuda._sleep(lead_cycles)
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                with _timed_range(self.timer):
+                    start.record()
+                    output = call()
+                    end.record()
+                starts.append(start)
+                ends.append(end)
+                if len(starts) % 256 == 0:
+                    end.synchronize()  # keep the host from running far ahead of the device
+            ends[-1].synchronize()
+            last = _snapshot(output if result is None else result)
+            torch.cuda.synchronize(self.device)
+        times = ([s.elapsed_time(e) for s, e in zip(starts, ends)] if prof is None
+                 else _kernel_times(prof, len(starts)))
+        if prof is not None and not all(times):
+            raise RuntimeError(f"the kernels timer saw no kernel in {times.count(0.0)} of {len(times)} calls: the "
+                               "call does its work off the GPU, or launches it where CUPTI does not link it to the "
+                               "call; time it with the events timer")
+        return Measured(method, times, last, True, lead_ms * 1e3, bool(warm))
+
+
+def _kernel_profiler():
+    from torch.profiler import ProfilerActivity, profile
+
+    return profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+
+
+def _timed_range(timer: str):
+    if timer != "kernels":
+        return contextlib.nullcontext()
+    return torch.profiler.record_function(TIMED_RANGE)
+
+
+def _kernel_times(prof: Any, calls: int) -> list[float]:
+    """Per timed call, the summed durations (ms) of the kernels (and copies) launched inside its range."""
+    events = prof.profiler.kineto_results.events()
+    cpu = [e for e in events if e.device_type() == torch.autograd.DeviceType.CPU]
+    ranges = sorted((e.start_ns(), e.start_ns() + e.duration_ns()) for e in cpu if e.name() == TIMED_RANGE)
+    if len(ranges) != calls:
+        raise RuntimeError(f"the profiler saw {len(ranges)} timed ranges for {calls} calls")
+    # a kernel and the CUDA API call that launched it (cudaLaunchKernel, cuLaunchKernelEx, a copy, a
+    # graph launch) share CUPTI's correlation id; the launch lies inside its call's range (a Triton
+    # kernel's has no operator around it to link to)
+    launched = {e.correlation_id(): e.start_ns() for e in cpu if e.name().startswith("cu") and e.correlation_id()}
+    starts = [r[0] for r in ranges]
+    times = [0.0] * calls
+    for e in events:
+        if e.device_type() == torch.autograd.DeviceType.CPU or e.is_user_annotation():
+            continue
+        at = launched.get(e.correlation_id())
+        if at is None:
+            continue
+        i = bisect.bisect_right(starts, at) - 1
+        if i >= 0 and at <= ranges[i][1]:
+            times[i] += e.duration_ns() / 1e6
+    return times
 
 
 def _measure_cpu(call, prepare, min_time_s, min_reps, max_reps) -> Measured:
@@ -153,8 +249,9 @@ def _measure_cpu(call, prepare, min_time_s, min_reps, max_reps) -> Measured:
     return Measured("cpu_wall", times, _snapshot(output), False)
 
 
-def _measure_graph(call, prepare, device, min_time_s, min_reps, max_reps, warmup_calls) -> Measured:
-    """One call captured as a CUDA graph; each replay timed (launch gaps gone), L2 flushed between."""
+def _measure_graph(call, prepare, loop: _Loop, warmup_calls) -> Measured:
+    """One call captured as a CUDA graph; each replay timed (launch gaps gone)."""
+    device = loop.device
     _warm_up(call, prepare, warmup_calls, device)
     stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
@@ -167,7 +264,8 @@ def _measure_graph(call, prepare, device, min_time_s, min_reps, max_reps, warmup
     with torch.cuda.graph(graph):
         output = call()
     enqueue_s = _warm_up(graph.replay, prepare, 2, device)
-    return _event_loop(graph.replay, prepare, device, "cuda_graph", min_time_s, min_reps, max_reps, enqueue_s, result=output)
+    method = "cuda_graph" if loop.timer == "events" else "cuda_graph_cupti_kernels"
+    return loop.run(graph.replay, prepare, method, enqueue_s, result=output)
 
 
 def _snapshot(output: Any) -> Any:

@@ -62,6 +62,8 @@ class Timing(StrictModel):
     cold_l2: bool
     #: device time spun before each timed call so the host's enqueueing is not timed (CUDA)
     host_lead_us: NonNegativeFloat = 0.0
+    #: the call's per-step inputs (activations, not weights or KV cache) read back into the L2 after the flush
+    warm_inputs: bool = False
 
 
 class BenchmarkResult(StrictModel):
