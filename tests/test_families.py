@@ -5,7 +5,7 @@ import importlib
 
 import pytest
 
-from fi_profile.catalog import shipped_definitions
+from fi_profile.catalog import shipped_definition, shipped_definitions
 from fi_profile.families import FAMILIES, family_of
 from fi_profile.families.family import FITTED_BASELINE
 from fi_profile.families.sources import read_source, set_constants
@@ -50,8 +50,24 @@ def test_every_native_kernel_becomes_a_solution_with_the_definitions_constants()
             assert {s.path for s in solution.sources[1:]} == set(native.siblings)
             if FITTED_BASELINE in native.siblings.values():
                 assert any("ROPE_THETA = " in s.content for s in solution.sources[1:])
+            assert solution.spec.computes == (None if native.computes is None else list(native.computes))
+            assert not solution.problems_with(definition)
             built += 1
     assert built >= 10
+
+
+def test_the_engines_triton_attention_is_offered_for_paged_attention_computing_its_output_only():
+    """vLLM's TRITON_ATTN kernel and SGLang's triton backend's kernels (on its page-size-1 cache)
+    are the engines' baselines for paged attention; neither returns the lse."""
+    paged = [f"gqa_paged_{kind}_h32_kv8_d128_ps{ps}" for kind in ("decode", "prefill_causal") for ps in (1, 16)]
+    offered = {d: {(n.label or n.library): n for _, n in native_candidates(shipped_definition(d))}
+               for d in (*paged, "gqa_ragged_prefill_causal_h32_kv8_d128")}
+    for name in paged:
+        assert offered[name]["vllm_triton"].computes == ("output",)
+        assert offered[name]["flashinfer"].computes is None
+        assert ("sglang_triton" in offered[name]) == name.endswith("_ps1")
+    assert offered["gqa_paged_decode_h32_kv8_d128_ps1"]["sglang_triton"].computes == ("output",)
+    assert not {"vllm_triton", "sglang_triton"} & set(offered["gqa_ragged_prefill_causal_h32_kv8_d128"])
 
 
 def test_a_constant_a_source_does_not_declare_is_an_error_naming_the_source():

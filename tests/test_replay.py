@@ -256,9 +256,55 @@ def test_projection_compares_with_the_kernel_the_engine_ran_by_default(baseline_
     record = dataset.record.model_copy(update={"run": RunInfo(execution={RMSNORM: "compiled"}, attention_backend="TRITON_ATTN")})
     assert engine_kernel(record, dataset.definitions[RMSNORM]).label == "torch_compile"  # Inductor's, in graph mode
     decode = engine_kernel(record, dataset.definitions[DECODE])
-    assert decode.label is None and "TRITON_ATTN" in decode.what
+    assert decode.label == "vllm_triton" and "TRITON_ATTN" in decode.what  # vLLM's Triton unified attention
+    assert engine_kernel(record, dataset.definitions[RAGGED]).label is None  # no ragged prefill in vLLM's backend
     sglang = record.model_copy(update={"framework": "SGLang"})
     assert engine_kernel(sglang, dataset.definitions[RMSNORM]).label == "flashinfer"
+    triton = sglang.model_copy(update={"run": RunInfo(attention_backend="triton")})
+    assert engine_kernel(triton, dataset.definitions[DECODE]).label is None  # SGLang's Triton kernels: page size 1 only
+    assert engine_kernel(triton, shipped_definition("gqa_paged_decode_h32_kv8_d128_ps1")).label == "sglang_triton"
+    write = definition_for("kv_cache_write_kv8_d128_ps16", "kv_cache_write_kv8_d128_ps1", {"page_size": 1}, DType.bfloat16)
+    assert engine_kernel(triton, write).label == "sglang"  # its store_cache kernel
+    cpu = sglang.model_copy(update={"run": RunInfo(attention_backend="torch_native")})
+    assert engine_kernel(cpu, write).label is None  # on CPU it writes with its own kernels
+
+
+def _output_only(definition) -> str:
+    """A solution computing only ``output`` of a paged-attention Definition: its reference, the lse dropped."""
+    return definition.reference.replace("def run(", "def _reference(") + (
+        "\n\ndef run(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale):\n"
+        "    return _reference(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale)[0]\n")
+
+
+def test_a_solution_that_computes_some_outputs_is_checked_on_those_and_is_never_the_best(dataset_dir, tmp_path):
+    """vLLM's Triton attention returns no log-sum-exp: a Solution says which outputs it computes
+    (``spec.computes``); only those are checked, the result names the others, and the projection
+    can take it as the engine's baseline but never as the best candidate. Naming an output the
+    Definition does not have is an error naming the field."""
+    dataset = load_dataset(dataset_dir, [DECODE])
+    partial = solution("output_only", DECODE, _output_only(dataset.definitions[DECODE]))
+    partial["spec"]["computes"] = ["output"]
+    undeclared = solution("undeclared", DECODE, _output_only(dataset.definitions[DECODE]))
+    folder = tmp_path / "solutions"
+    folder.mkdir()
+    for s in (partial, undeclared):
+        (folder / f"{s['name']}.json").write_text(json.dumps(s))
+    results = replay(dataset, load_solutions([folder]), True, tmp_path / "out",
+                     ReplayOptions(device="cpu", min_time_s=0.01, timeout_s=120))
+    by_source = {r.source: r for r in results}
+    assert by_source["output_only"].status.value == "passed" and by_source["output_only"].check.unchecked == ["lse"]
+    assert by_source["undeclared"].status.value == "incorrect_shape"  # one value returned where two are expected
+    assert by_source[f"{DECODE}__torch"].check.unchecked == []
+    record = type(dataset.record).model_validate({**dataset.record.model_dump(mode="json"), "kernels": [{"id": DECODE, "count": 10}]})
+    fastest = {r.source: r.time for r in results if r.time is not None}
+    rows = project(record, results, dataset.workloads, "output_only", dataset.definitions)
+    assert rows[0].baseline == "output_only" and rows[0].best != "output_only" and rows[0].best in fastest
+
+    bad = dict(partial, name="bad_computes")
+    bad["spec"] = dict(partial["spec"], computes=["output", "logits"])
+    (folder / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(DatasetError, match=r"bad\.json.*spec\.computes\.1.*'logits' is not an output"):
+        load_solutions([folder / "bad.json"], dataset.definitions)
 
 
 def test_adversarial_solutions_are_caught_and_the_run_goes_on(dataset_dir, tmp_path):

@@ -52,6 +52,8 @@ class Native:
     must_fit: bool = False
     #: its Solution's label where the library has several kernels for one Definition (else ``library``)
     label: Optional[str] = None
+    #: the Definition's outputs it computes, where not all (``spec.computes``; None: all)
+    computes: Optional[tuple[str, ...]] = None
 
 
 @dataclass(frozen=True)

@@ -85,13 +85,16 @@ def baseline_solutions(definition: Definition) -> list[Solution]:
 
 
 def _solution(definition: Definition, label: str, language: str, source: str, description: str,
-              siblings: Optional[dict[str, str]] = None, overwrites: Optional[dict[str, Optional[str]]] = None) -> Solution:
+              siblings: Optional[dict[str, str]] = None, overwrites: Optional[dict[str, Optional[str]]] = None,
+              computes: Optional[list[str]] = None) -> Solution:
     """``source`` as ``main.py``; ``siblings``: other files of the Solution, which it imports;
-    ``overwrites``: the inputs it works in place on."""
+    ``overwrites``: the inputs it works in place on; ``computes``: its outputs, where not all."""
     sources = [{"path": "main.py", "content": source}] + [{"path": p, "content": c} for p, c in (siblings or {}).items()]
     spec = {"language": language, "target_hardware": [], "entry_point": "main.py::run"}
     if overwrites:
         spec["overwrites"] = overwrites
+    if computes:
+        spec["computes"] = computes
     return Solution.model_validate(
         {
             "name": f"{definition.name}__{label}",
@@ -137,8 +140,9 @@ def native_solution(definition: Definition, family: Family, native: Native) -> S
         else:
             siblings[path] = read_source(family.package, file)
     overwrites = None if native.overwrites is None else dict(native.overwrites(definition))
+    computes = None if native.computes is None else [n for n in definition.outputs if n in native.computes]
     return _solution(definition, native.label or native.library, "python", source,
-                     f"{native.library}'s kernel, as the engine calls it", siblings, overwrites)
+                     f"{native.library}'s kernel, as the engine calls it", siblings, overwrites, computes)
 
 
 def native_solutions(definition: Definition) -> list[Solution]:

@@ -102,7 +102,7 @@ def evaluate(task: Task) -> Outcome:
         if method.recheck_last_output:
             with phases("check"):
                 last = _named(definition, measured.last_output, calling)
-                diff = _diff_all(definition, last, reference)
+                diff = _diff_all(definition, last, calling.checked(reference))
             if not diff.ok:
                 raise Failed(
                     "stale_output",
@@ -142,9 +142,15 @@ class Calling:
     overwrites: Mapping[str, Optional[str]] = field(default_factory=dict)
     #: input -> its dimensions marked dynamic for torch.compile when the call is bound
     dynamic: Mapping[str, list[int]] = field(default_factory=dict)
+    #: the outputs it does not compute (its spec's ``computes`` leaves them out): never checked
+    unchecked: frozenset[str] = frozenset()
 
     def returned(self, definition: Definition) -> list[str]:
-        return returned_outputs(definition, self.overwrites)
+        return [n for n in returned_outputs(definition, self.overwrites) if n not in self.unchecked]
+
+    def checked(self, reference: Mapping[str, Any]) -> dict[str, Any]:
+        """The reference's outputs this call is checked on."""
+        return {n: r for n, r in reference.items() if n not in self.unchecked}
 
 
 def returned_outputs(definition: Definition, overwrites: Mapping[str, Optional[str]]) -> list[str]:
@@ -163,7 +169,8 @@ def _entry(definition: Definition, task: Task) -> Calling:
 
 def _solution_calling(definition: Definition, solution: Solution) -> Calling:
     overwrites = dict(solution.spec.overwrites or {})
-    returned = returned_outputs(definition, overwrites)
+    unchecked = frozenset(definition.outputs) - set(solution.spec.computes or definition.outputs)
+    returned = [n for n in returned_outputs(definition, overwrites) if n not in unchecked]
     destination_passing = (
         solution.is_destination_passing(list(definition.inputs), returned)
         if solution.spec.language.entry_is_python
@@ -177,9 +184,9 @@ def _solution_calling(definition: Definition, solution: Solution) -> Calling:
     built = _BUILT[key]
     dynamic = var_axis_dims(definition) if solution.spec.language is Language.torch_compile else {}
     if built.by_name:
-        return Calling(built.fn, destination_passing, overwrites, dynamic)
+        return Calling(built.fn, destination_passing, overwrites, dynamic, unchecked)
     order = list(definition.inputs) + (returned if destination_passing else [])
-    return Calling(lambda **kw: built.fn(*(kw[n] for n in order)), destination_passing, overwrites, dynamic)
+    return Calling(lambda **kw: built.fn(*(kw[n] for n in order)), destination_passing, overwrites, dynamic, unchecked)
 
 
 def _check_entry_fits(definition: Definition, solution: Solution, returned: list[str], destination_passing: bool) -> None:
@@ -334,7 +341,7 @@ def _check_draws(definition, calling, draws, device) -> dict:
         changed = _restore(inputs, before)
         if changed:
             raise Failed("mutates_input", f"inputs changed by the call: {', '.join(changed)}")
-        for name, ref in reference.items():
+        for name, ref in calling.checked(reference).items():
             out = outputs[name]
             if not isinstance(out, torch.Tensor):
                 raise Failed("incorrect_shape", f"{name}: returned {type(out).__name__}, not a tensor")
@@ -344,18 +351,18 @@ def _check_draws(definition, calling, draws, device) -> dict:
                 raise Failed("incorrect_dtype", f"{name}: dtype {out.dtype}, expected {ref.dtype}")
         if previous is not None and not _same(previous[1], reference) and _same(previous[0], outputs):
             raise Failed("stale_output", "a fresh input gave the same output as the previous one (cached?)")
-        diff = _diff_all(definition, outputs, reference)
+        diff = _diff_all(definition, outputs, calling.checked(reference))
         total = diff if total is None else total.merge(diff)
         if not diff.ok:
             raise Failed(
                 "incorrect_numerical",
                 f"{diff.mismatched} of {diff.total} elements off (max abs {diff.max_abs:.3g}, max rel {diff.max_rel:.3g}; "
                 f"atol {diff.atol}, rtol {diff.rtol})",
-                _check_dict(total, len(draws)),
+                _check_dict(total, len(draws), calling.unchecked),
             )
-        previous = ({n: o.clone() for n, o in outputs.items()}, reference)
+        previous = ({n: o.clone() for n, o in outputs.items()}, calling.checked(reference))
     assert total is not None
-    return _check_dict(total, len(draws))
+    return _check_dict(total, len(draws), calling.unchecked)
 
 
 def _restore(inputs: dict[str, Any], before: dict[str, torch.Tensor]) -> list[str]:
@@ -384,8 +391,9 @@ def _diff_all(definition: Definition, outputs: dict[str, Any], reference: dict[s
     return total
 
 
-def _check_dict(diff: Diff, draws: int) -> dict:
+def _check_dict(diff: Diff, draws: int, unchecked: frozenset[str] = frozenset()) -> dict:
     return {
+        "unchecked": sorted(unchecked),
         "max_abs_diff": diff.max_abs if math.isfinite(diff.max_abs) else 1e308,
         "max_rel_diff": diff.max_rel if math.isfinite(diff.max_rel) else 1e308,
         "mismatch_ratio": diff.ratio,

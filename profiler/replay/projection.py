@@ -106,6 +106,8 @@ def project(
     definitions: Optional[dict[str, Definition]] = None,
 ) -> list[KernelProjection]:
     rows = []
+    #: solutions that compute only some outputs (``spec.computes``): a baseline, never the best candidate
+    partial = {r.source for r in results if r.check is not None and r.check.unchecked}
     for kernel in record.kernels:
         times = per_call_ms([r for r in results if r.kernel_id == kernel.id], workloads.get(kernel.id, []),
                             (definitions or {}).get(kernel.id))
@@ -122,7 +124,7 @@ def project(
             missing = f"the engine's kernel ({wanted}) did not pass every workload here"
         if base is None and baseline != ENGINE and REFERENCE in times:
             base = REFERENCE
-        candidates = {s: t for s, t in times.items() if s != REFERENCE}
+        candidates = {s: t for s, t in times.items() if s != REFERENCE and s not in partial}
         best = min(candidates, key=candidates.__getitem__) if candidates else None
         rows.append(
             KernelProjection(

@@ -32,6 +32,9 @@ def print_results(console: Console, results: list[BenchmarkResult]) -> None:
         for source, rs in by_source.items():
             passed = [r for r in rs if r.time is not None]
             failures = sorted({r.status.value for r in rs if r.time is None and r.status is not None})
+            unchecked = sorted({n for r in rs if r.check is not None for n in r.check.unchecked})
+            if unchecked:
+                failures.append(f"computes no {', '.join(unchecked)}")
             table.add_row(
                 label_of(source),
                 f"{len(passed)}/{len(rs)}",

@@ -50,10 +50,12 @@ class Check(StrictModel):
     rtol: NonNegativeFloat
     draws: int = Field(ge=1)
     method: str = "allclose"  # or "distribution" (sampling), "exact" (integers)
+    #: the Definition's outputs the solution does not compute (its ``spec.computes``): not checked
+    unchecked: list[str] = Field(default_factory=list)
 
 
 class Timing(StrictModel):
-    method: str  # cuda_events, cuda_graph, cpu_wall
+    method: str  # cuda_events, cupti_kernels, cuda_graph, cuda_graph_cupti_kernels, cpu_wall
     repetitions: int = Field(ge=1)
     median_ms: NonNegativeFloat
     p10_ms: NonNegativeFloat

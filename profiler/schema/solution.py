@@ -61,6 +61,10 @@ class SolutionSpec(StrictModel):
     #: it holds afterwards, or null (scratch). Replay gives the call fresh copies of them, made
     #: before each call outside the timed region, and checks the outputs they hold.
     overwrites: Optional[dict[str, Optional[str]]] = None
+    #: the Definition's outputs the call computes, where it computes only some of them (an engine's
+    #: attention kernel that returns no log-sum-exp): only these are checked, the result names the
+    #: others (``check.unchecked``), and such a Solution is never a projection's best candidate
+    computes: Optional[list[str]] = Field(default=None, min_length=1)
 
     @field_validator("entry_point")
     @classmethod
@@ -123,7 +127,12 @@ class Solution(StrictModel):
 
     def problems_with(self, definition: Any) -> list[tuple[Loc, str]]:
         """What this Solution says that its Definition contradicts (field path, message)."""
-        return overwrite_problems(self.spec.overwrites, definition, ("spec", "overwrites"))
+        problems = overwrite_problems(self.spec.overwrites, definition, ("spec", "overwrites"))
+        for i, name in enumerate(self.spec.computes or ()):
+            if name not in definition.outputs:
+                problems.append((("spec", "computes", i),
+                                 f"{name!r} is not an output of {definition.name} ({', '.join(definition.outputs)})"))
+        return problems
 
 
 def overwrite_problems(overwrites: Optional[dict[str, Optional[str]]], definition: Any,

@@ -60,14 +60,33 @@ def layer_problem(layer: Any, covered_class: str, features: Mapping[str, bool]) 
     return f"{name} with {', '.join(problems)} (no Definition computes it)" if problems else None
 
 
+#: the engines' Triton attention kernels: vLLM's unified attention (its TRITON_ATTN backend), and
+#: SGLang's decode and extend kernels (its ``triton`` backend, on its token-granular cache)
+_VLLM_TRITON = "vllm.v1.attention.ops.triton_unified_attention"
+_SGLANG_TRITON = "sglang.kernels.ops.attention.extend_attention"
+
+
 def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
     kind = {"gqa_paged": "paged", "gqa_ragged": "ragged"}[definition.op_type]
-    return [Native("flashinfer", f"flashinfer_{kind}_attention.py", must_fit=True)]
+    natives = [Native("flashinfer", f"flashinfer_{kind}_attention.py", must_fit=True)]
+    if kind == "paged":  # neither Triton kernel computes the log-sum-exp: ``output`` only
+        natives.append(Native("vllm", "vllm_triton_attention.py", must_fit=True, requires=_VLLM_TRITON,
+                              label="vllm_triton", computes=("output",)))
+        if definition.const_axes.get("page_size") == 1:
+            natives.append(Native("sglang", "sglang_triton_attention.py", must_fit=True, requires=_SGLANG_TRITON,
+                                  label="sglang_triton", computes=("output",)))
+    return natives
 
 
 def _engine_kernel(run: EngineRun, definition: Definition) -> EngineKernel:
-    if run.attention_backend.lower() == "flashinfer":
+    backend, framework = run.attention_backend.lower(), run.framework.lower()
+    if backend == "flashinfer":
         return EngineKernel("flashinfer", f"the {run.attention_backend} attention backend")
+    if definition.op_type == "gqa_paged" and (framework, backend) == ("vllm", "triton_attn"):
+        return EngineKernel("vllm_triton", "vLLM's TRITON_ATTN backend (its Triton unified attention kernel)")
+    if definition.op_type == "gqa_paged" and (framework, backend) == ("sglang", "triton") \
+            and definition.const_axes.get("page_size") == 1:
+        return EngineKernel("sglang_triton", "SGLang's triton attention backend (its decode and extend kernels)")
     return EngineKernel(None, f"the {run.attention_backend} attention backend, which the replay has no solution of")
 
 

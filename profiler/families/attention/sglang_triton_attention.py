@@ -1,0 +1,79 @@
+import torch
+from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
+from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+from sglang.kernels.ops.attention.metadata import get_num_kv_splits_triton
+
+#: SGLang's default ``--triton-attention-num-kv-splits``
+MAX_KV_SPLITS = 8
+#: layout -> (the kernel's index arguments, the tensors they were built from, kept alive so that
+#: their addresses cannot be taken by other tensors while the layout is cached)
+_LAYOUTS = {}
+
+
+def _decode_layout(q, kv_indptr, num_kv_heads):
+    """The split-KV buffers and the splits per sequence, as SGLang's Triton backend sets them up once
+    per step for all layers (``get_num_kv_splits``)."""
+    key = ("decode", tuple(q.shape), kv_indptr.data_ptr(), kv_indptr.numel())
+    if key not in _LAYOUTS:
+        batch, heads, head_dim = q.shape
+        seq_lens = (kv_indptr[1:] - kv_indptr[:-1]).to(torch.int32)
+        splits = torch.empty(batch, dtype=torch.int32, device=q.device)
+        get_num_kv_splits_triton[(1,)](
+            splits, seq_lens, batch, 1, heads, num_kv_heads, MAX_KV_SPLITS,
+            torch.cuda.get_device_properties(q.device).multi_processor_count,
+            MAX_NUM_SEQ=max(256, 1 << (batch - 1).bit_length()),
+        )
+        layout = dict(
+            attn_logits=torch.empty(batch, heads, MAX_KV_SPLITS, head_dim, dtype=torch.float32, device=q.device),
+            attn_lse=torch.empty(batch, heads, MAX_KV_SPLITS, dtype=torch.float32, device=q.device),
+            num_kv_splits=splits,
+        )
+        _LAYOUTS[key] = (layout, kv_indptr)
+    return _LAYOUTS[key][0]
+
+
+def _extend_layout(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices):
+    """The cached prefix of each sequence (SGLang's ``kv_indptr`` / ``kv_indices`` of an extend step)
+    and the new tokens' keys and values, which SGLang passes contiguous beside the cache."""
+    tensors = (k_cache, v_cache, qo_indptr, kv_indptr, kv_indices)
+    key = ("extend", tuple(q.shape)) + tuple((t.data_ptr(), t.numel()) for t in tensors)
+    if key not in _LAYOUTS:
+        device = q.device
+        q_lens = (qo_indptr[1:] - qo_indptr[:-1]).to(torch.int64)
+        kv_lens = (kv_indptr[1:] - kv_indptr[:-1]).to(torch.int64)
+        prefix_lens = kv_lens - q_lens
+        owner = torch.repeat_interleave(torch.arange(kv_lens.numel(), device=device), kv_lens)
+        position = torch.arange(kv_indices.numel(), device=device) - kv_indptr[:-1].to(torch.int64)[owner]
+        in_prefix = position < prefix_lens[owner]
+        new = kv_indices[~in_prefix].to(torch.int64)
+        keys, values = k_cache.flatten(0, 1), v_cache.flatten(0, 1)
+        layout = dict(
+            k_extend=keys[new].contiguous(), v_extend=values[new].contiguous(),
+            qo_indptr=qo_indptr.to(torch.int64),
+            kv_indptr=torch.cat([prefix_lens.new_zeros(1), prefix_lens.cumsum(0)]).to(torch.int32),
+            kv_indices=kv_indices[in_prefix].to(torch.int32),
+            max_len_extend=int(q_lens.max()) if q_lens.numel() else 0,
+        )
+        _LAYOUTS[key] = (layout, tensors)
+    return _LAYOUTS[key][0]
+
+
+def run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale, qo_indptr=None):
+    """SGLang's Triton attention backend on its token-granular cache (page size 1), causal: the
+    split-KV decode kernel, or the extend kernel (the cached prefix from the cache, the new
+    tokens' keys and values beside it). It returns no log-sum-exp: only ``output`` is computed."""
+    if len(_LAYOUTS) > 64:
+        _LAYOUTS.clear()
+    keys, values = k_cache.flatten(0, 1), v_cache.flatten(0, 1)  # [tokens, kv heads, head dim]
+    out = torch.empty_like(q)
+    if qo_indptr is None:
+        layout = _decode_layout(q, kv_indptr, k_cache.shape[2])
+        decode_attention_fwd(q, keys, values, out, kv_indptr, kv_indices, layout["attn_logits"], layout["attn_lse"],
+                             layout["num_kv_splits"], MAX_KV_SPLITS, float(sm_scale), 1.0, 1.0, logit_cap=0.0,
+                             use_pdl=torch.cuda.get_device_capability(q.device)[0] >= 9, page_size=1)
+        return out
+    layout = _extend_layout(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices)
+    extend_attention_fwd(q, layout["k_extend"], layout["v_extend"], out, keys, values, layout["qo_indptr"],
+                         layout["kv_indptr"], layout["kv_indices"], None, True, None, layout["max_len_extend"],
+                         1.0, 1.0, float(sm_scale), logit_cap=0.0, page_size=1)
+    return out

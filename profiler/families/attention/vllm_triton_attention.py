@@ -1,0 +1,63 @@
+import torch
+from vllm.v1.attention.backends.triton_attn import MIN_LAUNCH_GRID_SIZE_2D, NUM_PAR_SOFTMAX_SEGMENTS
+from vllm.v1.attention.ops.triton_unified_attention import unified_attention
+
+#: layout -> (the kernel's index arguments, the index tensors they were built from, kept alive so
+#: that their addresses cannot be taken by other tensors while the layout is cached)
+_LAYOUTS = {}
+
+
+def _layout(q, k_cache, kv_indptr, kv_indices, qo_indptr, kv_last_page_len):
+    """The paged layout in vLLM's terms (block table, tokens per sequence, query offsets, and the
+    split-softmax buffers its decode path uses), built once per layout as vLLM's metadata builder
+    builds it once per step for all layers."""
+    tensors = (kv_indptr, kv_indices, qo_indptr, kv_last_page_len)
+    key = (tuple(q.shape), tuple(k_cache.shape)) + tuple(None if t is None else (t.data_ptr(), t.numel()) for t in tensors)
+    if key in _LAYOUTS:
+        return _LAYOUTS[key][0]
+    device = q.device
+    page_size, num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+    batch = kv_indptr.numel() - 1
+    pages = (kv_indptr[1:] - kv_indptr[:-1]).to(torch.int64)
+    max_pages = max(int(pages.max()) if batch else 0, 1)
+    owner = torch.repeat_interleave(torch.arange(batch, device=device), pages)
+    slot = torch.arange(kv_indices.numel(), device=device) - kv_indptr[:-1].to(torch.int64)[owner]
+    block_table = torch.zeros(batch, max_pages, dtype=torch.int32, device=device)
+    block_table[owner, slot] = kv_indices.to(torch.int32)
+    last = kv_last_page_len if kv_last_page_len is not None else torch.full_like(pages, page_size)
+    seqused_k = torch.where(pages > 0, (pages - 1) * page_size + last.to(torch.int64), 0).to(torch.int32)
+    if qo_indptr is None:  # decode: one query token per sequence
+        cu_seqlens_q = torch.arange(batch + 1, dtype=torch.int32, device=device)
+        max_seqlen_q = 1
+    else:
+        cu_seqlens_q = qo_indptr.to(torch.int32)
+        max_seqlen_q = int((qo_indptr[1:] - qo_indptr[:-1]).max()) if batch else 1
+    ones = torch.ones(1, dtype=torch.float32, device=device)
+    threshold = MIN_LAUNCH_GRID_SIZE_2D // num_kv_heads
+    padded = 1 << (head_dim - 1).bit_length()
+    segments = (threshold, q.shape[1], NUM_PAR_SOFTMAX_SEGMENTS)
+    layout = dict(
+        cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, seqused_k=seqused_k,
+        max_seqlen_k=int(seqused_k.max()) if batch else 0, block_table=block_table,
+        seq_threshold_3D=threshold, num_par_softmax_segments=NUM_PAR_SOFTMAX_SEGMENTS,
+        softmax_segm_output=torch.empty(*segments, padded, dtype=torch.float32, device=device),
+        softmax_segm_max=torch.empty(segments, dtype=torch.float32, device=device),
+        softmax_segm_expsum=torch.empty(segments, dtype=torch.float32, device=device),
+        # vLLM passes its layers' KV scales (1.0 for a bf16 cache), expanded per sequence and head
+        q_descale=None, k_descale=ones.expand(batch, num_kv_heads), v_descale=ones.expand(batch, num_kv_heads),
+    )
+    _LAYOUTS[key] = (layout, tensors)
+    return layout
+
+
+def run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale, qo_indptr=None, kv_last_page_len=None):
+    """vLLM's Triton unified attention (the TRITON_ATTN backend's kernel) on the paged cache, causal,
+    as vLLM calls it: decode steps of few sequences on its split-softmax (3D) path. It returns no
+    log-sum-exp: only ``output`` is computed."""
+    if len(_LAYOUTS) > 64:
+        _LAYOUTS.clear()
+    layout = _layout(q, k_cache, kv_indptr, kv_indices, qo_indptr, kv_last_page_len)
+    out = torch.empty_like(q)
+    unified_attention(q=q, k=k_cache, v=v_cache, out=out, softmax_scale=float(sm_scale), causal=True,
+                      window_size=(-1, -1), softcap=0, **layout)
+    return out
