@@ -226,19 +226,24 @@ def test_var_axes_are_the_scheduled_token_counts(single):
 
 def test_drawn_request_lengths_reach_the_engine_and_the_workloads(tmp_path):
     """Prompts of 8 to 40 tokens, outputs of 2 to 6 (seeded): each request generates its own
-    length, every token is counted once, and the shapes spread over many more workloads."""
+    length, every token is counted once, and the shapes spread over many more workloads: beyond
+    ``max_workloads`` the record keeps the other shapes with their counts (``run.unkept_workloads``)."""
     from fi_profile.capture.engine_run import Scenario
     from fi_profile.capture.lengths import Length
 
     drawn = {"num_prompts": 6, "input_len": 40, "input_len_min": 8, "output_len": 6, "output_len_min": 2, "seed": 1}
-    result = capture(tmp_path, "drawn", single_process=True, scenario=drawn)
+    result = capture(tmp_path, "drawn", single_process=True, scenario=drawn, max_workloads=3)
     scenario = Scenario.of_lengths(Length(8, 40), Length(2, 6), num_prompts=6, seed=1)
     prompts, outputs = scenario.prompt_lengths(), scenario.output_lengths()
     assert len(set(prompts)) > 1 and len(set(outputs)) > 1
     assert [len(t) for t in result["tokens"]] == outputs
+    kept = workloads(result["out_dir"], QKV)
+    unkept = {tuple(sorted(u["axes"].items())): u["count"] for u in result["record"]["run"]["unkept_workloads"][QKV]}
+    assert len(kept) == 3 and len(unkept) > 0 and not set(kept) & set(unkept)  # a fixed-length capture has two
     # every prompt token once, then each generated token but the last fed back once, in every layer
-    assert token_total(result["out_dir"], QKV, "M") == LAYERS * (sum(prompts) + sum(outputs) - len(outputs))
-    assert len(workloads(result["out_dir"], QKV)) > 2  # a fixed-length capture keeps two
+    spread = {**kept, **unkept}
+    assert sum(dict(axes)["M"] * n for axes, n in spread.items()) == LAYERS * (sum(prompts) + sum(outputs) - len(outputs))
+    assert sum(spread.values()) == counts(result)[QKV]
     assert result["record"]["run"]["scenario"]["input_len_min"] == 8
 
 

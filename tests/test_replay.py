@@ -187,11 +187,11 @@ def test_workloads_a_replay_left_out_count_with_a_time_estimated_from_those_it_r
     from fi_profile.replay.projection import estimated_ms, input_size
 
     dataset, results, _ = baseline_run
-    small, large = sorted(dataset.workloads[RMSNORM], key=lambda w: input_size(dataset.definitions[RMSNORM], w))
+    small, large = sorted(dataset.workloads[RMSNORM], key=lambda w: input_size(dataset.definitions[RMSNORM], w.axes))
     kept = [r for r in results if r.workload != large.uuid]
     rows = {row.kernel: row for row in project(dataset.record, kept, dataset.workloads, "torch", dataset.definitions)}
     t_small = next(r.time for r in kept if r.source == f"{RMSNORM}__torch" and r.workload == small.uuid)
-    scale = input_size(dataset.definitions[RMSNORM], large) / input_size(dataset.definitions[RMSNORM], small)
+    scale = input_size(dataset.definitions[RMSNORM], large.axes) / input_size(dataset.definitions[RMSNORM], small.axes)
     assert rows[RMSNORM].baseline_ms == pytest.approx((small.count * t_small + large.count * t_small * scale)
                                                       / (small.count + large.count))
     # without the Definition, a solution must have run every workload (as before)
@@ -201,6 +201,30 @@ def test_workloads_a_replay_left_out_count_with_a_time_estimated_from_those_it_r
     assert estimated_ms(20.0, sizes, {"a": 1.0, "b": 3.0}) == pytest.approx(2.0)  # between: linear
     assert estimated_ms(5.0, sizes, {"a": 1.0, "b": 3.0}) == 1.0  # below: the smallest's (its launch)
     assert estimated_ms(60.0, sizes, {"a": 1.0, "b": 3.0}) == pytest.approx(6.0)  # above: in proportion
+
+
+def test_shapes_the_capture_did_not_write_still_weigh_in_the_projection(baseline_run):
+    """A capture writes at most ``--max-workloads`` workloads per Definition; the other shapes its
+    calls had (``run.unkept_workloads``, with their counts) weigh in the projection with times
+    estimated by input size: 90 more calls of the larger norm pull the time per call towards it.
+    A paged workload's size counts the pages it reads, not the whole cache."""
+    from fi_profile.replay.projection import input_size
+
+    dataset, results, _ = baseline_run
+    definition = dataset.definitions[RMSNORM]
+    small, large = sorted(dataset.workloads[RMSNORM], key=lambda w: input_size(definition, w.axes))
+    times = {r.workload: r.time for r in results if r.source == f"{RMSNORM}__torch"}
+    run = RunInfo(unkept_workloads={RMSNORM: [{"axes": dict(large.axes), "count": 90}]})
+    record = dataset.record.model_copy(update={"run": run})
+    row = {r.kernel: r for r in project(record, results, dataset.workloads, "torch", dataset.definitions)}[RMSNORM]
+    expected = (small.count * times[small.uuid] + (large.count + 90) * times[large.uuid]) / (small.count + large.count + 90)
+    assert row.baseline_ms == pytest.approx(expected)
+
+    decode = dataset.definitions[DECODE]
+    few, many = ({"batch_size": 2, "len_indptr": 3, "num_kv_indices": k, "num_pages": 1000} for k in (4, 400))
+    q = 2 * 32 * 128
+    assert input_size(decode, many) - input_size(decode, few) == pytest.approx(396 * (1 + 2 * 16 * 8 * 128))
+    assert input_size(decode, few) == pytest.approx(q + 3 + 4 + 2 + 4 * 2 * 16 * 8 * 128)
 
 
 def test_the_projection_is_set_beside_the_engines_measured_time(baseline_run):

@@ -20,7 +20,7 @@ from fi_profile.capture.completeness import judged
 from fi_profile.capture.kernel_accounting import merged
 from fi_profile.capture.recorder import PARTS_DIR
 from fi_profile.schema import Definition, KernelCallingRecord, KernelCount, Trace
-from fi_profile.schema.run_info import PaddedTokens, RunInfo, StepCounts
+from fi_profile.schema.run_info import PaddedTokens, RunInfo, StepCounts, UnkeptWorkload
 from fi_profile.workload_choice import choose_workloads
 
 
@@ -58,15 +58,23 @@ def merge_parts(out_dir: Path, model: str, framework: str, max_workloads: int, r
         by_definition.setdefault(w["definition"], []).append(w)
     distinct = Counter({name: len(ws) for name, ws in by_definition.items()})
     kept = Counter()
+    unkept: dict[str, list[UnkeptWorkload]] = {}
     for name, ws in by_definition.items():
         chosen = choose_workloads(ws, max_workloads, lambda w: w["count"], lambda w: w["axes"])
         kept[name] = len(chosen)
         _write_workloads(out_dir, definitions[name], chosen)
+        written = {id(w) for w in chosen}
+        left = sorted((w for w in ws if id(w) not in written), key=lambda w: sorted(w["axes"].items()))
+        if left:
+            unkept[name] = [UnkeptWorkload(axes=w["axes"], count=w["count"]) for w in left]
     for definition in definitions.values():
         path = out_dir / "definitions" / definition.op_type / f"{definition.name}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(definition.to_json())
-    run_block = judged(merged.run_block(run or RunInfo(), len(parts)), died)
+    run_block = merged.run_block(run or RunInfo(), len(parts))
+    if unkept:
+        run_block = run_block.model_copy(update={"unkept_workloads": dict(sorted(unkept.items()))})
+    run_block = judged(run_block, died)
     record = KernelCallingRecord(
         model=model,
         framework=framework,

@@ -18,12 +18,12 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Mapping, Optional, Sequence
 
 from fi_profile.replay.engine_kernel import ENGINE, engine_kernel
 from fi_profile.replay.runner import REFERENCE, label_of
 from fi_profile.schema import BenchmarkResult, Definition, KernelCallingRecord, Workload
-from fi_profile.schema.run_info import EngineKernels
+from fi_profile.schema.run_info import EngineKernels, UnkeptWorkload
 
 
 @dataclass
@@ -45,11 +45,13 @@ class KernelProjection:
 
 
 def per_call_ms(results: list[BenchmarkResult], workloads: list[Workload],
-                definition: Optional[Definition] = None) -> dict[str, float]:
+                definition: Optional[Definition] = None,
+                unkept: Sequence[UnkeptWorkload] = ()) -> dict[str, float]:
     """Solution -> frequency-weighted time per call, for solutions that passed every workload they
     ran. With ``definition``, workloads a solution did not run (a replay told ``--max-workloads``)
     stand in with a time estimated from the ones it ran, by their inputs' size
-    (:func:`estimated_ms`); without it, a solution must have run every workload."""
+    (:func:`estimated_ms`), and so do the shapes the capture saw but did not write (``unkept``:
+    ``run.unkept_workloads``); without it, a solution must have run every workload."""
     weights = {w.uuid: float(w.count or 1) for w in workloads}
     by_source: dict[str, dict[str, float]] = {}
     failed: set[str] = set()
@@ -60,26 +62,35 @@ def per_call_ms(results: list[BenchmarkResult], workloads: list[Workload],
             failed.add(r.source)
         else:
             by_source.setdefault(r.source, {})[r.workload] = r.time
-    total = sum(weights.values())
-    sizes = {w.uuid: input_size(definition, w) for w in workloads} if definition is not None else {}
+    sizes = {w.uuid: input_size(definition, w.axes) for w in workloads} if definition is not None else {}
+    others = [(input_size(definition, u.axes), float(u.count)) for u in unkept] if definition is not None else []
+    total = sum(weights.values()) + sum(count for _, count in others)
     found = {}
     for source, times in by_source.items():
         if source in failed or (not sizes and set(times) != set(weights)):
             continue
-        found[source] = sum(weights[w] * (times[w] if w in times else estimated_ms(sizes[w], sizes, times))
-                            for w in weights) / total
+        kept = sum(weights[w] * (times[w] if w in times else estimated_ms(sizes[w], sizes, times)) for w in weights)
+        found[source] = (kept + sum(count * estimated_ms(size, sizes, times) for size, count in others)) / total
     return found
 
 
-def input_size(definition: Definition, workload: Workload) -> float:
-    """The elements a workload's inputs hold (those sized by the KV cache's pages aside: the whole
-    cache, the same for every workload of a capture): what a kernel's time grows with."""
-    axes = definition.axis_values(dict(workload.axes))
+def input_size(definition: Definition, axes: Mapping[str, int]) -> float:
+    """The elements a workload's inputs hold (its ``axes``), what a kernel's time grows with. An
+    input sized by the KV cache's pages counts the pages the workload reads (``num_kv_indices``),
+    not the whole cache (the same for every workload of a capture), or not at all where the
+    Definition does not say which pages it reads."""
+    values = definition.axis_values(dict(axes))
+    read = values.get("num_kv_indices")
     size = 0
     for spec in definition.inputs.values():
-        if spec.shape is None or "num_pages" in spec.shape:
+        if spec.shape is None:
             continue
-        shape = definition.shape_of(spec, axes)
+        if "num_pages" in spec.shape:
+            if read is None:
+                continue
+            shape = definition.shape_of(spec, {**values, "num_pages": read})
+        else:
+            shape = definition.shape_of(spec, values)
         size += math.prod(shape) if shape else 1
     return float(size)
 
@@ -108,9 +119,10 @@ def project(
     rows = []
     #: solutions that compute only some outputs (``spec.computes``): a baseline, never the best candidate
     partial = {r.source for r in results if r.check is not None and r.check.unchecked}
+    unkept = (record.run.unkept_workloads if record.run is not None else None) or {}
     for kernel in record.kernels:
         times = per_call_ms([r for r in results if r.kernel_id == kernel.id], workloads.get(kernel.id, []),
-                            (definitions or {}).get(kernel.id))
+                            (definitions or {}).get(kernel.id), unkept.get(kernel.id, ()))
         missing = None
         wanted = baseline
         if baseline == ENGINE:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Union
 
-from pydantic import NonNegativeInt
+from pydantic import Field, NonNegativeInt
 
 from fi_profile.schema.base import StrictModel
 
@@ -68,6 +68,13 @@ class EngineKernels(StrictModel):
     processing_s: Optional[float] = None
 
 
+class UnkeptWorkload(StrictModel):
+    """A shape a Definition's calls had that the capture did not write as a workload."""
+
+    axes: dict[str, int]
+    count: int = Field(ge=1)
+
+
 class RunInfo(StrictModel):
     # how the run was made
     engine: Optional[str] = None  # "vllm 0.32.0"
@@ -101,5 +108,9 @@ class RunInfo(StrictModel):
     affected_definitions: Optional[dict[str, list[str]]] = None
     #: the engine's own kernel time over the recorded steps, attributed to Definitions
     engine_kernels: Optional[EngineKernels] = None
+    #: per Definition, the shapes its calls had beyond those written as workloads (the capture's
+    #: ``--max-workloads``), each with how often it was seen: its calls' spread, which the projection
+    #: weighs (estimating their times by input size) though they cannot be replayed
+    unkept_workloads: Optional[dict[str, list[UnkeptWorkload]]] = None
     #: what the record misses, in words; absent when it is complete
     incomplete: Optional[str] = None
