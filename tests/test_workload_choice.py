@@ -15,8 +15,17 @@ def test_the_most_frequent_half_then_the_rest_spread_over_the_axis_values():
     chosen = choose_workloads(workloads, 4, lambda w: w["count"], lambda w: w["axes"])
     assert [w["axes"]["M"] for w in chosen] == [1, 2, 3, 10]  # the two most frequent, then 3..10's both ends
     chosen = choose_workloads(workloads, 6, lambda w: w["count"], lambda w: w["axes"])
-    assert [w["axes"]["M"] for w in chosen] == [1, 2, 3, 4, 7, 10]  # the largest always: a long prefill's weight
+    # the largest always (a long prefill's weight); 3 is no more frequent than the 4..10 left out:
+    # it joins the spread rather than being picked for its small M
+    assert [w["axes"]["M"] for w in chosen] == [1, 2, 3, 5, 8, 10]
     assert choose_workloads(workloads, 20, lambda w: w["count"], lambda w: w["axes"])[0]["axes"] == {"M": 1}
+
+
+def test_workloads_of_one_count_are_spread_over_the_axis_values_not_the_smallest_taken():
+    """A capture's decode steps each have a shape of their own, all 32 calls (one per layer)."""
+    steps = [{"axes": {"batch_size": b}, "count": 32} for b in range(1, 21)]
+    chosen = choose_workloads(steps, 6, lambda w: w["count"], lambda w: w["axes"])
+    assert [w["axes"]["batch_size"] for w in chosen] == [1, 5, 9, 12, 16, 20]
 
 
 def test_the_capture_summary_says_how_many_were_kept_of_how_many_seen():
