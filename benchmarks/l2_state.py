@@ -188,7 +188,7 @@ def time_isolated(call, warm: list[torch.Tensor], device: torch.device, method: 
     """Median µs of ``call`` timed by replay's :func:`fi_profile.replay.timing.measure` as ``method`` says."""
     timer, inputs = method.split("_", 1)
     measured = measure(call, lambda: None, device, min_time_s=0.05, min_reps=50, timer=timer,
-                       warm=(lambda: warm) if inputs == "warm_inputs" else None)
+                       warm=warm if inputs == "warm_inputs" else ())
     return statistics.median(measured.times_ms) * 1e3
 
 

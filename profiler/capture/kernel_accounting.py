@@ -339,8 +339,7 @@ def attribute(events: Sequence[Any], graphs: Sequence[GraphCalls], kernel_words:
     if on_gpu:
         # a kernel and the CUDA call that launched it (cudaLaunchKernel, cudaGraphLaunch, a copy)
         # share CUPTI's correlation id; a kernel is also linked to the operator around that call
-        runtime = {e.correlation_id(): innermost.get(id(e)) for e in cpu_events
-                   if e.correlation_id() and e.name().startswith("cu")}
+        runtime = {e.correlation_id(): innermost.get(id(e)) for e in cpu_events if is_cuda_launch(e)}
         launcher = {e.correlation_id(): innermost.get(id(e)) for e in cpu_events if e.correlation_id()}
         on_device = _Spans(spans)
         for e in device_events:
@@ -377,6 +376,12 @@ def attribute(events: Sequence[Any], graphs: Sequence[GraphCalls], kernel_words:
             for _, name, ns in graph_run.units:
                 result.miss(name, ns)
     return result
+
+
+def is_cuda_launch(event: Any) -> bool:
+    """A CUDA runtime or driver call (``cudaLaunchKernel``, ``cuLaunchKernelEx``, ``cudaGraphLaunch``,
+    a copy) as Kineto reports it: the kernels it launched share its CUPTI correlation id."""
+    return bool(event.correlation_id()) and event.name().startswith("cu")
 
 
 _OPERATOR = re.compile(r"^[A-Za-z_][\w.]*::\w|cpp_fused|cpp_kernel")

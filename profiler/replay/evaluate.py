@@ -95,10 +95,10 @@ def evaluate(task: Task) -> Outcome:
             check = method.check(definition, calling, draws, device)
         inputs, reference = draws[0]
         call, prepare, arguments = _bound_arguments(definition, calling, inputs, reference, device)
-        warm = [arguments[n] for n in per_step_inputs(definition)] if task.warm_inputs else None
+        warm = [arguments[n] for n in per_step_inputs(definition)] if task.warm_inputs else []
         with phases("timed calls"):
             measured = measure(call, prepare, device, min_time_s=task.min_time_s, cuda_graph=task.cuda_graph,
-                               timer=task.timer, warm=(lambda: warm) if warm else None)
+                               timer=task.timer, warm=warm)
         if method.recheck_last_output:
             with phases("check"):
                 last = _named(definition, measured.last_output, calling)
@@ -146,17 +146,19 @@ class Calling:
     unchecked: frozenset[str] = frozenset()
 
     def returned(self, definition: Definition) -> list[str]:
-        return [n for n in returned_outputs(definition, self.overwrites) if n not in self.unchecked]
+        return returned_outputs(definition, self.overwrites, self.unchecked)
 
     def checked(self, reference: Mapping[str, Any]) -> dict[str, Any]:
         """The reference's outputs this call is checked on."""
         return {n: r for n, r in reference.items() if n not in self.unchecked}
 
 
-def returned_outputs(definition: Definition, overwrites: Mapping[str, Optional[str]]) -> list[str]:
-    """The outputs a call returns or fills: those no input it overwrites holds afterwards."""
+def returned_outputs(definition: Definition, overwrites: Mapping[str, Optional[str]],
+                     unchecked: frozenset[str] = frozenset()) -> list[str]:
+    """The outputs a call returns or fills: those no input it overwrites holds afterwards, of
+    those it computes (``unchecked``: those it does not)."""
     held = {o for o in overwrites.values() if o is not None}
-    return [n for n in definition.outputs if n not in held]
+    return [n for n in definition.outputs if n not in held and n not in unchecked]
 
 
 def _entry(definition: Definition, task: Task) -> Calling:
@@ -170,7 +172,7 @@ def _entry(definition: Definition, task: Task) -> Calling:
 def _solution_calling(definition: Definition, solution: Solution) -> Calling:
     overwrites = dict(solution.spec.overwrites or {})
     unchecked = frozenset(definition.outputs) - set(solution.spec.computes or definition.outputs)
-    returned = [n for n in returned_outputs(definition, overwrites) if n not in unchecked]
+    returned = returned_outputs(definition, overwrites, unchecked)
     destination_passing = (
         solution.is_destination_passing(list(definition.inputs), returned)
         if solution.spec.language.entry_is_python

@@ -28,9 +28,11 @@ import contextlib
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Sequence
 
 import torch
+
+from fi_profile.capture.kernel_accounting import is_cuda_launch
 
 
 @dataclass
@@ -81,7 +83,7 @@ def _flush_l2(device: torch.device) -> None:
     torch.sum(buffer, dim=0, out=sink)
 
 
-def read_back(tensors: list[torch.Tensor]) -> None:
+def read_back(tensors: Sequence[torch.Tensor]) -> None:
     """Read each tensor once on the device (a reduction of its bytes), leaving its lines in the L2."""
     for tensor in tensors:
         if tensor.numel():
@@ -114,11 +116,11 @@ def measure(
     warmup_calls: int = 3,
     cuda_graph: bool = False,
     timer: str = "events",
-    warm: Optional[Callable[[], list[torch.Tensor]]] = None,
+    warm: Sequence[torch.Tensor] = (),
 ) -> Measured:
     """Time ``call`` (``prepare`` runs untimed before each); the loop runs for ``min_time_s``.
     ``timer``: one of :data:`TIMERS`; ``warm``: the call's per-step inputs, read back into the L2
-    after each flush (None: all cold).
+    after each flush (none: all cold).
     On CUDA, ``device`` is made the current device meanwhile: events, the spin kernel and the
     call's own launches must all go to its streams (events recorded on another GPU time nothing)."""
     if timer not in TIMERS:
@@ -157,7 +159,7 @@ class _Loop:
 
     device: torch.device
     timer: str
-    warm: Optional[Callable[[], list[torch.Tensor]]]
+    warm: Sequence[torch.Tensor]
     min_time_s: float
     min_reps: int
     max_reps: int
@@ -167,7 +169,6 @@ class _Loop:
         returns nothing)."""
         lead_ms = min(2 * enqueue_s * 1e3 + 0.02, 10.0)
         lead_cycles = int(lead_ms * _sleep_cycles_per_ms(self.device))
-        warm = self.warm() if self.warm is not None else []
         profiler = _kernel_profiler() if self.timer == "kernels" else contextlib.nullcontext()
         starts, ends = [], []
         output = None
@@ -177,7 +178,7 @@ class _Loop:
                     len(starts) < self.min_reps or time.perf_counter() - loop_start < self.min_time_s):
                 prepare()
                 _flush_l2(self.device)
-                read_back(warm)
+                read_back(self.warm)
                 torch.cuda._sleep(lead_cycles)
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 with _timed_range(self.timer):
@@ -197,7 +198,7 @@ class _Loop:
             raise RuntimeError(f"the kernels timer saw no kernel in {times.count(0.0)} of {len(times)} calls: the "
                                "call does its work off the GPU, or launches it where CUPTI does not link it to the "
                                "call; time it with the events timer")
-        return Measured(method, times, last, True, lead_ms * 1e3, bool(warm))
+        return Measured(method, times, last, True, lead_ms * 1e3, bool(self.warm))
 
 
 def _kernel_profiler():
@@ -222,7 +223,7 @@ def _kernel_times(prof: Any, calls: int) -> list[float]:
     # a kernel and the CUDA API call that launched it (cudaLaunchKernel, cuLaunchKernelEx, a copy, a
     # graph launch) share CUPTI's correlation id; the launch lies inside its call's range (a Triton
     # kernel's has no operator around it to link to)
-    launched = {e.correlation_id(): e.start_ns() for e in cpu if e.name().startswith("cu") and e.correlation_id()}
+    launched = {e.correlation_id(): e.start_ns() for e in cpu if is_cuda_launch(e)}
     starts = [r[0] for r in ranges]
     times = [0.0] * calls
     for e in events:

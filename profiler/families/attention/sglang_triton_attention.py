@@ -32,10 +32,10 @@ def _decode_layout(q, kv_indptr, num_kv_heads):
     return _LAYOUTS[key][0]
 
 
-def _extend_layout(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices):
+def _extend_layout(q, keys, values, qo_indptr, kv_indptr, kv_indices):
     """The cached prefix of each sequence (SGLang's ``kv_indptr`` / ``kv_indices`` of an extend step)
     and the new tokens' keys and values, which SGLang passes contiguous beside the cache."""
-    tensors = (k_cache, v_cache, qo_indptr, kv_indptr, kv_indices)
+    tensors = (keys, values, qo_indptr, kv_indptr, kv_indices)
     key = ("extend", tuple(q.shape)) + tuple((t.data_ptr(), t.numel()) for t in tensors)
     if key not in _LAYOUTS:
         device = q.device
@@ -46,7 +46,6 @@ def _extend_layout(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices):
         position = torch.arange(kv_indices.numel(), device=device) - kv_indptr[:-1].to(torch.int64)[owner]
         in_prefix = position < prefix_lens[owner]
         new = kv_indices[~in_prefix].to(torch.int64)
-        keys, values = k_cache.flatten(0, 1), v_cache.flatten(0, 1)
         layout = dict(
             k_extend=keys[new].contiguous(), v_extend=values[new].contiguous(),
             qo_indptr=qo_indptr.to(torch.int64),
@@ -72,7 +71,7 @@ def run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale, qo_indptr=None):
                              layout["num_kv_splits"], MAX_KV_SPLITS, float(sm_scale), 1.0, 1.0, logit_cap=0.0,
                              use_pdl=torch.cuda.get_device_capability(q.device)[0] >= 9, page_size=1)
         return out
-    layout = _extend_layout(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices)
+    layout = _extend_layout(q, keys, values, qo_indptr, kv_indptr, kv_indices)
     extend_attention_fwd(q, layout["k_extend"], layout["v_extend"], out, keys, values, layout["qo_indptr"],
                          layout["kv_indptr"], layout["kv_indices"], None, True, None, layout["max_len_extend"],
                          1.0, 1.0, float(sm_scale), logit_cap=0.0, page_size=1)
