@@ -184,7 +184,8 @@ def test_projection_weights_workloads_by_their_counts(baseline_run):
 def test_workloads_a_replay_left_out_count_with_a_time_estimated_from_those_it_ran(baseline_run):
     """``--max-workloads`` replays some workloads; the projection still weighs every captured one,
     the others' time estimated by input size (here: the 20 calls of the larger norm)."""
-    from fi_profile.replay.projection import estimated_ms, input_size
+    from fi_profile.replay.projection import estimated_ms
+    from fi_profile.replay.workload_size import input_size
 
     dataset, results, _ = baseline_run
     small, large = sorted(dataset.workloads[RMSNORM], key=lambda w: input_size(dataset.definitions[RMSNORM], w.axes))
@@ -208,7 +209,7 @@ def test_shapes_the_capture_did_not_write_still_weigh_in_the_projection(baseline
     calls had (``run.unkept_workloads``, with their counts) weigh in the projection with times
     estimated by input size: 90 more calls of the larger norm pull the time per call towards it.
     A paged workload's size counts the pages it reads, not the whole cache."""
-    from fi_profile.replay.projection import input_size
+    from fi_profile.replay.workload_size import input_size
 
     dataset, results, _ = baseline_run
     definition = dataset.definitions[RMSNORM]
@@ -548,6 +549,43 @@ def test_torch_compile_compiles_once_per_definition_not_per_workload():
         prepare()
         call()
     assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_a_torch_compiled_solution_is_first_called_on_its_definitions_largest_workload(dataset_dir, monkeypatch):
+    """Inductor sizes and autotunes its kernels for the shapes of the first call, and those launch
+    configurations then serve every shape: in each process a torch.compile'd solution is first
+    called on its Definition's largest workload, whichever workload comes first (as vLLM compiles
+    at its largest batch). Other solutions get no such call."""
+    from fi_profile.replay import evaluate as ev
+    from fi_profile.replay.baseline_solutions import baseline_solutions
+    from fi_profile.replay.runner import Group
+    from fi_profile.replay.workload_size import largest
+
+    dataset = load_dataset(dataset_dir, [RMSNORM])
+    definition = dataset.definitions[RMSNORM]
+    by_rows = {w.axes["batch_size"]: w for w in dataset.workloads[RMSNORM]}
+    assert sorted(by_rows) == [3, 17]
+    assert largest(definition, dataset.workloads[RMSNORM]) is by_rows[17]
+    solutions = {s.name.rsplit("__", 1)[-1]: s for s in baseline_solutions(definition)}
+    first_rows = []
+    first_call = ev._first_call
+
+    def recording(definition, calling, inputs, reference, device):
+        first_rows.append(inputs["hidden_states"].shape[0])
+        first_call(definition, calling, inputs, reference, device)
+
+    monkeypatch.setattr(ev, "_first_call", recording)
+    monkeypatch.setattr(ev, "_COMPILED_FIRST", set())
+    options = ReplayOptions(device="cpu", min_time_s=0.01)
+    for rows in (3, 17):
+        group = Group(dataset, definition, by_rows[rows], [], {}, by_rows[17])
+        for label in ("torch_compile", "torch"):
+            task = group.task(solutions[label], "cpu", options)
+            assert (task.compile_workload is not None) == (label == "torch_compile")
+            outcome = ev.evaluate(task)
+            assert outcome.status == "passed", outcome.error
+    # the 3-row workload: compiled on 17 rows, then its own first call; torch: none; then 17 rows twice
+    assert first_rows == [17, 3, 3, 17, 17]
 
 
 @pytest.mark.parametrize(

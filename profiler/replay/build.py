@@ -58,7 +58,12 @@ def build(solution: Solution) -> Built:
     if solution.spec.language is Language.torch_compile:
         import torch
 
-        fn = torch.compile(fn)
+        # compiled afresh in each process, for the shapes of its first call (evaluate's compile
+        # workload): Inductor's FX graph cache ignores a dynamic dimension's size hint, so a graph
+        # compiled for a few tokens (another replay's, another process's) would serve every shape
+        # with block sizes chosen for those few (benchmarks/inductor_first_call.py: SwiGLU 2.4x
+        # slower on 16k tokens, H100)
+        fn = torch.compile(fn, options={"fx_graph_cache": False})
     return Built(fn, by_name=True)
 
 

@@ -6,7 +6,9 @@ device (on an H100 a cold 8B capture spent 174 s of 324 s there). These caches l
 (FlashInfer's JIT folder, Triton's and Inductor's caches), so a solution built in another process
 is found built by the device's worker. Before the pairs start, one warm-up task per (Definition,
 solution that compiles) runs in a pool of worker processes of its own: the build and one untimed
-call on the Definition's smallest workload (small inputs, a cheap reference), nothing timed.
+call on the Definition's smallest workload (small inputs, a cheap reference), nothing timed; a
+``torch.compile``'d solution is called on the largest first, as in every process (the shapes
+Inductor compiles and autotunes for: ``Task.compile_workload``).
 Meanwhile the devices start with the Definitions that need no such build (:func:`order`).
 
 A warm-up's small calls share the GPU with the pairs being timed there; its builds are host work."""

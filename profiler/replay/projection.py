@@ -16,12 +16,12 @@ not match what the engine spent says where it cannot be trusted."""
 from __future__ import annotations
 
 import bisect
-import math
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Optional, Sequence
 
 from fi_profile.replay.engine_kernel import ENGINE, engine_kernel
 from fi_profile.replay.runner import REFERENCE, label_of
+from fi_profile.replay.workload_size import input_size
 from fi_profile.schema import BenchmarkResult, Definition, KernelCallingRecord, Workload
 from fi_profile.schema.run_info import EngineKernels, UnkeptWorkload
 
@@ -72,27 +72,6 @@ def per_call_ms(results: list[BenchmarkResult], workloads: list[Workload],
         kept = sum(weights[w] * (times[w] if w in times else estimated_ms(sizes[w], sizes, times)) for w in weights)
         found[source] = (kept + sum(count * estimated_ms(size, sizes, times) for size, count in others)) / total
     return found
-
-
-def input_size(definition: Definition, axes: Mapping[str, int]) -> float:
-    """The elements a workload's inputs hold (its ``axes``), what a kernel's time grows with. An
-    input sized by the KV cache's pages counts the pages the workload reads (``num_kv_indices``),
-    not the whole cache (the same for every workload of a capture), or not at all where the
-    Definition does not say which pages it reads."""
-    values = definition.axis_values(dict(axes))
-    read = values.get("num_kv_indices")
-    size = 0
-    for spec in definition.inputs.values():
-        if spec.shape is None:
-            continue
-        if "num_pages" in spec.shape:
-            if read is None:
-                continue
-            shape = definition.shape_of(spec, {**values, "num_pages": read})
-        else:
-            shape = definition.shape_of(spec, values)
-        size += math.prod(shape) if shape else 1
-    return float(size)
 
 
 def estimated_ms(size: float, sizes: dict[str, float], times: dict[str, float]) -> float:

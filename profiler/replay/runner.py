@@ -26,8 +26,10 @@ from fi_profile.replay.engine_kernel import ENGINE, engine_kernel
 from fi_profile.replay.evaluate import Outcome, Task
 from fi_profile.replay.prewarm import Prewarm, order, warm_ups
 from fi_profile.replay.worker import Worker
+from fi_profile.replay.workload_size import largest
 from fi_profile.schema import BenchmarkResult, Definition, Solution, Workload
 from fi_profile.schema.benchmark_result import Device
+from fi_profile.schema.solution import Language
 
 REFERENCE = "reference"
 LIBRARIES = ("torch", "triton", "vllm", "flashinfer-python", "sglang")
@@ -115,7 +117,8 @@ def replay(
     done = {(r.kernel_id, r.workload, r.source): r.model_dump(mode="json", exclude_none=True) for r in previous}
     groups = [
         Group(dataset, definition, workload, [None, *solutions_for(definition, solutions, with_baselines)],
-              {s: r for (k, w, s), r in done.items() if k == definition.name and w == workload.uuid})
+              {s: r for (k, w, s), r in done.items() if k == definition.name and w == workload.uuid},
+              largest(definition, dataset.workloads[definition.name]))
         for definition in dataset.definitions.values()
         for workload in dataset.workloads.get(definition.name, [])
     ]
@@ -173,6 +176,8 @@ class Group:
     workload: Workload
     candidates: list[Optional[Solution]]
     by_source: dict[str, dict]
+    #: the Definition's largest workload in this replay: a torch.compile'd solution is first called on it
+    compile_first: Optional[Workload] = None
 
     def todo(self) -> list[Optional[Solution]]:
         return [s for s in self.candidates if source_of(s) not in self.by_source]
@@ -189,6 +194,9 @@ class Group:
             cuda_graph=options.cuda_graph,
             timer=options.timer,
             warm_inputs=options.warm_inputs,
+            compile_workload=(self.compile_first.model_dump(mode="json", exclude_none=True)
+                              if self.compile_first is not None and solution is not None
+                              and solution.spec.language is Language.torch_compile else None),
         )
 
     def result(self, solution: Optional[Solution], outcome: Outcome, device: Device, libs: dict[str, str]) -> dict:
