@@ -270,6 +270,7 @@ def test_projection_compares_with_the_kernel_the_engine_ran_by_default(baseline_
     """The record's engine (vLLM, eager: its _C norm; GEMM through F.linear) decides each row's
     baseline. On this CPU vLLM's _C norm is not among the replayed solutions: the row says what
     the engine ran and has no baseline, rather than comparing with the PyTorch one."""
+    from fi_profile.replay.baseline_solutions import native_candidates
     from fi_profile.replay.engine_kernel import engine_kernel
 
     dataset, results, _ = baseline_run
@@ -285,6 +286,10 @@ def test_projection_compares_with_the_kernel_the_engine_ran_by_default(baseline_
     assert engine_kernel(record, dataset.definitions[RAGGED]).label is None  # no ragged prefill in vLLM's backend
     sglang = record.model_copy(update={"framework": "SGLang"})
     assert engine_kernel(sglang, dataset.definitions[RMSNORM]).label == "flashinfer"
+    silu = shipped_definition("silu_and_mul_i14336")
+    assert engine_kernel(record, silu).label == "vllm"  # eager in this record: its _C kernel
+    assert engine_kernel(sglang, silu).label == "sglang"  # its own JIT activation kernel, not FlashInfer's
+    assert ("sglang", "sglang_silu_and_mul.py") in {(n.library, n.file) for _, n in native_candidates(silu)}
     triton = sglang.model_copy(update={"run": RunInfo(attention_backend="triton")})
     assert engine_kernel(triton, dataset.definitions[DECODE]).label is None  # SGLang's Triton kernels: page size 1 only
     assert engine_kernel(triton, shipped_definition("gqa_paged_decode_h32_kv8_d128_ps1")).label == "sglang_triton"

@@ -11,7 +11,7 @@ from fi_profile.capture.definition_factory import definition_for
 from fi_profile.capture.kernel_call import KernelCall, cached_definition, dtype_suffix, rows
 from fi_profile.capture.layers import exact_class, require, seen
 from fi_profile.families import engine_kernels
-from fi_profile.families.family import Baseline, Family, Native
+from fi_profile.families.family import Baseline, EngineKernel, EngineRun, Family, Native
 from fi_profile.schema.definition import Definition
 from fi_profile.schema.dtype import schema_dtype
 
@@ -40,10 +40,24 @@ def layer_calls(self: Any, x: torch.Tensor) -> list:
     return [call(x)]
 
 
+#: SGLang's activation kernels (CUDA: JIT-compiled on first use)
+_SGLANG = "sglang.jit_kernel.activation"
+
+
 def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
     if not definition.name.startswith("silu_and_mul"):
         return []
-    return [Native(library, f"{library}_silu_and_mul.py") for library in ("vllm", "flashinfer")]
+    return [*(Native(library, f"{library}_silu_and_mul.py") for library in ("vllm", "flashinfer")),
+            Native("sglang", "sglang_silu_and_mul.py", requires=_SGLANG)]
+
+
+def _engine_kernel(run: EngineRun, definition: Definition) -> Optional[EngineKernel]:
+    """SGLang's ``SiluAndMul`` runs its own JIT kernel on CUDA (``sglang.jit_kernel.activation``;
+    ``act_and_mul_kernel`` in the profile), not sgl-kernel's FlashInfer one; vLLM's as its other
+    custom ops."""
+    if run.framework == "SGLang":
+        return EngineKernel("sglang", f"SGLang's JIT activation kernel ({_SGLANG})")
+    return engine_kernels.custom_op(run, definition)
 
 
 FAMILY = Family(
@@ -53,6 +67,6 @@ FAMILY = Family(
     templates=("silu_and_mul_i14336",),
     baselines=(Baseline("torch_silu_and_mul.py"),),
     natives=_natives,
-    engine_kernel=engine_kernels.custom_op,
+    engine_kernel=_engine_kernel,
     kernel_words=("silu", "act", "swiglu", "act_and_mul"),
 )
