@@ -593,6 +593,28 @@ def test_a_torch_compiled_solution_is_first_called_on_its_definitions_largest_wo
     assert first_rows == [17, 3, 3, 17, 17]
 
 
+def test_a_torch_compiled_solution_is_compiled_afresh_not_served_from_inductors_graph_cache():
+    """Inductor's FX graph cache ignores a dynamic dimension's size hint, so a graph compiled for
+    other first shapes (another process's, another replay's) would serve this one, with block sizes
+    chosen for those: replay's build compiles afresh, for the shapes it is first called with."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    from fi_profile.replay.baseline_solutions import baseline_solutions
+    from fi_profile.replay.build import build
+
+    definition = shipped_definition("silu_and_mul_i14336")
+    compiled = next(s for s in baseline_solutions(definition) if s.name.endswith("__torch_compile"))
+    for rows in (2, 300):
+        torch._dynamo.reset()
+        counters.clear()
+        x = torch.randn(rows, 28672, dtype=torch.bfloat16)
+        torch._dynamo.maybe_mark_dynamic(x, 0)
+        build(compiled).fn(x)
+        assert counters["stats"]["unique_graphs"] == 1
+        assert counters["inductor"]["fxgraph_cache_hit"] == 0
+
+
 @pytest.mark.parametrize(
     "flags",
     [["--definitions", f"{GEMM},{RMSNORM}"], ["--definitions", GEMM, "--definitions", RMSNORM]],
