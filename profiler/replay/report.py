@@ -114,7 +114,8 @@ def print_measured(console: Console, rows: list[MeasuredRow], total_ms: float, d
         console.print(f"! projected outside ±{100 * ROW_TOLERANCE:.0f}% of the measurement for a kernel with "
                       f"≥{100 * MATTERS:.0f}% of the time: the replay times one call at a time, the L2 flushed before "
                       "it, and the workloads kept stand for all the calls; the engine's kernels ran in a stream, "
-                      "between others", markup=False, highlight=False, soft_wrap=True)
+                      "between others, at the clock its load left the GPU (compute-bound kernels slow down through "
+                      "a long step: BENCHMARKS.md)", markup=False, highlight=False, soft_wrap=True)
     if device == "cuda" and any("events" in t or t == "cuda_graph" for t in timers):
         console.print("note: CUDA events time a kernel of a few µs at 2-2.5× the duration the engine's accounting "
                       "measures for it (benchmarks/l2_state.py); --timer kernels times the replay as the accounting "
