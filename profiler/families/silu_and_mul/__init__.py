@@ -55,7 +55,7 @@ def _engine_kernel(run: EngineRun, definition: Definition) -> Optional[EngineKer
     """SGLang's ``SiluAndMul`` runs its own JIT kernel on CUDA (``sglang.jit_kernel.activation``;
     ``act_and_mul_kernel`` in the profile), not sgl-kernel's FlashInfer one; vLLM's as its other
     custom ops."""
-    if run.framework == "SGLang":
+    if run.framework == "SGLang" and not engine_kernels.sglang_on_cpu(run):
         return EngineKernel("sglang", f"SGLang's JIT activation kernel ({_SGLANG})")
     return engine_kernels.custom_op(run, definition)
 
