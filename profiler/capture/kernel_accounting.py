@@ -40,6 +40,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, Optional, Sequence
 
+from fi_profile.capture.gpu_clock import ClockSampler, ClockTrace, kineto_offset, mark_sync, nvml_reader
+
 if TYPE_CHECKING:
     from fi_profile.schema.run_info import EngineKernels
 
@@ -81,6 +83,12 @@ class Attributed:
     unattributed: dict[str, list[int]] = field(default_factory=dict)
     steps: int = 0
     processing_s: float = 0.0
+    #: the GPU's SM clock over the run (None: not sampled), on the profiler's timeline
+    clock: Optional[ClockTrace] = None
+    #: Definition -> [Σ ns × MHz, ns] over its kernels whose clock is known
+    clocked: dict[str, list[float]] = field(default_factory=dict)
+    #: over every kernel: [Σ ns × MHz, ns whose clock is known, ns of them with the clock held down]
+    clock_total: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
     #: graph -> its first run that launched kernels (a CUDA graph's capture launches none), its units
     #: as attributed: [name, µs, the call's op type or None] (kept only where :data:`TRACE_ENV` asks)
     graph_traces: Optional[dict[int, list[list[Any]]]] = None
@@ -95,9 +103,22 @@ class Attributed:
             "steps": self.steps,
             "processing_s": round(self.processing_s, 3),
             "required_share": required_share(),
+            "clocked": self.clocked,
+            "clock_total": self.clock_total,
         }
 
-    def add(self, definitions: Sequence[str], name: str, ns: int) -> None:
+    def clock_at(self, start: int) -> Optional[tuple[int, bool]]:
+        """The SM clock a unit that began at ``start`` ran at, and whether it was held down (None: unknown)."""
+        return self.clock.at(start) if self.clock is not None else None
+
+    def count_clock(self, ns: int, found: Optional[tuple[int, bool]]) -> None:
+        if found is not None:
+            self.clock_total[0] += ns * found[0]
+            self.clock_total[1] += ns
+            self.clock_total[2] += ns if found[1] else 0
+
+    def add(self, definitions: Sequence[str], name: str, ns: int, mhz: Optional[int] = None) -> None:
+        """``mhz``: the SM clock the unit ran at, where known."""
         share = ns / len(definitions)
         for definition in definitions:
             entry = self.by_definition.setdefault(definition, [0, 0, set()])
@@ -106,6 +127,10 @@ class Attributed:
             entry[2].add(name)
             if len(definitions) > 1:
                 self.shared.setdefault(definition, set()).update(d for d in definitions if d != definition)
+            if mhz is not None:
+                clocked = self.clocked.setdefault(definition, [0.0, 0.0])
+                clocked[0] += share * mhz
+                clocked[1] += share
 
     def miss(self, name: str, ns: int) -> None:
         entry = self.unattributed.setdefault(name, [0, 0])
@@ -124,6 +149,9 @@ class Accounting:
         self._graph_ids: dict[Hashable, int] = {}
         #: the graph range the next graph run opens (set by the graph-run hook just before it runs)
         self.pending_graph: Optional[int] = None
+        #: the GPU's clock, sampled while the profiler runs (on GPUs with NVML), and when it was marked
+        self.clock: Optional[ClockSampler] = None
+        self.clock_marked_ns: Optional[int] = None
 
     def start(self) -> None:
         import torch
@@ -143,6 +171,11 @@ class Accounting:
                                 **options)
         self.profiler.start()
         self.active = True
+        self.clock, self.clock_marked_ns = None, None
+        read = nvml_reader() if self.on_gpu else None
+        if read is not None:
+            self.clock_marked_ns = mark_sync()
+            self.clock = ClockSampler(read).start()
 
     def graph_index(self, key: Hashable, calls: Callable[[], Sequence[tuple[str, tuple[str, ...]]]]) -> int:
         """The index of the graph ``key`` identifies (cheaply); ``calls`` gives its calls in order,
@@ -167,10 +200,13 @@ class Accounting:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.synchronize()
         profiler.stop()
+        clock = self.clock.stop() if self.clock is not None else None
+        self.clock = None
         began = time.perf_counter()
         events = profiler.profiler.kineto_results.events()
         trace = os.environ.get(TRACE_ENV)
-        attributed = attribute(events, self.graphs, kernel_words, known, self.on_gpu, trace=bool(trace))
+        attributed = attribute(events, self.graphs, kernel_words, known, self.on_gpu, trace=bool(trace),
+                               clock=clock, clock_marked_ns=self.clock_marked_ns)
         attributed.steps = steps
         attributed.processing_s = time.perf_counter() - began
         if trace:
@@ -224,7 +260,14 @@ def merged(parts: Sequence[Mapping[str, Any]]) -> Optional["EngineKernels"]:
     by_definition: dict[str, list[Any]] = {}
     shared: dict[str, set[str]] = {}
     missed: dict[str, list[int]] = {}
+    clocked: dict[str, list[float]] = {}
+    clock_total = [0.0, 0.0, 0.0]
     for part in parts:
+        for name, (mhz_ns, ns) in part.get("clocked", {}).items():
+            entry = clocked.setdefault(name, [0.0, 0.0])
+            entry[0] += mhz_ns
+            entry[1] += ns
+        clock_total = [a + b for a, b in zip(clock_total, part.get("clock_total", (0.0, 0.0, 0.0)))]
         for name, (ns, calls, kernels) in part["by_definition"].items():
             entry = by_definition.setdefault(name, [0.0, 0, set()])
             entry[0] += ns
@@ -245,7 +288,8 @@ def merged(parts: Sequence[Mapping[str, Any]]) -> Optional["EngineKernels"]:
         attributed_share=round(attributed / total, 4) if total else 0.0,
         by_definition={
             name: DefinitionKernelTime(ms=round(ns / 1e6, 3), calls=calls, kernels=sorted(kernels)[:NAMES_KEPT],
-                                       shared_with=sorted(shared[name]) if name in shared else None)
+                                       shared_with=sorted(shared[name]) if name in shared else None,
+                                       sm_clock_mhz=_mean_clock(clocked.get(name)))
             for name, (ns, calls, kernels) in sorted(by_definition.items(), key=lambda kv: -kv[1][0])
         },
         unattributed=[
@@ -254,7 +298,14 @@ def merged(parts: Sequence[Mapping[str, Any]]) -> Optional["EngineKernels"]:
         ],
         required_share=parts[0].get("required_share") if device == "cuda" else None,
         processing_s=round(sum(p.get("processing_s", 0.0) for p in parts), 3),
+        sm_clock_mhz=_mean_clock(clock_total),
+        clock_limited_share=round(clock_total[2] / clock_total[1], 4) if clock_total[1] else None,
     )
+
+
+def _mean_clock(clocked: Optional[Sequence[float]]) -> Optional[float]:
+    """[Σ ns × MHz, ns, ...] -> the time-weighted MHz (None: no time with a known clock)."""
+    return round(clocked[0] / clocked[1], 1) if clocked and clocked[1] else None
 
 
 def call_range(label: str) -> Any:
@@ -289,12 +340,16 @@ def _device_kind(event: Any) -> str:
 
 
 def attribute(events: Sequence[Any], graphs: Sequence[GraphCalls], kernel_words: Mapping[str, Sequence[str]],
-              op_types: Mapping[str, str], on_gpu: Optional[bool] = None, trace: bool = False) -> Attributed:
+              op_types: Mapping[str, str], on_gpu: Optional[bool] = None, trace: bool = False,
+              clock: Optional[ClockTrace] = None, clock_marked_ns: Optional[int] = None) -> Attributed:
     """Attribute the profiler's ``events`` (Kineto's) to the hooked calls' and graphs' ranges. A
     call range names Definitions of the record (``op_types``: name -> op type; a range naming none
     is a hook that failed: not attributed); ``kernel_words``: op type -> its kernels' words.
     ``on_gpu``: whether the GPU's kernels were profiled (None: whether any is among the events); a
-    GPU run whose profile holds no kernel then says it measured nothing, rather than its CPU time."""
+    GPU run whose profile holds no kernel then says it measured nothing, rather than its CPU time.
+    ``clock``: the GPU's SM clock sampled over the run (:mod:`fi_profile.capture.gpu_clock`), put on
+    the profiler's timeline by the sync range opened at ``clock_marked_ns``: each kernel's time is
+    then weighed by the clock it ran at, per Definition and in total."""
     known = frozenset(op_types)
     fits = _Fits(kernel_words, op_types)
     cpu_events, device_events, spans = [], [], []
@@ -310,6 +365,10 @@ def attribute(events: Sequence[Any], graphs: Sequence[GraphCalls], kernel_words:
     if on_gpu is None:
         on_gpu = bool(device_events)
     result = Attributed("cuda" if on_gpu else "cpu", graph_traces={} if trace else None)
+    if clock is not None and on_gpu:
+        if clock_marked_ns is not None:
+            clock.offset_ns = kineto_offset(cpu_events, clock_marked_ns)
+        result.clock = clock
 
     # the CPU side, per thread: each event's innermost enclosing fi range, and (for CPU units) the
     # operators the engine called, each with what it called in turn (an operator inside another
@@ -357,11 +416,13 @@ def attribute(events: Sequence[Any], graphs: Sequence[GraphCalls], kernel_words:
     units.sort(key=lambda u: u[0])
     for start, name, ns, where in units:
         result.total_ns += ns
+        found = result.clock_at(start)
+        result.count_clock(ns, found)
         if where is None:
             result.miss(name, ns)
         elif where.definitions is not None:
             if where.definitions:
-                result.add(fits.narrowed(where.definitions, name), name, ns)
+                result.add(fits.narrowed(where.definitions, name), name, ns, found[0] if found else None)
             else:
                 result.miss(name, ns)
         else:
@@ -564,11 +625,12 @@ def _align(units: list[tuple[int, str, int]], calls: Sequence[tuple[str, tuple[s
                 for k in range(i, j):
                     assigned[k] = between[0]
         i = j
-    for (_, name, ns), call in zip(units, assigned):
+    for (start, name, ns), call in zip(units, assigned):
         definitions = calls[call][1] if call is not None else ()
         if trace is not None:
             trace.append([name[:100], round(ns / 1e3, 2), f"{call}:{calls[call][0]}" if call is not None else None])
         if definitions:
-            result.add(definitions, name, ns)
+            found = result.clock_at(start)
+            result.add(definitions, name, ns, found[0] if found else None)
         else:
             result.miss(name, ns)

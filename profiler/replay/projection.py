@@ -36,6 +36,8 @@ class KernelProjection:
     best_ms: Optional[float]
     #: why there is no baseline (the engine's kernel, not among the replayed solutions), or None
     missing: Optional[str] = None
+    #: the GPU's SM clock the baseline was timed at (its timed workloads', weighed by their counts)
+    baseline_mhz: Optional[float] = None
 
     @property
     def saved_ms(self) -> float:
@@ -72,6 +74,17 @@ def per_call_ms(results: list[BenchmarkResult], workloads: list[Workload],
         kept = sum(weights[w] * (times[w] if w in times else estimated_ms(sizes[w], sizes, times)) for w in weights)
         found[source] = (kept + sum(count * estimated_ms(size, sizes, times) for size, count in others)) / total
     return found
+
+
+def timed_clock_mhz(results: list[BenchmarkResult], workloads: list[Workload], source: str) -> Optional[float]:
+    """The SM clock ``source`` was timed at over the workloads it ran, weighed by their counts (None:
+    no clock sampled)."""
+    weights = {w.uuid: float(w.count or 1) for w in workloads}
+    clocked = [(weights[r.workload], r.timing.sm_clock_mhz) for r in results
+               if r.source == source and r.workload in weights and r.timing is not None
+               and r.timing.sm_clock_mhz is not None]
+    total = sum(w for w, _ in clocked)
+    return sum(w * mhz for w, mhz in clocked) / total if total else None
 
 
 def estimated_ms(size: float, sizes: dict[str, float], times: dict[str, float]) -> float:
@@ -117,6 +130,7 @@ def project(
             base = REFERENCE
         candidates = {s: t for s, t in times.items() if s != REFERENCE and s not in partial}
         best = min(candidates, key=candidates.__getitem__) if candidates else None
+        own = [r for r in results if r.kernel_id == kernel.id]
         rows.append(
             KernelProjection(
                 kernel.id,
@@ -126,6 +140,7 @@ def project(
                 best,
                 candidates.get(best) if best else None,
                 missing,
+                timed_clock_mhz(own, workloads.get(kernel.id, []), base) if base else None,
             )
         )
     return rows
@@ -145,6 +160,9 @@ class MeasuredRow:
     engine: str
     #: what the best candidate that passed would save against the engine's kernel
     saved_ms: float
+    #: the SM clock the engine's kernels ran at (the capture's) and the replay timed them at (MHz)
+    engine_mhz: Optional[float] = None
+    replay_mhz: Optional[float] = None
 
     @property
     def ratio(self) -> Optional[float]:
@@ -171,12 +189,23 @@ def against_measurement(rows: list[KernelProjection], kernels: EngineKernels) ->
         projected = sum(p.count * p.baseline_ms for p in projections) if complete else None  # type: ignore[union-attr,operator]
         engine = ", ".join(sorted({label_of(p.baseline) if p is not None and p.baseline else
                                    (p.missing if p is not None and p.missing else "not replayed") for p in projections}))
+        measured = [kernels.by_definition[n] for n in names if n in kernels.by_definition]
         found.append(MeasuredRow(
             names,
             sum(p.count for p in projections if p is not None),
-            sum(kernels.by_definition[n].ms for n in names if n in kernels.by_definition),
+            sum(m.ms for m in measured),
             projected,
             engine,
             sum(p.saved_ms for p in projections if p is not None),
+            _weighed([(m.ms, m.sm_clock_mhz) for m in measured]),
+            _weighed([(p.count * p.baseline_ms, p.baseline_mhz) for p in projections
+                      if p is not None and p.baseline_ms is not None]),
         ))
     return sorted(found, key=lambda r: -r.measured_ms)
+
+
+def _weighed(pairs: Sequence[tuple[float, Optional[float]]]) -> Optional[float]:
+    """The mean of the known values, weighed (None: none known)."""
+    known = [(w, v) for w, v in pairs if v is not None and w > 0]
+    total = sum(w for w, _ in known)
+    return sum(w * v for w, v in known) / total if total else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from typing import Optional
 
 from rich.console import Console
 from rich.table import Table
@@ -76,6 +77,8 @@ def print_projection(console: Console, rows: list[KernelProjection], model: str)
 #: a Definition's share of the measured time from which its projection must match the measurement,
 #: how closely, and how closely the total must (issue 22's targets)
 MATTERS, ROW_TOLERANCE, TOTAL_TOLERANCE = 0.02, 0.10, 0.05
+#: how much lower the engine's SM clock must be than the replay's for a note to name it
+CLOCK_GAP = 0.05
 
 
 def print_measured(console: Console, rows: list[MeasuredRow], total_ms: float, device: str,
@@ -85,7 +88,11 @@ def print_measured(console: Console, rows: list[MeasuredRow], total_ms: float, d
     what = "kernel time" if device == "cuda" else "operator time (CPU)"
     how = f"; replay timed by {', '.join(sorted(timers))}" if timers else ""
     table = Table(title=f"projection against the engine's measured {what} (ms, over the captured steps{how})")
-    for column in ("kernel", "calls", "measured", "projected", "projected / measured", "engine's kernel", "best saves"):
+    clocks = any(r.engine_mhz is not None or r.replay_mhz is not None for r in rows)
+    columns = ["kernel", "calls", "measured", "projected", "projected / measured", "engine's kernel", "best saves"]
+    if clocks:
+        columns.insert(5, "SM MHz engine / replay")
+    for column in columns:
         table.add_column(column, justify="left" if column in ("kernel", "engine's kernel") else "right")
     off = []
     for row in rows:
@@ -94,9 +101,12 @@ def print_measured(console: Console, rows: list[MeasuredRow], total_ms: float, d
         if ratio is not None and row.measured_ms >= MATTERS * total_ms and abs(ratio - 1) > ROW_TOLERANCE:
             flag = " !"
             off.append(row)
-        table.add_row(" + ".join(row.kernels), str(row.calls), f"{row.measured_ms:.3f}",
-                      f"{row.projected_ms:.3f}" if row.projected_ms is not None else "-",
-                      f"{ratio:.2f}{flag}" if ratio is not None else "-", row.engine, f"{row.saved_ms:.3f}")
+        cells = [" + ".join(row.kernels), str(row.calls), f"{row.measured_ms:.3f}",
+                 f"{row.projected_ms:.3f}" if row.projected_ms is not None else "-",
+                 f"{ratio:.2f}{flag}" if ratio is not None else "-", row.engine, f"{row.saved_ms:.3f}"]
+        if clocks:
+            cells.insert(5, f"{_mhz(row.engine_mhz)} / {_mhz(row.replay_mhz)}")
+        table.add_row(*cells)
     console.print(table)
     compared = [r for r in rows if r.projected_ms is not None]
     measured = sum(r.measured_ms for r in compared)
@@ -116,10 +126,21 @@ def print_measured(console: Console, rows: list[MeasuredRow], total_ms: float, d
                       "it, and the workloads kept stand for all the calls; the engine's kernels ran in a stream, "
                       "between others, at the clock its load left the GPU (compute-bound kernels slow down through "
                       "a long step: BENCHMARKS.md)", markup=False, highlight=False, soft_wrap=True)
+        slower = [r for r in off if r.engine_mhz and r.replay_mhz and r.engine_mhz < (1 - CLOCK_GAP) * r.replay_mhz]
+        if slower:
+            console.print("! of those, the engine ran at a lower SM clock than the replay timed at (measured, NVML): "
+                          + "; ".join(f"{' + '.join(r.kernels)} {r.engine_mhz:,.0f} against {r.replay_mhz:,.0f} MHz"
+                                      for r in slower)
+                          + ": a compute-bound kernel takes longer in proportion", markup=False, highlight=False,
+                          soft_wrap=True)
     if device == "cuda" and any("events" in t or t == "cuda_graph" for t in timers):
         console.print("note: CUDA events time a kernel of a few µs at 2-2.5× the duration the engine's accounting "
                       "measures for it (benchmarks/l2_state.py); --timer kernels times the replay as the accounting "
                       "does", markup=False, highlight=False, soft_wrap=True)
+
+
+def _mhz(value: Optional[float]) -> str:
+    return f"{value:,.0f}" if value is not None else "-"
 
 
 def print_breakdown(console: Console, document: dict) -> None:

@@ -16,6 +16,9 @@ the call's first launch to its last kernel's end, gaps between its kernels inclu
 the durations CUPTI reports for the call's own kernels (torch.profiler), summed: what the engine's
 kernel accounting (:mod:`fi_profile.capture.kernel_accounting`) measures, without the µs or two an
 event pair adds around a kernel of a few µs.
+On CUDA the GPU's SM clock is sampled through the timed loop (NVML: :mod:`fi_profile.capture.gpu_clock`)
+and reported beside the times: a kernel timed at the boost clock runs slower in an engine whose
+load holds the clock down for power.
 CPU: ``perf_counter`` around each call.
 The output of the last timed call is returned, read after the call's end only (no device-wide
 sync), so work left running on a side stream shows up as a wrong output.
@@ -28,10 +31,11 @@ import contextlib
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from fi_profile.capture.gpu_clock import ClockSampler, Reader, nvml_reader
 from fi_profile.capture.kernel_accounting import is_cuda_launch
 
 
@@ -44,6 +48,10 @@ class Measured:
     host_lead_us: float = 0.0
     #: whether the call's per-step inputs were read back into the L2 after the flush
     warm_inputs: bool = False
+    #: the GPU's SM clock over the timed loop (NVML, sampled), and the share of samples with the
+    #: clock held down for power or heat (None: not sampled)
+    sm_clock_mhz: Optional[float] = None
+    clock_limited_share: Optional[float] = None
 
     def stats(self) -> dict[str, Any]:
         t = sorted(self.times_ms)
@@ -60,6 +68,8 @@ class Measured:
             "cold_l2": self.cold_l2,
             "host_lead_us": self.host_lead_us,
             "warm_inputs": self.warm_inputs,
+            "sm_clock_mhz": None if self.sm_clock_mhz is None else round(self.sm_clock_mhz, 1),
+            "clock_limited_share": None if self.clock_limited_share is None else round(self.clock_limited_share, 3),
         }
 
 
@@ -69,6 +79,7 @@ TIMERS = ("events", "kernels")
 TIMED_RANGE = "fi-replay::timed"
 
 _FLUSH: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+_CLOCK_READERS: dict[int, Optional[Reader]] = {}
 _SLEEP_CYCLES_PER_MS: dict[int, float] = {}
 
 
@@ -81,6 +92,14 @@ def _flush_l2(device: torch.device) -> None:
                          torch.empty((), dtype=torch.float32, device=device))
     buffer, sink = _FLUSH[index]
     torch.sum(buffer, dim=0, out=sink)
+
+
+def _clock_reader(device: torch.device) -> Optional[Reader]:
+    """The device's SM clock reader (NVML), made once per device; None where there is none."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _CLOCK_READERS:
+        _CLOCK_READERS[index] = nvml_reader(index)
+    return _CLOCK_READERS[index]
 
 
 def read_back(tensors: Sequence[torch.Tensor]) -> None:
@@ -172,6 +191,8 @@ class _Loop:
         profiler = _kernel_profiler() if self.timer == "kernels" else contextlib.nullcontext()
         starts, ends = [], []
         output = None
+        read = _clock_reader(self.device)
+        sampler = ClockSampler(read).start() if read is not None else None
         with profiler as prof:
             loop_start = time.perf_counter()
             while len(starts) < self.max_reps and (
@@ -192,13 +213,16 @@ class _Loop:
             ends[-1].synchronize()
             last = _snapshot(output if result is None else result)
             torch.cuda.synchronize(self.device)
+        clock = sampler.stop() if sampler is not None else None
         times = ([s.elapsed_time(e) for s, e in zip(starts, ends)] if prof is None
                  else _kernel_times(prof, len(starts)))
         if prof is not None and not all(times):
             raise RuntimeError(f"the kernels timer saw no kernel in {times.count(0.0)} of {len(times)} calls: the "
                                "call does its work off the GPU, or launches it where CUPTI does not link it to the "
                                "call; time it with the events timer")
-        return Measured(method, times, last, True, lead_ms * 1e3, bool(self.warm))
+        return Measured(method, times, last, True, lead_ms * 1e3, bool(self.warm),
+                        clock.mean_mhz() if clock is not None else None,
+                        clock.limited_share() if clock is not None else None)
 
 
 def _kernel_profiler():

@@ -66,6 +66,10 @@ class Timing(StrictModel):
     host_lead_us: NonNegativeFloat = 0.0
     #: the call's per-step inputs (activations, not weights or KV cache) read back into the L2 after the flush
     warm_inputs: bool = False
+    #: the GPU's SM clock over the timed calls (NVML, sampled), and the share of the samples with the
+    #: clock held down for power or heat (CUDA, where NVML answers)
+    sm_clock_mhz: Optional[NonNegativeFloat] = None
+    clock_limited_share: Optional[float] = Field(default=None, ge=0, le=1)
 
 
 class BenchmarkResult(StrictModel):

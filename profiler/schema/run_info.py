@@ -41,6 +41,8 @@ class DefinitionKernelTime(StrictModel):
     calls: NonNegativeInt
     kernels: list[str]
     shared_with: Optional[list[str]] = None
+    #: the GPU's SM clock its kernels ran at, weighed by their time (NVML, sampled; None: not sampled)
+    sm_clock_mhz: Optional[float] = None
 
 
 class UnattributedKernel(StrictModel):
@@ -66,6 +68,10 @@ class EngineKernels(StrictModel):
     required_share: Optional[float] = None
     #: seconds the engine's processes spent attributing the profile after the run (summed)
     processing_s: Optional[float] = None
+    #: the GPU's SM clock the kernels ran at, weighed by their time, and the share of their time
+    #: the GPU held its clock down for power or heat (NVML, sampled; None: not sampled)
+    sm_clock_mhz: Optional[float] = None
+    clock_limited_share: Optional[float] = None
 
 
 class UnkeptWorkload(StrictModel):
