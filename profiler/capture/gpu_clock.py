@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 #: seconds between two samples
-SAMPLE_S = 0.005
+SAMPLE_S = 0.01
 #: NVML clocks event reasons that mean the clock was held down for power or heat: SW power cap,
 #: HW slowdown, SW thermal slowdown, HW thermal slowdown, HW power brake
 LIMITING = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
