@@ -585,14 +585,36 @@ def test_layer_classes_no_hook_knows_are_listed_never_recorded_as_another(tmp_pa
 
 
 def test_deepseek_shaped_model_says_what_it_cannot_record(tmp_path):
-    """MLA attention, DeepSeek's YaRN RoPE and its grouped sigmoid routing have no Definition yet:
-    each is listed by class, every step is counted, and no step's forward goes missing."""
+    """MLA attention and DeepSeek's grouped sigmoid routing have no Definition yet: each is listed by
+    class, every step is counted, and no step's forward goes missing. Its YaRN RoPE is recorded (on
+    MLA's rotary parts: 4 query heads, the one shared key head, 64 dimensions; its factor 4 in the
+    name), once per layer and step, eager and compiled alike, and replays: the reference and the
+    PyTorch baseline agree."""
     result = capture(tmp_path, "deepseek", model=str(MODELS / "tiny-deepseek-v3"), single_process=True)
     run = result["record"]["run"]
     assert run["not_covered"] == {
-        "DeepseekScalingRotaryEmbedding (a layer class no hook records)": 3,
         "MoERunner with scoring sigmoid, grouped top-k, routed scaling (no MoE Definition computes it)": 2,
         "MultiHeadLatentAttentionWrapper (a layer class no hook records)": 3,
     }
     assert run["steps"]["engine"] == OUTPUT_LEN
     assert not any("ran a model forward" in e for e in run["hook_errors"])
+    rope = "rope_deepseek_yarn_h4_kv1_d64_f4"
+    assert counts(result)[rope] == 3 * OUTPUT_LEN, counts(result)
+    # compiled (Inductor), the RoPE recorded from the traced graph: the same calls
+    compiled = capture(tmp_path, "deepseek-compiled", model=str(MODELS / "tiny-deepseek-v3"), single_process=True,
+                       eager=False, kernel_accounting=False)
+    assert counts(compiled)[rope] == counts(result)[rope]
+    assert compiled["record"]["run"]["not_covered"] == run["not_covered"]
+    definition = json.loads((result["out_dir"] / "definitions" / "rope" / f"{rope}.json").read_text())
+    assert "FACTOR = 4.0" in definition["reference"] and "ORIGINAL_MAX_POSITION = 4096" in definition["reference"]
+
+    from typer.testing import CliRunner
+
+    from fi_profile.cli import app
+
+    replayed = CliRunner().invoke(app, ["replay", str(result["out_dir"]), "--definitions", rope, "--device", "cpu",
+                                        "--min-time", "0.01", "--max-workloads", "2", "--out", str(tmp_path / "r")])
+    assert replayed.exit_code == 0, replayed.output
+    results = [json.loads(line) for line in (tmp_path / "r" / "results.jsonl").read_text().splitlines()]
+    assert {r["source"].rsplit("__", 1)[-1] for r in results} >= {"reference", "torch"}
+    assert all(r["status"] == "passed" for r in results), [(r["source"], r["status"], r.get("error")) for r in results]

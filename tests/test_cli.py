@@ -44,6 +44,7 @@ def test_shipped_set_covers_llama_31_8b_and_the_moe_templates():
         "gemm_bias_bf16_n4096_k4096",  # linear layers that add their bias in the GEMM (Qwen2's q/k/v)
         "greedy_sampling_from_logits_v128256",  # the sampler at temperature 0 (argmax)
         "kv_cache_write_kv8_d128_ps16",  # the attention layer's KV-cache write
+        "rope_deepseek_yarn_h128_kv1_d64",  # DeepSeek-V3's YaRN RoPE on MLA's rotary parts
     } == names
     assert all(d.inputs[next(iter(d.inputs))].dtype.value in ("bfloat16", "float32", "int32") for d in shipped_definitions().values())
 

@@ -52,6 +52,8 @@ POINTS = [
     HookPoint(f"{_LAYERS}.layernorm", "RMSNorm", ("forward",), rmsnorm.KEY, rmsnorm.layer_calls),
     HookPoint(f"{_LAYERS}.activation", "SiluAndMul", ("forward",), silu_and_mul.KEY, silu_and_mul.layer_calls),
     HookPoint(f"{_LAYERS}.rotary_embedding.base", "RotaryEmbedding", ("forward",), rope.KEY, rope.layer_calls),
+    HookPoint(f"{_LAYERS}.rotary_embedding.deepseek_scaling_rope", "DeepseekScalingRotaryEmbedding", ("forward",),
+              rope.KEY, rope.layer_calls),
     HookPoint(f"{_LAYERS}.linear", "UnquantizedLinearMethod", ("apply",), gemm.KEY, gemm.linear_calls),
     # lm_head: the logits projection, and the method it applies (nested calls count once)
     HookPoint(f"{_LAYERS}.logits_processor", "LogitsProcessor", ("_apply_head",), gemm.KEY, gemm.lm_head_calls,
@@ -100,6 +102,7 @@ LAYER_RULES = [
     LayerRule(f"{_LAYERS}.layernorm:RMSNorm", rmsnorm.layer_problem),
     LayerRule(f"{_LAYERS}.activation:SiluAndMul", silu_and_mul.layer_problem),
     LayerRule(f"{_LAYERS}.rotary_embedding.base:RotaryEmbedding", rope.layer_problem),
+    LayerRule(f"{_LAYERS}.rotary_embedding.deepseek_scaling_rope:DeepseekScalingRotaryEmbedding", rope.layer_problem),
     LayerRule(f"{_LAYERS}.attention_layer_base:AttentionLayerBase", attention.layer_problem),
     LayerRule(f"{_LAYERS}.fused_moe.runner.moe_runner:MoERunner", vllm_moe.layer_problem),
     LayerRule(f"{_LAYERS}.logits_processor:LogitsProcessor", covered),

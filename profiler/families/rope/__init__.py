@@ -1,8 +1,11 @@
-"""Rotary position embedding on queries and keys, full-head NeoX style, plain or with Llama-3
-frequency scaling. Op type ``rope``; hooked on the engines' ``RotaryEmbedding`` layers."""
+"""Rotary position embedding on queries and keys: full-head NeoX style, plain or with Llama-3
+frequency scaling; and DeepSeek's YaRN-scaled RoPE (interleaved pairs, on MLA's rotary parts
+``q_pe`` / ``k_pe``). Op type ``rope``; hooked on the engines' ``RotaryEmbedding`` layers and
+vLLM's ``DeepseekScalingRotaryEmbedding`` (SGLang's derives from its ``RotaryEmbedding``)."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -17,8 +20,13 @@ from fi_profile.schema.definition import Definition
 from fi_profile.schema.dtype import DType, schema_dtype
 
 KEY = "rope"
-#: the constants of the Definitions' references (and of the PyTorch baseline)
+#: the constants of the Definitions' references (and of the PyTorch baselines): NeoX style (plain
+#: or Llama-3 scaled), and DeepSeek's YaRN
 CONSTANTS = ("ROPE_THETA", "FACTOR", "LOW_FREQ_FACTOR", "HIGH_FREQ_FACTOR", "ORIGINAL_MAX_POSITION")
+YARN_CONSTANTS = ("ROPE_THETA", "FACTOR", "ORIGINAL_MAX_POSITION", "BETA_FAST", "BETA_SLOW", "MSCALE",
+                  "EXTRAPOLATION_FACTOR")
+#: DeepSeek-V3's YaRN constants, which its Definitions' names leave out
+DEEPSEEK_V3_YARN = {"ROPE_THETA": 10000.0, "FACTOR": 40.0, "ORIGINAL_MAX_POSITION": 4096}
 
 
 @dataclass(frozen=True)
@@ -32,9 +40,27 @@ class RopeParams:
     original_max_position: int = 8192
 
 
-def call(query: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int, params: RopeParams) -> KernelCall:
+@dataclass(frozen=True)
+class YarnParams:
+    """DeepSeek's YaRN scaling (``DeepseekScalingRotaryEmbedding``): ``mscale`` is the magnitude cos
+    and sin are scaled by (the engines' own ``self.mscale``, mscale over mscale_all_dim and SGLang's
+    attn_factor folded in); ``extrapolation_factor`` SGLang's (vLLM has none: 1)."""
+
+    theta: float
+    factor: float
+    original_max_position: int
+    beta_fast: float
+    beta_slow: float
+    mscale: float
+    extrapolation_factor: float = 1.0
+
+
+def call(query: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int,
+         params: "RopeParams | YarnParams") -> KernelCall:
     """RoPE on ``query`` (and its keys): one position per token."""
     def build() -> Definition:
+        if isinstance(params, YarnParams):
+            return _yarn_definition(num_q_heads, num_kv_heads, head_dim, params, schema_dtype(query.dtype))
         return _definition(num_q_heads, num_kv_heads, head_dim, params, schema_dtype(query.dtype))
 
     definition = cached_definition(("rope", num_q_heads, num_kv_heads, head_dim, params, query.dtype), build)
@@ -55,14 +81,50 @@ def _definition(num_q_heads: int, num_kv_heads: int, head_dim: int, params: Rope
     )
 
 
+def _yarn_definition(num_q_heads: int, num_kv_heads: int, head_dim: int, params: YarnParams, dtype: DType) -> Definition:
+    values = dict(zip(YARN_CONSTANTS, (float(params.theta), float(params.factor), int(params.original_max_position),
+                                       float(params.beta_fast), float(params.beta_slow), float(params.mscale),
+                                       float(params.extrapolation_factor))))
+    return definition_for(
+        "rope_deepseek_yarn_h128_kv1_d64",
+        f"rope_deepseek_yarn_h{num_q_heads}_kv{num_kv_heads}_d{head_dim}{_yarn_suffix(values)}{dtype_suffix(dtype)}",
+        {"num_qo_heads": num_q_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim},
+        dtype,
+        values,
+    )
+
+
+def _yarn_suffix(values: dict[str, float]) -> str:
+    """What a name adds where the constants are not DeepSeek-V3's: theta, factor and original
+    context by value, the rest (betas, magnitude, extrapolation) by a digest of them."""
+    suffix = ""
+    if values["ROPE_THETA"] != DEEPSEEK_V3_YARN["ROPE_THETA"]:
+        suffix += f"_theta{values['ROPE_THETA']:g}"
+    if values["FACTOR"] != DEEPSEEK_V3_YARN["FACTOR"]:
+        suffix += f"_f{values['FACTOR']:g}"
+    if values["ORIGINAL_MAX_POSITION"] != DEEPSEEK_V3_YARN["ORIGINAL_MAX_POSITION"]:
+        suffix += f"_ctx{values['ORIGINAL_MAX_POSITION']}"
+    rest = tuple(values[c] for c in ("BETA_FAST", "BETA_SLOW", "MSCALE", "EXTRAPOLATION_FACTOR"))
+    if rest != (32.0, 1.0, 1.0, 1.0):
+        suffix += "_y" + hashlib.sha1(repr(rest).encode()).hexdigest()[:6]
+    return suffix
+
+
 #: the RoPE classes a Definition computes, and how each scales its frequencies (vLLM and SGLang
-#: name them alike); YaRN, DeepSeek's YaRN, dynamic NTK, linear scaling, multimodal RoPE ... are
-#: other computations and are not covered
+#: name them alike); YaRN (Qwen's), dynamic NTK, linear scaling, multimodal RoPE ... are other
+#: computations and are not covered
 ROPE_CLASSES = ("RotaryEmbedding", "Llama3RotaryEmbedding")
+DEEPSEEK_YARN_CLASS = "DeepseekScalingRotaryEmbedding"
 
 
 def layer_problem(layer: Any) -> Optional[str]:
     name = type(layer).__name__
+    if name == DEEPSEEK_YARN_CLASS:
+        if layer.is_neox_style or layer.rotary_dim != layer.head_size:
+            return (f"{name} with is_neox_style={layer.is_neox_style}, rotary_dim={layer.rotary_dim}, "
+                    f"head_size={layer.head_size} (only interleaved DeepSeek YaRN RoPE over the whole rotary "
+                    "part has a Definition)")
+        return None
     if name not in ROPE_CLASSES:
         return f"{name} (a RoPE no Definition computes)"
     if not layer.is_neox_style or layer.rotary_dim != layer.head_size:
@@ -81,7 +143,9 @@ def layer_calls(self: Any, query: torch.Tensor, key: Optional[torch.Tensor] = No
     # head_size]``), never from the token count, which is a symbol while torch.compile traces
     num_q_heads = _heads(query, self.head_size)
     num_kv_heads = _heads(key, self.head_size) if key is not None else 0
-    if type(self).__name__ == "Llama3RotaryEmbedding":  # its own attributes, no defaults: a renamed one is an error
+    if type(self).__name__ == DEEPSEEK_YARN_CLASS:
+        params: "RopeParams | YarnParams" = _yarn_params(self)
+    elif type(self).__name__ == "Llama3RotaryEmbedding":  # its own attributes, no defaults: a renamed one is an error
         params = RopeParams(theta=float(self.base), factor=float(self.scaling_factor),
                             low_freq_factor=float(self.low_freq_factor), high_freq_factor=float(self.high_freq_factor),
                             original_max_position=int(self.orig_max_position))
@@ -89,6 +153,17 @@ def layer_calls(self: Any, query: torch.Tensor, key: Optional[torch.Tensor] = No
         params = RopeParams(theta=float(self.base), factor=1.0, low_freq_factor=1.0, high_freq_factor=4.0,
                             original_max_position=8192)
     return [call(query, num_q_heads, num_kv_heads, self.head_size, params)]
+
+
+def _yarn_params(layer: Any) -> YarnParams:
+    """A ``DeepseekScalingRotaryEmbedding``'s constants, from its own attributes (vLLM's and
+    SGLang's alike; only SGLang's has an extrapolation factor). ``max_position_embeddings`` is the
+    model's original context (``original_max_position_embeddings``), as the engines pass it."""
+    sglang = type(layer).__module__.startswith("sglang")
+    return YarnParams(theta=float(layer.base), factor=float(layer.scaling_factor),
+                      original_max_position=int(layer.max_position_embeddings), beta_fast=float(layer.beta_fast),
+                      beta_slow=float(layer.beta_slow), mscale=float(layer.mscale),
+                      extrapolation_factor=float(layer.extrapolation_factor) if sglang else 1.0)
 
 
 def _heads(x: torch.Tensor, head_size: int) -> int:
@@ -99,8 +174,8 @@ def _heads(x: torch.Tensor, head_size: int) -> int:
 
 def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
     """vLLM's and FlashInfer's RoPE, from a cos/sin cache built from the fitted baseline's inverse
-    frequencies (its constants set), for the NeoX-style Definitions."""
-    if "neox" not in definition.name or fitted is None:
+    frequencies (its constants set), NeoX style or interleaved as the baseline says."""
+    if fitted is None:
         return []
     siblings = {"rope.py": FITTED_BASELINE, "rope_cos_sin.py": "rope_cos_sin.py"}
     return [Native(library, f"{library}_rope.py", siblings=siblings) for library in ("vllm", "flashinfer")]
@@ -110,8 +185,8 @@ FAMILY = Family(
     key=KEY,
     package=__name__,
     op_types=("rope",),
-    templates=("rope_llama3_neox_style_h32_kv8_d128",),
-    baselines=(Baseline("torch_rope.py", CONSTANTS),),
+    templates=("rope_llama3_neox_style_h32_kv8_d128", "rope_deepseek_yarn_h128_kv1_d64"),
+    baselines=(Baseline("torch_rope.py", CONSTANTS), Baseline("torch_yarn_rope.py", YARN_CONSTANTS)),
     natives=_natives,
     engine_kernel=engine_kernels.custom_op,
     kernel_words=("rotary", "rope", "cos_sin"),

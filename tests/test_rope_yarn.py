@@ -1,0 +1,84 @@
+"""DeepSeek's YaRN RoPE (profiler/families/rope): the Definition made from a layer's own constants
+computes what vLLM's ``DeepseekScalingRotaryEmbedding`` computes, for DeepSeek-V3's constants and
+for others (another factor, theta, magnitude); the PyTorch baseline agrees with the reference; and
+a layer this Definition does not compute is reported, not mapped to it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fi_profile.entry_points import run_reference
+from fi_profile.families.rope import _yarn_params, call, layer_problem
+
+vllm_rope = pytest.importorskip("vllm.model_executor.layers.rotary_embedding.deepseek_scaling_rope")
+
+
+@pytest.fixture(scope="module")
+def vllm_config():
+    from vllm.config import VllmConfig, set_current_vllm_config
+
+    with set_current_vllm_config(VllmConfig()):  # vLLM's layers are built under a config
+        yield
+
+
+def _layer(factor=40.0, theta=10000.0, mscale=1.0, mscale_all_dim=1.0, neox=False, rotary_dim=64):
+    return vllm_rope.DeepseekScalingRotaryEmbedding(64, rotary_dim, 4096, theta, neox, factor, torch.bfloat16,
+                                                    beta_fast=32, beta_slow=1, mscale=mscale,
+                                                    mscale_all_dim=mscale_all_dim)
+
+
+@pytest.mark.parametrize("constants, name", [
+    ({}, "rope_deepseek_yarn_h16_kv1_d64"),
+    ({"factor": 4.0}, "rope_deepseek_yarn_h16_kv1_d64_f4"),
+    ({"factor": 32.0, "theta": 50000.0}, "rope_deepseek_yarn_h16_kv1_d64_theta50000_f32"),
+    ({"mscale_all_dim": 0.707}, None),  # cos and sin scaled: a digest of the constants in the name
+])
+def test_the_definition_computes_what_vllms_layer_computes(vllm_config, constants, name):
+    layer = _layer(**constants)
+    assert layer_problem(layer) is None
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(37, 16, 64, generator=generator).to(torch.bfloat16)
+    k = torch.randn(37, 1, 64, generator=generator).to(torch.bfloat16)
+    positions = torch.randint(0, int(4096 * layer.scaling_factor), (37,), generator=generator)
+    definition = call(q, 16, 1, 64, _yarn_params(layer)).definition
+    if name is not None:
+        assert definition.name == name
+    else:
+        assert definition.name.startswith("rope_deepseek_yarn_h16_kv1_d64_y") and layer.mscale != 1.0
+    expected_q, expected_k = layer.forward_native(positions, q.clone(), k.clone())
+    ours = run_reference(definition, {"q": q, "k": k, "positions": positions})
+    # vLLM rotates in bf16 with a bf16 cos/sin cache; the reference in float32: one bf16 step apart at most
+    for got, want in ((ours["q_out"], expected_q), (ours["k_out"], expected_k)):
+        assert torch.allclose(got.float(), want.float(), atol=0.04, rtol=0.02), (got.float() - want.float()).abs().max()
+    # and far from the NeoX pairing, or from no scaling: the comparison tells them apart
+    assert (ours["q_out"].float() - q.float()).abs().max() > 0.5
+
+
+def test_the_pytorch_baseline_fitted_to_it_agrees_with_the_reference(vllm_config):
+    from fi_profile.replay.baseline_solutions import fitted_baseline
+
+    layer = _layer(factor=4.0, mscale_all_dim=0.5)
+    generator = torch.Generator().manual_seed(1)
+    q = torch.randn(9, 4, 64, generator=generator).to(torch.bfloat16)
+    k = torch.randn(9, 1, 64, generator=generator).to(torch.bfloat16)
+    positions = torch.arange(9) * 1000
+    definition = call(q, 4, 1, 64, _yarn_params(layer)).definition
+    _, baseline, source = fitted_baseline(definition)
+    assert baseline.file == "torch_yarn_rope.py"  # not the NeoX one: it needs constants this Definition lacks
+    assert "FACTOR = 4.0" in source and f"MSCALE = {layer.mscale!r}" in source
+    namespace: dict = {}
+    exec(compile(source, "torch_yarn_rope.py", "exec"), namespace)
+    got_q, got_k = namespace["run"](q, k, positions)
+    ours = run_reference(definition, {"q": q, "k": k, "positions": positions})
+    assert torch.allclose(got_q.float(), ours["q_out"].float(), atol=0.02)
+    assert torch.allclose(got_k.float(), ours["k_out"].float(), atol=0.02)
+
+
+@pytest.mark.parametrize("changes, says", [
+    ({"neox": True}, "is_neox_style=True"),
+    ({"rotary_dim": 32}, "rotary_dim=32"),
+])
+def test_a_deepseek_rope_no_definition_computes_is_reported(vllm_config, changes, says):
+    problem = layer_problem(_layer(**changes))
+    assert problem is not None and says in problem and "DeepseekScalingRotaryEmbedding" in problem
