@@ -82,3 +82,27 @@ def test_the_pytorch_baseline_fitted_to_it_agrees_with_the_reference(vllm_config
 def test_a_deepseek_rope_no_definition_computes_is_reported(vllm_config, changes, says):
     problem = layer_problem(_layer(**changes))
     assert problem is not None and says in problem and "DeepseekScalingRotaryEmbedding" in problem
+
+
+def test_sglangs_layer_with_its_extrapolation_and_attention_factors_computes_what_the_definition_does():
+    """SGLang's class (its own venv, a subprocess) folds an attention factor into its magnitude and
+    scales its extrapolation mask: each setting a Definition of its own, each matching the layer."""
+    import json
+    import os
+    import subprocess
+    from pathlib import Path
+
+    python = Path(os.environ.get("FI_PROFILE_SGLANG_PYTHON", Path(__file__).parents[1] / ".venv-sglang/bin/python"))
+    if not python.is_file():
+        if os.environ.get("CI") == "true":
+            raise RuntimeError(f"{python} missing: .ci/setup should have made it")
+        pytest.skip(f"no SGLang venv at {python}")
+    proc = subprocess.run([str(python), str(Path(__file__).with_name("sglang_rope_script.py"))], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "SGLANG_USE_CPU_ENGINE": "1"})
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    found = json.loads(lines[-1][len("RESULT "):])
+    assert len({f["name"] for f in found}) == 2  # the factors change the computation: two Definitions
+    for f in found:
+        assert f["problem"] is None and f["name"].startswith("rope_deepseek_yarn_h8_kv1_d64_f4_y")
+        assert f["q"] <= 0.04 and f["k"] <= 0.04, f
