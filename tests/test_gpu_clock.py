@@ -189,3 +189,16 @@ def test_without_clocks_the_table_has_no_clock_column():
     print_measured(console, against_measurement([KernelProjection("gemm", 100, "torch", 0.01, None, None)], measured),
                    2.0, "cpu")
     assert "SM MHz" not in console.export_text()
+
+
+def test_the_summary_line_gives_the_clock_or_says_it_was_not_sampled():
+    from fi_profile.capture.report import engine_kernel_line
+    from fi_profile.schema.run_info import EngineKernels
+
+    base = {"steps": 3, "total_ms": 10.0, "attributed_share": 1.0, "unattributed": [],
+            "by_definition": {"gemm": {"ms": 10.0, "calls": 3, "kernels": ["nvjet"]}}}
+    clocked = engine_kernel_line(EngineKernels.model_validate({**base, "device": "cuda", "sm_clock_mhz": 1712.4,
+                                                              "clock_limited_share": 0.58}))
+    assert "SM clock 1,712 MHz" in clocked and "held down for power or heat 58%" in clocked
+    assert "not sampled (NVML did not answer)" in engine_kernel_line(EngineKernels.model_validate({**base, "device": "cuda"}))
+    assert "SM clock" not in engine_kernel_line(EngineKernels.model_validate({**base, "device": "cpu"}))

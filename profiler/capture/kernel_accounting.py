@@ -199,9 +199,9 @@ class Accounting:
 
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.synchronize()
-        profiler.stop()
-        clock = self.clock.stop() if self.clock is not None else None
+        clock = self.clock.stop() if self.clock is not None else None  # first: a failing stop below leaves no thread
         self.clock = None
+        profiler.stop()
         began = time.perf_counter()
         events = profiler.profiler.kineto_results.events()
         trace = os.environ.get(TRACE_ENV)

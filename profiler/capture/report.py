@@ -64,7 +64,9 @@ def engine_kernel_line(kernels: EngineKernels) -> str:
     what = "kernel time" if kernels.device == "cuda" else "operator time (CPU: the operators the engine called)"
     line = (f"engine {what} {kernels.total_ms:,.1f} ms over {kernels.steps} steps; "
             f"{100 * kernels.attributed_share:.1f}% attributed to {len(kernels.by_definition)} Definitions")
-    if kernels.sm_clock_mhz is not None:
+    if kernels.device == "cuda" and kernels.sm_clock_mhz is None:
+        line += "; SM clock not sampled (NVML did not answer)"
+    elif kernels.sm_clock_mhz is not None:
         line += f"; SM clock {kernels.sm_clock_mhz:,.0f} MHz on average over the kernels' time"
         if kernels.clock_limited_share:
             line += f" (held down for power or heat {100 * kernels.clock_limited_share:.0f}% of it)"

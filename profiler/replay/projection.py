@@ -80,11 +80,8 @@ def timed_clock_mhz(results: list[BenchmarkResult], workloads: list[Workload], s
     """The SM clock ``source`` was timed at over the workloads it ran, weighed by their counts (None:
     no clock sampled)."""
     weights = {w.uuid: float(w.count or 1) for w in workloads}
-    clocked = [(weights[r.workload], r.timing.sm_clock_mhz) for r in results
-               if r.source == source and r.workload in weights and r.timing is not None
-               and r.timing.sm_clock_mhz is not None]
-    total = sum(w for w, _ in clocked)
-    return sum(w * mhz for w, mhz in clocked) / total if total else None
+    return _weighed([(weights[r.workload], r.timing.sm_clock_mhz) for r in results
+                     if r.source == source and r.workload in weights and r.timing is not None])
 
 
 def estimated_ms(size: float, sizes: dict[str, float], times: dict[str, float]) -> float:

@@ -193,27 +193,29 @@ class _Loop:
         output = None
         read = _clock_reader(self.device)
         sampler = ClockSampler(read).start() if read is not None else None
-        with profiler as prof:
-            loop_start = time.perf_counter()
-            while len(starts) < self.max_reps and (
-                    len(starts) < self.min_reps or time.perf_counter() - loop_start < self.min_time_s):
-                prepare()
-                _flush_l2(self.device)
-                read_back(self.warm)
-                torch.cuda._sleep(lead_cycles)
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                with _timed_range(self.timer):
-                    start.record()
-                    output = call()
-                    end.record()
-                starts.append(start)
-                ends.append(end)
-                if len(starts) % 256 == 0:
-                    end.synchronize()  # keep the host from running far ahead of the device
-            ends[-1].synchronize()
-            last = _snapshot(output if result is None else result)
-            torch.cuda.synchronize(self.device)
-        clock = sampler.stop() if sampler is not None else None
+        try:
+            with profiler as prof:
+                loop_start = time.perf_counter()
+                while len(starts) < self.max_reps and (
+                        len(starts) < self.min_reps or time.perf_counter() - loop_start < self.min_time_s):
+                    prepare()
+                    _flush_l2(self.device)
+                    read_back(self.warm)
+                    torch.cuda._sleep(lead_cycles)
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    with _timed_range(self.timer):
+                        start.record()
+                        output = call()
+                        end.record()
+                    starts.append(start)
+                    ends.append(end)
+                    if len(starts) % 256 == 0:
+                        end.synchronize()  # keep the host from running far ahead of the device
+                ends[-1].synchronize()
+                last = _snapshot(output if result is None else result)
+                torch.cuda.synchronize(self.device)
+        finally:
+            clock = sampler.stop() if sampler is not None else None
         times = ([s.elapsed_time(e) for s, e in zip(starts, ends)] if prof is None
                  else _kernel_times(prof, len(starts)))
         if prof is not None and not all(times):
