@@ -584,27 +584,41 @@ def test_layer_classes_no_hook_knows_are_listed_never_recorded_as_another(tmp_pa
     assert run["steps"]["engine"] == OUTPUT_LEN
 
 
-def test_deepseek_shaped_model_says_what_it_cannot_record(tmp_path):
-    """MLA attention and DeepSeek's grouped sigmoid routing have no Definition yet: each is listed by
-    class, every step is counted, and no step's forward goes missing. Its YaRN RoPE is recorded (on
-    MLA's rotary parts: 4 query heads, the one shared key head, 64 dimensions; its factor 4 in the
-    name), once per layer and step, eager and compiled alike, and replays: the reference and the
-    PyTorch baseline agree."""
+def test_deepseek_shaped_model_records_mla_and_says_what_it_cannot(tmp_path):
+    """MLA attention is recorded as vLLM runs it, eager and compiled alike: per layer and step its
+    latent-cache write; the prefill step's new tokens ragged and up-projected (q/k of 64 + 64, v of
+    64); each decode step absorbed (W_UK batched GEMM, paged decode on the latent cache of 512 + 64
+    in pages of 16, W_UV batched GEMM). DeepSeek's grouped sigmoid routing has no Definition yet:
+    listed by class, every step still counted. Its YaRN RoPE is recorded (on MLA's rotary parts: 4
+    query heads, the one shared key head, 64 dimensions; its factor 4 in the name). Then the MLA
+    and RoPE calls replay: the references and the PyTorch baselines agree."""
     result = capture(tmp_path, "deepseek", model=str(MODELS / "tiny-deepseek-v3"), single_process=True)
     run = result["record"]["run"]
     assert run["not_covered"] == {
         "MoERunner with scoring sigmoid, grouped top-k, routed scaling (no MoE Definition computes it)": 2,
-        "MultiHeadLatentAttentionWrapper (a layer class no hook records)": 3,
     }
     assert run["steps"]["engine"] == OUTPUT_LEN
-    assert not any("ran a model forward" in e for e in run["hook_errors"])
+    assert not any("ran a model forward" in e or e.startswith("mla") for e in run["hook_errors"]), run["hook_errors"]
+    layers, decode_steps = 3, OUTPUT_LEN - 1
     rope = "rope_deepseek_yarn_h4_kv1_d64_f4"
-    assert counts(result)[rope] == 3 * OUTPUT_LEN, counts(result)
-    # compiled (Inductor), the RoPE recorded from the traced graph: the same calls
+    mla = {
+        rope: layers * OUTPUT_LEN,
+        "mla_kv_cache_write_ckv512_kpe64_ps16": layers * OUTPUT_LEN,
+        "mla_ragged_prefill_causal_h4_qk128_vo64": layers,
+        "mla_paged_decode_h4_ckv512_kpe64_ps16": layers * decode_steps,
+        "bmm_bf16_b4_n512_k64": layers * decode_steps,  # q_nope [64] x W_UK -> latent [512], per head
+        "bmm_bf16_b4_n64_k512": layers * decode_steps,  # latent output [512] x W_UV -> v [64], per head
+        "gemm_bf16_n512_k512": layers,  # kv_b_proj: the prefill's up-projection of the latents
+    }
+    assert {k: counts(result)[k] for k in mla} == mla, counts(result)
+    assert token_total(result["out_dir"], "mla_ragged_prefill_causal_h4_qk128_vo64", "total_q") == layers * PROMPTS * INPUT_LEN
+    # compiled (Inductor): the MLA op is opaque to it, its calls built from each step's metadata
     compiled = capture(tmp_path, "deepseek-compiled", model=str(MODELS / "tiny-deepseek-v3"), single_process=True,
                        eager=False, kernel_accounting=False)
-    assert counts(compiled)[rope] == counts(result)[rope]
+    assert {k: counts(compiled)[k] for k in mla} == mla
     assert compiled["record"]["run"]["not_covered"] == run["not_covered"]
+    assert workloads(compiled["out_dir"], "mla_paged_decode_h4_ckv512_kpe64_ps16") == \
+        workloads(result["out_dir"], "mla_paged_decode_h4_ckv512_kpe64_ps16")
     definition = json.loads((result["out_dir"] / "definitions" / "rope" / f"{rope}.json").read_text())
     assert "FACTOR = 4.0" in definition["reference"] and "ORIGINAL_MAX_POSITION = 4096" in definition["reference"]
 
@@ -612,7 +626,7 @@ def test_deepseek_shaped_model_says_what_it_cannot_record(tmp_path):
 
     from fi_profile.cli import app
 
-    replayed = CliRunner().invoke(app, ["replay", str(result["out_dir"]), "--definitions", rope, "--device", "cpu",
+    replayed = CliRunner().invoke(app, ["replay", str(result["out_dir"]), "--definitions", ",".join(mla), "--device", "cpu",
                                         "--min-time", "0.01", "--max-workloads", "2", "--out", str(tmp_path / "r")])
     assert replayed.exit_code == 0, replayed.output
     results = [json.loads(line) for line in (tmp_path / "r" / "results.jsonl").read_text().splitlines()]

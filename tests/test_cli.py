@@ -45,6 +45,11 @@ def test_shipped_set_covers_llama_31_8b_and_the_moe_templates():
         "greedy_sampling_from_logits_v128256",  # the sampler at temperature 0 (argmax)
         "kv_cache_write_kv8_d128_ps16",  # the attention layer's KV-cache write
         "rope_deepseek_yarn_h128_kv1_d64",  # DeepSeek-V3's YaRN RoPE on MLA's rotary parts
+        # DeepSeek-V3's MLA: flashinfer-trace's decode / prefill files unchanged, the latent-cache
+        # write, the absorbed per-head batched GEMMs
+        "mla_paged_decode_h16_ckv512_kpe64_ps1", "mla_paged_decode_h16_ckv512_kpe64_ps64",
+        "mla_paged_prefill_causal_h16_ckv512_kpe64_ps1", "mla_paged_prefill_causal_h16_ckv512_kpe64_ps64",
+        "mla_ragged_prefill_causal_h16_qk192_vo128", "mla_kv_cache_write_ckv512_kpe64_ps64", "bmm_bf16_b128_n512_k128",
     } == names
     assert all(d.inputs[next(iter(d.inputs))].dtype.value in ("bfloat16", "float32", "int32") for d in shipped_definitions().values())
 

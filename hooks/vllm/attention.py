@@ -85,26 +85,32 @@ def _writes_cache(layer: Any, key: Optional[torch.Tensor]) -> bool:
     return key is not None and getattr(layer, "kv_sharing_target_layer_name", None) is None
 
 
-def _cache_write(layer_name: Optional[str], kv_heads: int, head_size: int, dtype: Any) -> list[KernelCall]:
-    """The layer's KV-cache write in this step: over its slot mapping (the forward context's, per
-    layer, padded with -1 for a CUDA graph as the kernel runs it; else the step's metadata's).
+def slot_mapping(layer_name: Optional[str]) -> torch.Tensor:
+    """Where the layer writes its new tokens in the KV cache: the forward context's slot mapping,
+    per layer, padded with -1 for a CUDA graph as the kernel runs it; else the step's metadata's.
     ``layer_name`` None: a layer of a compiled forward, whose slots are any layer's of the step
     (one KV-cache group: the same for all)."""
     from vllm.forward_context import get_forward_context, is_forward_context_available
 
-    slot_mapping = None
+    found = None
     if is_forward_context_available():
         by_layer = getattr(get_forward_context(), "slot_mapping", None)
         if isinstance(by_layer, list):  # micro-batches: the first one's
             by_layer = by_layer[0] if by_layer else None
         if isinstance(by_layer, dict) and by_layer:
-            slot_mapping = by_layer.get(layer_name) if layer_name is not None else next(iter(by_layer.values()))
-    if slot_mapping is None:
-        slot_mapping = getattr(STEP.context.get("common"), "slot_mapping", None)
-    if slot_mapping is None:
+            found = by_layer.get(layer_name) if layer_name is not None else next(iter(by_layer.values()))
+    if found is None:
+        found = getattr(STEP.context.get("common"), "slot_mapping", None)
+    if found is None:
         raise RuntimeError("the step's slot mapping (where the KV cache is written) is unknown")
-    return [kv_cache.call(int(slot_mapping.shape[0]), kv_heads, head_size, RECORDER.page_size or 0,
-                          RECORDER.num_pages or 0, dtype, kv_cache.slots(slot_mapping))]
+    return found
+
+
+def _cache_write(layer_name: Optional[str], kv_heads: int, head_size: int, dtype: Any) -> list[KernelCall]:
+    """The layer's KV-cache write in this step, over its slot mapping."""
+    slots = slot_mapping(layer_name)
+    return [kv_cache.call(int(slots.shape[0]), kv_heads, head_size, RECORDER.page_size or 0,
+                          RECORDER.num_pages or 0, dtype, kv_cache.slots(slots))]
 
 
 def layer_calls(self: Any, query: torch.Tensor, key: Optional[torch.Tensor] = None) -> list[KernelCall]:

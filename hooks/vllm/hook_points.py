@@ -16,8 +16,9 @@ import torch
 from fi_profile.capture.layers import LayerRule, covered
 from fi_profile.capture.patching import HookPoint
 from fi_profile.families import attention as attention_family
-from fi_profile.families import embedding, gemm, moe, rmsnorm, rope, sampling, silu_and_mul
+from fi_profile.families import embedding, gemm, mla, moe, rmsnorm, rope, sampling, silu_and_mul
 from fi_profile.hooks.vllm import attention, steps
+from fi_profile.hooks.vllm import mla as vllm_mla
 from fi_profile.hooks.vllm import moe as vllm_moe
 
 
@@ -63,6 +64,10 @@ POINTS = [
               embedding.layer_calls),
     HookPoint(f"{_LAYERS}.attention.attention", "Attention", ("forward",), attention_family.KEY, attention.layer_calls,
               live=True, traced=attention.traced_layer_calls),
+    HookPoint(f"{_LAYERS}.attention.mla_attention", "MLAAttention", ("forward",), mla.KEY, vllm_mla.layer_calls,
+              live=True, traced=vllm_mla.traced_layer_calls),
+    HookPoint(f"{_LAYERS}.attention.mla_attention", "MLACommonMetadataBuilder", ("build",), "step",
+              vllm_mla.metadata_builder, optional=True, boundary=True),
     HookPoint(f"{_LAYERS}.fused_moe.runner.moe_runner", "MoERunner", ("forward",), moe.KEY, vllm_moe.layer_calls),
     *(
         HookPoint(f"vllm.v1.attention.backends.{module}", builder, ("build",), "step", attention.metadata_builder,
@@ -103,6 +108,8 @@ LAYER_RULES = [
     LayerRule(f"{_LAYERS}.activation:SiluAndMul", silu_and_mul.layer_problem),
     LayerRule(f"{_LAYERS}.rotary_embedding.base:RotaryEmbedding", rope.layer_problem),
     LayerRule(f"{_LAYERS}.rotary_embedding.deepseek_scaling_rope:DeepseekScalingRotaryEmbedding", rope.layer_problem),
+    LayerRule(f"{_LAYERS}.attention.mla_attention:MLAAttention", vllm_mla.layer_problem),
+    LayerRule(f"{_LAYERS}.mla:MultiHeadLatentAttentionWrapper", vllm_mla.wrapper_problem, container=True),
     LayerRule(f"{_LAYERS}.attention_layer_base:AttentionLayerBase", attention.layer_problem),
     LayerRule(f"{_LAYERS}.fused_moe.runner.moe_runner:MoERunner", vllm_moe.layer_problem),
     LayerRule(f"{_LAYERS}.logits_processor:LogitsProcessor", covered),

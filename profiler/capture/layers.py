@@ -59,6 +59,9 @@ class LayerRule:
 
     base: str
     problem: Callable[[Any], Optional[str]]
+    #: a layer that runs its children's hooked calls (judged itself, its children one by one too),
+    #: not a kernel of its own
+    container: bool = False
 
 
 def _resolve(path: str) -> Optional[type]:
@@ -74,7 +77,7 @@ def _judged_layers(model: Any, rules: Iterable[LayerRule],
     """Each layer of ``model`` with a verdict, as ``(layer, why it is not covered or None, whether
     its hook marks it seen)``; a judged layer's own parts (RoPE's rotation op) are part of its call,
     and other modules are containers whose layers are judged one by one."""
-    judged = [(cls, rule.problem) for rule in rules if (cls := _resolve(rule.base)) is not None]
+    judged = [(cls, rule) for rule in rules if (cls := _resolve(rule.base)) is not None]
     bases = tuple(cls for path in kernel_layers if (cls := _resolve(path)) is not None)
     pending = [model]
     while pending:
@@ -85,9 +88,12 @@ def _judged_layers(model: Any, rules: Iterable[LayerRule],
             problem = None if name.startswith("Unquantized") else f"{type(module).__name__} with {name}"
             yield module, problem, name in ("UnquantizedLinearMethod", "UnquantizedEmbeddingMethod")
             continue
-        rule = next((problem for cls, problem in judged if isinstance(module, cls)), None)
-        if rule is not None:
-            yield module, rule(module), True
+        rule = next((rule for cls, rule in judged if isinstance(module, cls)), None)
+        if rule is not None and rule.container:
+            yield module, rule.problem(module), False
+            pending.extend(reversed(list(module.children())))
+        elif rule is not None:
+            yield module, rule.problem(module), True
         elif bases and isinstance(module, bases):
             yield module, f"{type(module).__name__} (a layer class no hook records)", False
         else:

@@ -59,10 +59,12 @@ def step_shape(query_start_loc: torch.Tensor, num_reqs: int) -> tuple:
 
 
 def paged_batches(
-    query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, page_size: int
+    query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, page_size: int,
+    decode_max_query: int = 1,
 ) -> tuple[Optional[PagedBatch], Optional[PagedBatch]]:
-    """Split a step into its decode requests (one query token) and its prefill requests (more);
-    a request with no query token is padding (a CUDA graph's batch), with no attention work.
+    """Split a step into its decode requests (one query token; up to ``decode_max_query`` where the
+    backend runs short queries as decodes) and its prefill requests (more); a request with no
+    query token is padding (a CUDA graph's batch), with no attention work.
 
     ``query_start_loc`` and ``seq_lens`` should be the runner's CPU copies: everything but the page
     ids is computed from them (numpy: this runs every step). The page ids are gathered where the
@@ -73,7 +75,7 @@ def paged_batches(
     q_lens = qsl[1 : n + 1] - qsl[:n]
     pages = (lens + page_size - 1) // page_size
     parts = []
-    for chosen in (q_lens == 1, q_lens > 1):
+    for chosen in ((q_lens >= 1) & (q_lens <= decode_max_query), q_lens > decode_max_query):
         idx = chosen.nonzero()[0]
         if idx.size == 0:
             parts.append(None)

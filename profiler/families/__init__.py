@@ -14,9 +14,11 @@ from typing import Optional
 
 from fi_profile.families import (
     attention,
+    bmm,
     embedding,
     gemm,
     kv_cache,
+    mla,
     moe,
     qk_rmsnorm,
     rmsnorm,
@@ -35,6 +37,8 @@ FAMILIES: tuple[Family, ...] = (
     rope.FAMILY,
     kv_cache.FAMILY,
     attention.FAMILY,
+    mla.FAMILY,
+    bmm.FAMILY,
     moe.FAMILY,
     sampling.FAMILY,
 )

@@ -31,6 +31,8 @@ class Baseline:
     compiled: bool = True
     #: only for Definitions of this op type (None: any of the family's)
     op_type: Optional[str] = None
+    #: works in place as the engine's kernel does, on the inputs the Definition's ``overwrites`` names
+    in_place: bool = False
 
 
 @dataclass(frozen=True)

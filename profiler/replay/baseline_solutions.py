@@ -77,9 +77,11 @@ def baseline_solutions(definition: Definition) -> list[Solution]:
     if fitted is not None:
         _, baseline, source = fitted
         languages = ("python", "torch_compile") if baseline.compiled else ("python",)
+        overwrites = dict(definition.overwrites or {}) if baseline.in_place else None
         for language in languages:
             label = "torch" if language == "python" else "torch_compile"
-            solutions.append(_solution(definition, label, language, source, "PyTorch baseline shipped with fi-profile"))
+            solutions.append(_solution(definition, label, language, source, "PyTorch baseline shipped with fi-profile",
+                                       overwrites=overwrites))
     solutions += native_solutions(definition)
     return solutions
 

@@ -37,10 +37,12 @@ class StepAttention:
             self._calls = {}
         return self._batches
 
-    def calls(self, shape: tuple) -> list[KernelCall]:
+    def calls(self, shape: tuple, make: Callable[..., list[KernelCall]] = layer_calls) -> list[KernelCall]:
         """The step's attention calls for layers of ``shape`` (heads, head dim, page size, pages,
-        dtype, scale): built once per step and shape."""
-        calls = self._calls.get(shape)
+        dtype, scale), made by ``make`` (the family's ``layer_calls``) from the step's decode and
+        prefill layouts: built once per step and shape."""
+        key = (make, shape)
+        calls = self._calls.get(key)
         if calls is None:
-            calls = self._calls[shape] = layer_calls(*self._batches, *shape)
+            calls = self._calls[key] = make(*self._batches, *shape)
         return calls

@@ -34,6 +34,22 @@ def call(num_tokens: int, num_kv_heads: int, head_dim: int, page_size: int, num_
     return KernelCall(definition, {"num_tokens": num_tokens, "num_pages": num_pages}, {"slot_mapping": slot_mapping})
 
 
+MLA_TEMPLATE = "mla_kv_cache_write_ckv512_kpe64_ps64"
+
+
+def mla_call(num_tokens: int, kv_lora_rank: int, rope_dim: int, page_size: int, num_pages: int, dtype: DType,
+             slot_mapping: Union[torch.Tensor, Callable[[], torch.Tensor]]) -> KernelCall:
+    """One MLA layer's write of ``num_tokens`` tokens' latents and rotary keys to its latent cache."""
+
+    def build() -> Definition:
+        name = f"mla_kv_cache_write_ckv{kv_lora_rank}_kpe{rope_dim}_ps{page_size}{dtype_suffix(dtype)}"
+        consts = {"head_dim_ckv": kv_lora_rank, "head_dim_kpe": rope_dim, "page_size": page_size}
+        return definition_for(MLA_TEMPLATE, name, consts, dtype)
+
+    definition = cached_definition(("mla_kv_cache_write", kv_lora_rank, rope_dim, page_size, dtype), build)
+    return KernelCall(definition, {"num_tokens": num_tokens, "num_pages": num_pages}, {"slot_mapping": slot_mapping})
+
+
 def slots(tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
     """The slots as the workload keeps them (int64), read only where the workload is kept."""
     return lambda: tensor.to(torch.int64)
@@ -43,11 +59,17 @@ def _overwrites(definition: Definition) -> dict[str, Optional[str]]:
     return dict(definition.overwrites or {"k_cache": "k_cache_out", "v_cache": "v_cache_out"})
 
 
+def _is_mla(definition: Definition) -> bool:
+    return "ckv_cache" in definition.inputs
+
+
 _TRITON = "vllm.v1.attention.ops.triton_reshape_and_cache_flash"
 _SGLANG = "sglang.jit_kernel.kvcache"
 
 
 def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
+    if _is_mla(definition):
+        return []
     natives = [Native("vllm", "vllm_kv_cache_write.py", overwrites=_overwrites),
                Native("vllm", "vllm_triton_kv_cache_write.py", overwrites=_overwrites, requires=_TRITON,
                       label="vllm_triton")]
@@ -60,6 +82,8 @@ def _engine_kernel(run: EngineRun, definition: Definition) -> Optional[EngineKer
     """vLLM's Triton write under its Triton attention backend, its CUDA one under the others (on
     CPU its own, in its own cache layout); SGLang's ``set_kv_buffer`` (its ``store_cache`` kernel on
     a GPU; on CPU its own)."""
+    if _is_mla(definition):
+        return EngineKernel(None, f"{run.framework}'s MLA latent-cache write, which the replay has no solution of")
     if run.framework == "vLLM":
         backend = run.attention_backend.upper()
         if backend.startswith("TRITON"):
@@ -77,9 +101,9 @@ FAMILY = Family(
     key=KEY,
     package=__name__,
     op_types=("kv_cache_write",),
-    templates=(TEMPLATE,),
-    baselines=(Baseline("torch_kv_cache_write.py"),),
+    templates=(TEMPLATE, MLA_TEMPLATE),
+    baselines=(Baseline("torch_kv_cache_write.py", in_place=True), Baseline("torch_mla_kv_cache_write.py", in_place=True)),
     natives=_natives,
     engine_kernel=_engine_kernel,
-    kernel_words=("reshape_and_cache", "kv_cache", "set_kv", "kv_buffer", "store_kv", "store_cache"),
+    kernel_words=("reshape_and_cache", "kv_cache", "set_kv", "kv_buffer", "store_kv", "store_cache", "concat_and_cache_mla"),
 )

@@ -1,0 +1,129 @@
+"""vLLM's MLA attention layers (``MLAAttention``) as the ``mla`` family's calls: the step's layout
+from the attention metadata (as for GQA: ``hooks/vllm/attention.py``), the layer's shape from the
+sizes it declares, and each layer's latent-cache write before its attention.
+
+vLLM runs a step's prefill tokens up-projected (``forward_mha``: ragged q/k/v after ``kv_b_proj``,
+a hooked GEMM) and its decode tokens absorbed (``forward_mqa`` between two ``torch.bmm``). A prefill
+with cached context (chunked prefill, a prefix-cache hit) also attends to that context chunk by
+chunk: those calls have no Definition and make the record incomplete, saying so.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Optional
+
+import torch
+
+from fi_profile.capture.kernel_call import KernelCall
+from fi_profile.capture.layers import require, seen
+from fi_profile.capture.paged_layout import paged_batches
+from fi_profile.capture.recorder import RECORDER
+from fi_profile.families import kv_cache, mla
+from fi_profile.families.attention.step import Batches
+from fi_profile.hooks.vllm import attention
+from fi_profile.hooks.vllm.attention import STEP
+from fi_profile.schema.dtype import schema_dtype
+
+
+def metadata_builder(self: Any, common_attn_metadata: Any) -> None:
+    """Step boundary (MLA's metadata builder): as GQA's, and the longest query the backend runs as
+    a decode (``reorder_batch_threshold``: 1 unless it runs short prefills or speculative tokens
+    absorbed)."""
+    attention.metadata_builder(self, common_attn_metadata)
+    STEP.context["decode_max_query"] = int(getattr(self, "reorder_batch_threshold", None) or 1)
+
+
+def _layout(source: Any) -> Batches:
+    query_start_loc = getattr(source, "query_start_loc_cpu", None)
+    if query_start_loc is None:
+        query_start_loc = source.query_start_loc
+    block_table = getattr(source, "block_table_tensor", None)
+    if block_table is None:
+        block_table = source.block_table
+    return paged_batches(query_start_loc, attention._host_seq_lens(source), block_table, RECORDER.page_size,
+                         STEP.context.get("decode_max_query", 1))
+
+
+def layer_problem(layer: Any) -> Optional[str]:
+    """Why an MLA layer is not the dense latent attention the Definitions compute, or None."""
+    kv_cache_dtype = str(getattr(layer, "kv_cache_dtype", "auto"))
+    impl = getattr(layer, "impl", None)
+    return mla_layer_problem(layer, {
+        f"KV cache {kv_cache_dtype}": kv_cache_dtype not in ("auto", "bfloat16", "float16"),
+        "sparse attention (an indexer's top-k tokens)": bool(getattr(impl, "is_sparse", False) or getattr(layer, "use_sparse", False)),
+        f"decode context parallel ({getattr(impl, 'dcp_world_size', 1)} ranks)": int(getattr(impl, "dcp_world_size", 1) or 1) > 1,
+    })
+
+
+def mla_layer_problem(layer: Any, features: dict[str, bool]) -> Optional[str]:
+    name = type(layer).__name__
+    if name != "MLAAttention":
+        return f"{name} (an MLA layer class no Definition computes)"
+    problems = [what for what, applies in features.items() if applies]
+    return f"{name} with {', '.join(problems)} (no Definition computes it)" if problems else None
+
+
+def wrapper_problem(layer: Any) -> Optional[str]:
+    """``MultiHeadLatentAttentionWrapper`` runs its projections, norms, RoPE and MLA attention
+    through their own (judged) layers, but for a fused q/kv RMSNorm kernel and a sparse indexer."""
+    problems = [what for what, applies in {
+        "its fused q/kv RMSNorm kernel": bool(getattr(layer, "fuse_qkv_rmsnorm", False)),
+        "a sparse-attention indexer": getattr(layer, "indexer", None) is not None,
+    }.items() if applies]
+    return f"{type(layer).__name__} with {', '.join(problems)} (no Definition computes it)" if problems else None
+
+
+def _shape(layer: Any, dtype: torch.dtype) -> mla.MlaShape:
+    return mla.MlaShape(num_heads=int(layer.num_heads), kv_lora_rank=int(layer.kv_lora_rank),
+                        qk_rope_head_dim=int(layer.qk_rope_head_dim), qk_nope_head_dim=int(layer.qk_nope_head_dim),
+                        v_head_dim=int(layer.v_head_dim), dtype=schema_dtype(dtype), sm_scale=float(layer.scale))
+
+
+def _latent_write(layer_name: Optional[str], shape: mla.MlaShape) -> list[KernelCall]:
+    slot_mapping = attention.slot_mapping(layer_name)
+    return [kv_cache.mla_call(int(slot_mapping.shape[0]), shape.kv_lora_rank, shape.qk_rope_head_dim,
+                              RECORDER.page_size or 0, RECORDER.num_pages or 0, shape.dtype, kv_cache.slots(slot_mapping))]
+
+
+def _step_calls(layer_name: Optional[str], shape: mla.MlaShape, batches: Batches) -> list[KernelCall]:
+    prefill = batches[1]
+    if prefill is not None and mla.context_tokens(prefill, RECORDER.page_size) > 0:
+        RECORDER.error("mla", NotImplementedError(
+            "an MLA prefill attended to cached context (chunked prefill or a prefix-cache hit): vLLM's context "
+            "chunks (gather, up-projection, attention, merge) have no Definition and are not in the record"))
+    return _latent_write(layer_name, shape) + STEP.calls((shape, RECORDER.page_size, RECORDER.num_pages or 0),
+                                                         mla.layer_calls)
+
+
+def layer_calls(self: Any, q: torch.Tensor) -> list[KernelCall]:
+    """``MLAAttention.forward`` (eager): the step's layout from the forward context's metadata."""
+    from vllm.forward_context import get_forward_context
+
+    seen(self)
+    require(layer_problem(self))
+    metadata = get_forward_context().attn_metadata
+    if isinstance(metadata, list):  # micro-batches / speculative decoding: the base model's
+        metadata = metadata[0]
+    if isinstance(metadata, dict):
+        metadata = metadata.get(self.layer_name)
+    if metadata is None:  # profiling / dummy run
+        return []
+    if RECORDER.page_size is None:
+        raise RuntimeError("page size unknown: capture was not started through the worker extension")
+    batches = STEP.batches(attention._layout_source(metadata), _layout)
+    return _step_calls(self.layer_name, _shape(self, q.dtype), batches)
+
+
+def traced_layer_calls(self: Any, q: torch.Tensor) -> Callable[[], list[KernelCall]]:
+    """While torch.compile traces an MLA layer: its shape, and how to build its calls in each step
+    from the step's metadata (the compiled forward runs no Python hook around the attention op)."""
+    seen(self)
+    require(layer_problem(self))
+    return functools.partial(_calls_in_graph, _shape(self, q.dtype))
+
+
+def _calls_in_graph(shape: mla.MlaShape) -> list[KernelCall]:
+    if STEP.context.get("common") is None or RECORDER.page_size is None:
+        raise RuntimeError("a compiled forward ran without the step's attention metadata")
+    return _step_calls(None, shape, STEP.batches(STEP.context["common"], _layout))

@@ -1,0 +1,159 @@
+"""Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2) as the engines run it: decode against the
+latent cache in the absorbed form (op type ``mla_paged``: ``q_nope`` of the latent width, ``q_pe``,
+the cache split into its latent part ``ckv`` and rotary part ``kpe``), and prefill of new tokens in
+the up-projected form over ragged (contiguous per request) q / k / v (``mla_ragged``: q and k of
+``qk_nope + qk_rope``, v of ``v_head_dim``). flashinfer-trace's Definitions and interfaces.
+
+Each engine reads its layers' metadata into the step's :class:`~fi_profile.capture.paged_layout.PagedBatch`
+layout (``hooks/<engine>/mla.py``); the calls of a step's layers of one shape are built here, once.
+The projections around the attention (the absorbed per-head batched GEMMs) are the ``bmm`` family's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from fi_profile.capture.definition_factory import definition_for
+from fi_profile.capture.kernel_call import KernelCall, cached_definition, dtype_suffix
+from fi_profile.capture.paged_layout import PagedBatch
+from fi_profile.families import bmm
+from fi_profile.families.family import Baseline, EngineKernel, EngineRun, Family, Native
+from fi_profile.schema.definition import Definition
+from fi_profile.schema.dtype import DType
+
+KEY = "mla"
+
+
+@dataclass(frozen=True)
+class MlaShape:
+    """One MLA layer's shape on this rank: query heads, the latent (``kv_lora_rank``) and rotary
+    widths, the up-projected query/key nope width and value width, and its softmax scale."""
+
+    num_heads: int
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+    dtype: DType
+    sm_scale: float
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+def paged_call(batch: PagedBatch, stage: str, shape: MlaShape, page_size: int, num_pages: int) -> KernelCall:
+    """Attention of ``batch``'s queries (one per request in decode) against the paged latent cache,
+    in the absorbed form."""
+
+    def build() -> Definition:
+        consts = {"num_qo_heads": shape.num_heads, "head_dim_ckv": shape.kv_lora_rank,
+                  "head_dim_kpe": shape.qk_rope_head_dim, "page_size": page_size}
+        kind = "decode" if stage == "decode" else "prefill_causal"
+        name = (f"mla_paged_{kind}_h{shape.num_heads}_ckv{shape.kv_lora_rank}_kpe{shape.qk_rope_head_dim}"
+                f"_ps{page_size}{dtype_suffix(shape.dtype)}")
+        template = f"mla_paged_{kind}_h16_ckv512_kpe64_ps{1 if page_size == 1 else 64}"
+        return definition_for(template, name, consts, shape.dtype)
+
+    definition = cached_definition(("mla_paged", stage, shape.num_heads, shape.kv_lora_rank, shape.qk_rope_head_dim,
+                                    page_size, shape.dtype), build)
+    axes = {"len_indptr": batch.batch_size + 1}
+    if "batch_size" in definition.var_axes:
+        axes["batch_size"] = batch.batch_size
+    if "total_q" in definition.var_axes:
+        axes["total_q"] = batch.total_q
+    axes.update(num_kv_indices=int(batch.kv_indptr[-1]), num_pages=num_pages)
+    tensors: dict[str, Any] = {"kv_indptr": batch.kv_indptr, "kv_indices": batch.gather_kv_indices}
+    if "qo_indptr" in definition.inputs:
+        tensors["qo_indptr"] = batch.qo_indptr
+    if "kv_last_page_len" in definition.inputs:
+        tensors["kv_last_page_len"] = batch.kv_last_page_len
+    return KernelCall(definition, axes, tensors, {"sm_scale": shape.sm_scale})
+
+
+def ragged_prefill_call(batch: PagedBatch, shape: MlaShape) -> KernelCall:
+    """Causal attention of ``batch``'s new tokens among themselves, up-projected (every head its own
+    key and value): a prefill with no cached context."""
+
+    def build() -> Definition:
+        consts = {"num_qo_heads": shape.num_heads, "num_kv_heads": shape.num_heads, "qk_dim": shape.qk_head_dim,
+                  "vo_dim": shape.v_head_dim}
+        name = (f"mla_ragged_prefill_causal_h{shape.num_heads}_qk{shape.qk_head_dim}_vo{shape.v_head_dim}"
+                f"{dtype_suffix(shape.dtype)}")
+        return definition_for("mla_ragged_prefill_causal_h16_qk192_vo128", name, consts, shape.dtype)
+
+    definition = cached_definition(("mla_ragged", shape.num_heads, shape.qk_head_dim, shape.v_head_dim, shape.dtype),
+                                   build)
+    axes = {"len_indptr": batch.batch_size + 1, "total_q": batch.total_q, "total_kv": batch.total_q}
+    tensors = {"qo_indptr": batch.qo_indptr, "kv_indptr": batch.qo_indptr}
+    return KernelCall(definition, axes, tensors, {"sm_scale": shape.sm_scale})
+
+
+def context_tokens(batch: PagedBatch, page_size: int) -> int:
+    """The cached tokens ``batch``'s requests attend to beyond their new ones (a prompt's earlier
+    chunks under chunked prefill, a prefix-cache hit)."""
+    pages = (batch.kv_indptr[1:] - batch.kv_indptr[:-1]).long()
+    kv_tokens = (pages - 1) * page_size + batch.kv_last_page_len.long()
+    q_tokens = (batch.qo_indptr[1:] - batch.qo_indptr[:-1]).long()
+    return int((kv_tokens - q_tokens).sum())
+
+
+def layer_calls(decode: Optional[PagedBatch], prefill: Optional[PagedBatch], shape: MlaShape, page_size: int,
+                num_pages: int) -> list[KernelCall]:
+    """One MLA layer's attention in a step, in the order the engines run it: its prefill requests'
+    new tokens ragged (up-projected), then its decode requests against the latent cache (absorbed),
+    between the two batched GEMMs that absorb W_UK into the queries and apply W_UV to the latent
+    output. Decode requests of more than one query token (a backend that runs short prefills or
+    speculative tokens as decodes) are the absorbed paged prefill."""
+    calls = []
+    if prefill is not None:
+        calls.append(ragged_prefill_call(prefill, shape))
+    if decode is not None:
+        tokens = decode.total_q
+        stage = "decode" if tokens == decode.batch_size else "prefill"
+        calls += [bmm.call(shape.num_heads, tokens, shape.kv_lora_rank, shape.qk_nope_head_dim, shape.dtype),
+                  paged_call(decode, stage, shape, page_size, num_pages),
+                  bmm.call(shape.num_heads, tokens, shape.v_head_dim, shape.kv_lora_rank, shape.dtype)]
+    return calls
+
+
+#: vLLM's Triton MLA decode kernel (its TRITON_MLA backend)
+_VLLM_TRITON = "vllm.v1.attention.ops.triton_decode_attention"
+
+
+def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
+    if definition.op_type == "mla_ragged":
+        return [Native("flashinfer", "flashinfer_mla_ragged.py", must_fit=True)]
+    return [Native("flashinfer", "flashinfer_mla_paged.py", must_fit=True),
+            # decode only (its ``run`` takes no qo_indptr); vLLM's scratch LSE is not the Definition's
+            Native("vllm", "vllm_triton_mla.py", must_fit=True, requires=_VLLM_TRITON, label="vllm_triton",
+                   computes=("output",))]
+
+
+def _engine_kernel(run: EngineRun, definition: Definition) -> EngineKernel:
+    backend, framework = run.attention_backend.upper(), run.framework.lower()
+    decode = definition.op_type == "mla_paged" and "qo_indptr" not in definition.inputs
+    if framework == "vllm" and backend == "TRITON_MLA" and decode:
+        return EngineKernel("vllm_triton", "vLLM's TRITON_MLA backend (its Triton decode kernel)")
+    if framework == "vllm" and backend == "FLASHINFER_MLA" and definition.op_type == "mla_paged":
+        return EngineKernel("flashinfer", "vLLM's FLASHINFER_MLA backend")
+    if framework == "vllm" and definition.op_type == "mla_ragged":
+        return EngineKernel(None, "vLLM's MLA prefill backend (attention_config.mla_prefill_backend), which the "
+                                  "replay does not know from the record")
+    return EngineKernel(None, f"the {run.attention_backend} MLA backend, which the replay has no solution of")
+
+
+FAMILY = Family(
+    key=KEY,
+    package=__name__,
+    op_types=("mla_paged", "mla_ragged"),
+    templates=("mla_paged_decode_h16_ckv512_kpe64_ps1", "mla_paged_decode_h16_ckv512_kpe64_ps64",
+               "mla_paged_prefill_causal_h16_ckv512_kpe64_ps1", "mla_paged_prefill_causal_h16_ckv512_kpe64_ps64",
+               "mla_ragged_prefill_causal_h16_qk192_vo128"),
+    baselines=(Baseline("torch_mla_paged.py", compiled=False, op_type="mla_paged"),
+               Baseline("torch_mla_ragged.py", compiled=False, op_type="mla_ragged")),
+    natives=_natives,
+    engine_kernel=_engine_kernel,
+    kernel_words=("mla", "attention", "attn", "flash", "fwd", "stage1", "stage2", "decode_kernel", "softmax_reduce"),
+)
