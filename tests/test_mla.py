@@ -201,3 +201,16 @@ def test_mla_layers_the_definitions_do_not_compute_are_named():
     assert vllm_mla.layer_problem(other) == "SparseMLAAttention (an MLA layer class no Definition computes)"
     wrapper = SimpleNamespace(fuse_qkv_rmsnorm=True, indexer=None)
     assert "fused q/kv RMSNorm" in vllm_mla.wrapper_problem(wrapper)
+
+
+def test_deepseeks_fused_down_projection_is_recorded_where_vllm_runs_its_own_gemm():
+    """On Hopper a bf16 ``DeepSeekV2FusedQkvAProjLinear`` runs vLLM's own GEMM past its linear
+    method: its hook records it there (N = q_lora 1536 + kv_lora 512 + rope 64), and nothing where
+    the method's hooked ``apply`` runs instead."""
+    from fi_profile.hooks.vllm.hook_points import _fused_qkv_a_proj
+
+    layer = SimpleNamespace(_use_min_latency_gemm=True, output_size_per_partition=2112, input_size_per_partition=7168)
+    [call] = _fused_qkv_a_proj(layer, torch.zeros(5, 7168, dtype=torch.bfloat16))
+    assert call.definition.name == "gemm_bf16_n2112_k7168" and call.axes == {"M": 5}
+    layer._use_min_latency_gemm = False
+    assert _fused_qkv_a_proj(layer, torch.zeros(5, 7168, dtype=torch.bfloat16)) == []

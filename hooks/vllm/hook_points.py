@@ -13,13 +13,23 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from fi_profile.capture.layers import LayerRule, covered
+from fi_profile.capture.layers import LayerRule, covered, seen
 from fi_profile.capture.patching import HookPoint
 from fi_profile.families import attention as attention_family
 from fi_profile.families import embedding, gemm, mla, moe, rmsnorm, rope, sampling, silu_and_mul
 from fi_profile.hooks.vllm import attention, steps
 from fi_profile.hooks.vllm import mla as vllm_mla
 from fi_profile.hooks.vllm import moe as vllm_moe
+
+
+def _fused_qkv_a_proj(self: Any, input_: torch.Tensor) -> list:
+    """DeepSeek's fused q/kv down-projection (``DeepSeekV2FusedQkvAProjLinear``): on Hopper and
+    Blackwell a bf16 one runs vLLM's own GEMM (``dsv3_fused_a_gemm`` up to 16 tokens, else
+    ``F.linear``) past its linear method; otherwise its method's ``apply`` is the hooked call."""
+    if not getattr(self, "_use_min_latency_gemm", False):
+        return []
+    seen(self)
+    return [gemm.call(input_, *gemm.layer_size(self))]
 
 
 def _sampler(self: Any, logits: torch.Tensor, k: Optional[torch.Tensor], p: Optional[torch.Tensor]) -> list:
@@ -56,6 +66,9 @@ POINTS = [
     HookPoint(f"{_LAYERS}.rotary_embedding.deepseek_scaling_rope", "DeepseekScalingRotaryEmbedding", ("forward",),
               rope.KEY, rope.layer_calls),
     HookPoint(f"{_LAYERS}.linear", "UnquantizedLinearMethod", ("apply",), gemm.KEY, gemm.linear_calls),
+    # an op of its own: where it runs its linear method instead, that method's GEMM is not nested in it
+    HookPoint("vllm.model_executor.models.deepseek_v2", "DeepSeekV2FusedQkvAProjLinear", ("forward",),
+              "fused_qkv_a_gemm", _fused_qkv_a_proj, optional=True),
     # lm_head: the logits projection, and the method it applies (nested calls count once)
     HookPoint(f"{_LAYERS}.logits_processor", "LogitsProcessor", ("_apply_head",), gemm.KEY, gemm.lm_head_calls,
               outside_forward=True),

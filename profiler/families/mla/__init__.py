@@ -118,13 +118,17 @@ def layer_calls(decode: Optional[PagedBatch], prefill: Optional[PagedBatch], sha
     return calls
 
 
-#: vLLM's Triton MLA decode kernel (its TRITON_MLA backend)
+#: vLLM's Triton MLA decode kernel (its TRITON_MLA backend); its FlashAttention (the MLA prefill's
+#: default on Hopper)
 _VLLM_TRITON = "vllm.v1.attention.ops.triton_decode_attention"
+_VLLM_FLASH_ATTN = "vllm.vllm_flash_attn.flash_attn_interface"
 
 
 def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
     if definition.op_type == "mla_ragged":
-        return [Native("flashinfer", "flashinfer_mla_ragged.py", must_fit=True)]
+        return [Native("flashinfer", "flashinfer_mla_ragged.py", must_fit=True),
+                Native("vllm", "vllm_flash_attn_mla_ragged.py", must_fit=True, requires=_VLLM_FLASH_ATTN,
+                       label="vllm_flash_attn", computes=("output",))]
     return [Native("flashinfer", "flashinfer_mla_paged.py", must_fit=True),
             # decode only (its ``run`` takes no qo_indptr); vLLM's scratch LSE is not the Definition's
             Native("vllm", "vllm_triton_mla.py", must_fit=True, requires=_VLLM_TRITON, label="vllm_triton",
@@ -139,8 +143,9 @@ def _engine_kernel(run: EngineRun, definition: Definition) -> EngineKernel:
     if framework == "vllm" and backend == "FLASHINFER_MLA" and definition.op_type == "mla_paged":
         return EngineKernel("flashinfer", "vLLM's FLASHINFER_MLA backend")
     if framework == "vllm" and definition.op_type == "mla_ragged":
-        return EngineKernel(None, "vLLM's MLA prefill backend (attention_config.mla_prefill_backend), which the "
-                                  "replay does not know from the record")
+        return EngineKernel("vllm_flash_attn", "vLLM's default MLA prefill backend on Hopper (vllm_flash_attn's "
+                                               "FlashAttention; another attention_config.mla_prefill_backend is not "
+                                               "in the record)")
     return EngineKernel(None, f"the {run.attention_backend} MLA backend, which the replay has no solution of")
 
 
