@@ -584,21 +584,19 @@ def test_layer_classes_no_hook_knows_are_listed_never_recorded_as_another(tmp_pa
     assert run["steps"]["engine"] == OUTPUT_LEN
 
 
-def test_deepseek_shaped_model_records_mla_and_says_what_it_cannot(tmp_path):
+def test_deepseek_shaped_model_is_recorded_whole_mla_and_deepseek_moe_included(tmp_path):
     """MLA attention is recorded as vLLM runs it, eager and compiled alike: per layer and step its
     latent-cache write; the prefill step's new tokens ragged and up-projected (q/k of 64 + 64, v of
     64); each decode step absorbed (W_UK batched GEMM, paged decode on the latent cache of 512 + 64
-    in pages of 16, W_UV batched GEMM). DeepSeek's grouped sigmoid routing has no Definition yet:
-    listed by class, every step still counted. Its YaRN RoPE is recorded (on MLA's rotary parts: 4
-    query heads, the one shared key head, 64 dimensions; its factor 4 in the name). Then the MLA
-    and RoPE calls replay: the references and the PyTorch baselines agree."""
+    in pages of 16, W_UV batched GEMM). Its MoE layers are DeepSeek's routing MoE (sigmoid scores,
+    the correction bias choosing 1 of 2 expert groups, top-2 of 8 experts, routed scaling 2.5), one
+    call per MoE layer and step. Its YaRN RoPE is recorded (on MLA's rotary parts: 4 query heads,
+    the one shared key head, 64 dimensions; its factor 4 in the name). Nothing is left out. Then the
+    MLA, MoE and RoPE calls replay: the references and the PyTorch baselines agree."""
     result = capture(tmp_path, "deepseek", model=str(MODELS / "tiny-deepseek-v3"), single_process=True)
     run = result["record"]["run"]
-    assert run["not_covered"] == {
-        "MoERunner with scoring sigmoid, grouped top-k, routed scaling (no MoE Definition computes it)": 2,
-    }
+    assert run["not_covered"] == {} and not run["hook_errors"] and "incomplete" not in run, run
     assert run["steps"]["engine"] == OUTPUT_LEN
-    assert not any("ran a model forward" in e or e.startswith("mla") for e in run["hook_errors"]), run["hook_errors"]
     layers, decode_steps = 3, OUTPUT_LEN - 1
     rope = "rope_deepseek_yarn_h4_kv1_d64_f4"
     mla = {
@@ -609,6 +607,7 @@ def test_deepseek_shaped_model_records_mla_and_says_what_it_cannot(tmp_path):
         "bmm_bf16_b4_n512_k64": layers * decode_steps,  # q_nope [64] x W_UK -> latent [512], per head
         "bmm_bf16_b4_n64_k512": layers * decode_steps,  # latent output [512] x W_UV -> v [64], per head
         "gemm_bf16_n512_k512": layers,  # kv_b_proj: the prefill's up-projection of the latents
+        "moe_bf16_ds_routing_topk2_ng2_kg1_e8_h256_i128_logits_bf16": (layers - 1) * OUTPUT_LEN,  # 1 dense layer
     }
     assert {k: counts(result)[k] for k in mla} == mla, counts(result)
     assert token_total(result["out_dir"], "mla_ragged_prefill_causal_h4_qk128_vo64", "total_q") == layers * PROMPTS * INPUT_LEN
@@ -616,7 +615,7 @@ def test_deepseek_shaped_model_records_mla_and_says_what_it_cannot(tmp_path):
     compiled = capture(tmp_path, "deepseek-compiled", model=str(MODELS / "tiny-deepseek-v3"), single_process=True,
                        eager=False, kernel_accounting=False)
     assert {k: counts(compiled)[k] for k in mla} == mla
-    assert compiled["record"]["run"]["not_covered"] == run["not_covered"]
+    assert compiled["record"]["run"]["not_covered"] == {} and not compiled["record"]["run"]["hook_errors"]
     assert workloads(compiled["out_dir"], "mla_paged_decode_h4_ckv512_kpe64_ps16") == \
         workloads(result["out_dir"], "mla_paged_decode_h4_ckv512_kpe64_ps16")
     definition = json.loads((result["out_dir"] / "definitions" / "rope" / f"{rope}.json").read_text())

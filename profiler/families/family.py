@@ -99,6 +99,9 @@ class Family:
     #: how outputs are judged against the reference: "elementwise" (allclose per dtype) or
     #: "distribution" (random outputs: their empirical distributions)
     check: str = "elementwise"
+    #: its outputs are sums of rounded terms larger than themselves (a MoE layer's experts): the
+    #: elementwise check's atol is taken relative to the reference output's largest magnitude
+    atol_of_largest: bool = False
     #: the kernel the engine ran for a Definition of the family, or None where unknown
     engine_kernel: Callable[[EngineRun, Definition], Optional[EngineKernel]] = unknown_engine_kernel
     #: the words the engines' kernels of the family are named with, as the profiler reports them

@@ -10,7 +10,7 @@ import torch
 
 from fi_profile.capture.definition_factory import definition_for
 from fi_profile.capture.kernel_call import SHORT_DTYPES, KernelCall, cached_definition, rows
-from fi_profile.capture.layers import seen
+from fi_profile.capture.layers import recorded_elsewhere, seen
 from fi_profile.families import engine_kernels
 from fi_profile.families.family import Baseline, Family
 from fi_profile.schema.definition import Definition
@@ -32,13 +32,19 @@ def call(x: torch.Tensor, n: int, k: int, bias: bool = False) -> KernelCall:
     """``n`` and ``k`` are the layer's logical sizes (never read from a weight tensor, which a
     backend may have packed, quantized or replaced by an empty one); ``bias``: the GEMM adds one."""
 
-    def build() -> Definition:
-        dtype = schema_dtype(x.dtype)
-        template = "gemm_bias_bf16_n4096_k4096" if bias else "gemm_bf16_n4096_k4096"
-        return definition_for(template, name(n, k, dtype, bias), {"N": n, "K": k}, dtype)
+    return sized_call(rows(x, k), n, k, x.dtype, bias)
 
-    definition = cached_definition(("gemm", n, k, x.dtype, bias), build)
-    return KernelCall(definition, {"M": rows(x, k)})
+
+def sized_call(m: int, n: int, k: int, dtype: torch.dtype, bias: bool = False) -> KernelCall:
+    """A GEMM of ``m`` rows (where no input tensor is at hand: a layer another call records)."""
+
+    def build() -> Definition:
+        schema = schema_dtype(dtype)
+        template = "gemm_bias_bf16_n4096_k4096" if bias else "gemm_bf16_n4096_k4096"
+        return definition_for(template, name(n, k, schema, bias), {"N": n, "K": k}, schema)
+
+    definition = cached_definition(("gemm", n, k, dtype, bias), build)
+    return KernelCall(definition, {"M": m})
 
 
 def layer_size(layer: Any) -> tuple[int, int]:
@@ -65,7 +71,7 @@ def linear_calls(self: Any, layer: Any, x: torch.Tensor, bias: Optional[torch.Te
     """An unquantized linear method's ``apply(layer, x, bias)`` (vLLM and SGLang alike): the bias it
     is handed is the one the GEMM adds (a layer that adds its bias later passes none)."""
     seen(layer)
-    if getattr(layer, "_fi_profile_recorded_by", None) is not None:  # a MoE router its MoE call records
+    if recorded_elsewhere(layer):  # a MoE router or shared expert its MoE call records
         return []
     return [call(x, *layer_size(layer), bias=bias is not None)]
 

@@ -1,10 +1,12 @@
-"""A fused MoE layer: softmax top-k routing (weights renormalized or not) and SwiGLU experts, as
-one call. Op type ``moe``; hooked where each engine's MoE layer runs (vLLM's ``MoERunner``,
+"""A fused MoE layer: softmax top-k routing (weights renormalized or not), or DeepSeek's routing
+(sigmoid scores, a correction bias choosing among the best expert groups, routed scaling), and
+SwiGLU experts, as one call. Op type ``moe``; hooked where each engine's MoE layer runs (vLLM's ``MoERunner``,
 SGLang's ``TopK`` then ``FusedMoE``). What a layer does beyond that is said by
 :func:`problems`, which both engines fill from their layers' attributes."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -13,7 +15,7 @@ from fi_profile.capture.definition_factory import definition_for
 from fi_profile.capture.kernel_call import SHORT_DTYPES, KernelCall, cached_definition, rows
 from fi_profile.families.family import Baseline, EngineKernel, EngineRun, Family, Native
 from fi_profile.schema.definition import Definition
-from fi_profile.schema.dtype import schema_dtype
+from fi_profile.schema.dtype import DType, schema_dtype
 
 KEY = "moe"
 
@@ -21,52 +23,91 @@ KEY = "moe"
 TEMPLATES = {
     "renorm": "moe_bf16_renorm_topk2_e8_h4096_i14336",  # softmax, top-k, weights renormalized
     "softmax": "moe_bf16_softmax_topk8_e64_h2048_i1024",  # softmax, top-k, weights as they are
+    "ds_routing": "moe_bf16_ds_routing_topk8_ng8_kg4_e256_h7168_i2048",  # DeepSeek-V3's
 }
 
 
+@dataclass(frozen=True)
+class DeepSeekRouting:
+    """DeepSeek's routing (``topk_method: noaux_tc``): sigmoid scores, ``n_group`` groups of which
+    the ``topk_group`` best (by their two best biased scores) are kept, weights renormalized or not,
+    times ``routed_scaling_factor`` (applied to the weights or to the routed output: the same sum)."""
+
+    n_group: int
+    topk_group: int
+    renormalize: bool
+    routed_scaling_factor: float
+
+
 def call(hidden_states: torch.Tensor, routing_logits: torch.Tensor, num_experts: int, top_k: int,
-         intermediate_size: int, renormalize: bool) -> KernelCall:
-    """A fused MoE layer (routing + SwiGLU experts) with a softmax top-k router."""
+         intermediate_size: int, renormalize: bool, deepseek: Optional[DeepSeekRouting] = None,
+         routing_bias: Optional[torch.Tensor] = None) -> KernelCall:
+    """A fused MoE layer (routing + SwiGLU experts) with a softmax top-k router, or with DeepSeek's
+    routing (``deepseek``, its correction bias ``routing_bias``)."""
     hidden = hidden_states.shape[-1]
-    routing = "renorm" if renormalize else "softmax"
+    routing = "ds_routing" if deepseek is not None else "renorm" if renormalize else "softmax"
+    bias_dtype = routing_bias.dtype if routing_bias is not None else None
 
     def build() -> Definition:
         dtype = schema_dtype(hidden_states.dtype)
         logits_dtype = schema_dtype(routing_logits.dtype)
         if dtype not in SHORT_DTYPES:
             raise NotImplementedError(f"MoE in {dtype.value}: only unquantized bf16/fp16/fp32 MoE has a Definition")
-        logits = "" if logits_dtype is dtype else f"_logits_{SHORT_DTYPES.get(logits_dtype, logits_dtype.value)}"
-        return definition_for(
-            TEMPLATES[routing],
-            f"moe_{SHORT_DTYPES[dtype]}_{routing}_topk{top_k}_e{num_experts}_h{hidden}_i{intermediate_size}{logits}",
-            {"num_experts": num_experts, "top_k": top_k, "hidden_size": hidden, "intermediate_size": intermediate_size,
-             "gemm1_out_size": 2 * intermediate_size},
-            dtype,
-            input_dtypes={"routing_logits": logits_dtype},
-        )
+        consts = {"num_experts": num_experts, "top_k": top_k, "hidden_size": hidden,
+                  "intermediate_size": intermediate_size, "gemm1_out_size": 2 * intermediate_size}
+        shape = f"e{num_experts}_h{hidden}_i{intermediate_size}"
+        if deepseek is None:
+            logits = "" if logits_dtype is dtype else f"_logits_{SHORT_DTYPES.get(logits_dtype, logits_dtype.value)}"
+            return definition_for(TEMPLATES[routing], f"moe_{SHORT_DTYPES[dtype]}_{routing}_topk{top_k}_{shape}{logits}",
+                                  consts, dtype, input_dtypes={"routing_logits": logits_dtype})
+        return _deepseek_definition(dtype, logits_dtype, schema_dtype(bias_dtype), top_k, shape, consts, deepseek)
 
-    key = ("moe", routing, num_experts, top_k, hidden, intermediate_size, hidden_states.dtype, routing_logits.dtype)
+    key = ("moe", routing, num_experts, top_k, hidden, intermediate_size, hidden_states.dtype, routing_logits.dtype,
+           deepseek, bias_dtype)
     definition = cached_definition(key, build)
     return KernelCall(definition, {"seq_len": rows(hidden_states, hidden)})
+
+
+def _deepseek_definition(dtype: DType, logits_dtype: DType, bias_dtype: DType, top_k: int, shape: str,
+                         consts: dict[str, int], routing: DeepSeekRouting) -> Definition:
+    """``moe_{dtype}_ds_routing_topk{K}_ng{G}_kg{KG}_{shape}`` (flashinfer-trace's naming), another
+    scaling factor than DeepSeek-V3's said in the name. Renormalized weights only (the template's;
+    a layer without is reported by the engine's hook)."""
+    if not routing.renormalize:
+        raise NotImplementedError("MoE layer without a Definition: DeepSeek routing without renormalized weights")
+    extra = "" if routing.routed_scaling_factor == 2.5 else f"_rs{routing.routed_scaling_factor:g}"
+    dtypes = "".join(f"_{what}_{SHORT_DTYPES.get(d, d.value)}" for what, d in (("logits", logits_dtype), ("bias", bias_dtype))
+                     if d is not DType.float32)
+    return definition_for(
+        TEMPLATES["ds_routing"],
+        f"moe_{SHORT_DTYPES[dtype]}_ds_routing_topk{top_k}_ng{routing.n_group}_kg{routing.topk_group}_{shape}{extra}{dtypes}",
+        consts, dtype,
+        {"N_GROUP": routing.n_group, "TOPK_GROUP": routing.topk_group,
+         "ROUTED_SCALING_FACTOR": float(routing.routed_scaling_factor)},
+        input_dtypes={"routing_logits": logits_dtype, "routing_bias": bias_dtype},
+    )
 
 
 def problems(*, router: Optional[str] = None, scoring: Any = "softmax", grouped_topk: bool = False,
              custom_routing: bool = False, correction_bias: bool = False, fused_shared_experts: bool = False,
              routed_scaling: Optional[float] = None, quantization: Optional[str] = None, activation: Optional[str] = None,
              gated: bool = True, expert_bias: bool = False, router_weight_on_input: bool = False,
-             expert_parallel: bool = False) -> list[str]:
+             expert_parallel: bool = False, deepseek_routing: bool = False) -> list[str]:
     """What a MoE layer does that no MoE Definition computes, in words; each engine passes what
     its layer says (an argument it does not pass is a feature its layers do not have):
     ``router``: the class of a router that is not a softmax top-k one; ``quantization``: the
-    experts' method class; ``activation`` and ``gated``: the experts' activation."""
+    experts' method class; ``activation`` and ``gated``: the experts' activation;
+    ``deepseek_routing``: the engine records this layer's DeepSeek routing (sigmoid scores, grouped
+    top-k with the correction bias, routed scaling), which is then no problem."""
+    deepseek = deepseek_routing and scoring == "sigmoid" and grouped_topk and correction_bias
     features = {
         f"router {router}": router is not None,
-        f"scoring {scoring}": scoring != "softmax",
-        "grouped top-k": grouped_topk,
+        f"scoring {scoring}": scoring != "softmax" and not deepseek,
+        "grouped top-k": grouped_topk and not deepseek,
         "custom routing": custom_routing,
-        "correction bias": correction_bias,
+        "correction bias": correction_bias and not deepseek,
         "fused shared experts": fused_shared_experts,
-        "routed scaling": routed_scaling not in (None, 1.0),
+        "routed scaling": routed_scaling not in (None, 1.0) and not deepseek,
         f"quantization {quantization}": quantization not in (None, "UnquantizedFusedMoEMethod"),
         f"activation {activation}": activation is not None and (str(activation) != "silu" or not gated),
         "expert bias": expert_bias,
@@ -82,27 +123,34 @@ def layer_problem(layer: Any, found: list[str]) -> Optional[str]:
 
 
 def layer_calls(hidden_states: torch.Tensor, router_logits: torch.Tensor, found: list[str], *, num_experts: int,
-                top_k: int, intermediate_size: int, renormalize: bool) -> list:
+                top_k: int, intermediate_size: int, renormalize: bool, deepseek: Optional[DeepSeekRouting] = None,
+                routing_bias: Optional[torch.Tensor] = None) -> list:
     """A MoE layer (routing + SwiGLU experts) as one fused call; raises where it has ``found``
     :func:`problems` (so the hook error says which)."""
     if found:
         raise NotImplementedError(f"MoE layer without a Definition: {', '.join(found)}")
     return [call(hidden_states, router_logits, num_experts=num_experts, top_k=top_k,
-                 intermediate_size=intermediate_size, renormalize=renormalize)]
+                 intermediate_size=intermediate_size, renormalize=renormalize, deepseek=deepseek,
+                 routing_bias=routing_bias)]
 
 
 CONSTANTS = ("top_k", "RENORMALIZE")
+DEEPSEEK_CONSTANTS = ("top_k", "N_GROUP", "TOPK_GROUP", "RENORMALIZE", "ROUTED_SCALING_FACTOR")
 
 
 def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
-    """vLLM's fused MoE (fused_topk + fused_experts), for the Definitions the baseline computes
-    (softmax top-k routing), where vLLM has its MoE kernels."""
-    return [] if fitted is None else [Native("vllm", "vllm_moe.py", CONSTANTS, requires="vllm._moe_C")]
+    """vLLM's fused MoE (its router kernel, then fused_experts), for the Definitions a baseline
+    computes (softmax top-k, or DeepSeek's routing), where vLLM has its MoE kernels."""
+    if fitted == "torch_moe.py":
+        return [Native("vllm", "vllm_moe.py", CONSTANTS, requires="vllm._moe_C")]
+    if fitted == "torch_moe_ds.py":
+        return [Native("vllm", "vllm_moe_ds.py", DEEPSEEK_CONSTANTS, requires="vllm._moe_C")]
+    return []
 
 
 def _engine_kernel(run: EngineRun, definition: Definition) -> Optional[EngineKernel]:
     if run.framework == "vLLM":
-        return EngineKernel("vllm", "vLLM's fused MoE (fused_topk + fused_experts)")
+        return EngineKernel("vllm", "vLLM's fused MoE (its router kernel + fused_experts)")
     return None
 
 
@@ -111,8 +159,13 @@ FAMILY = Family(
     package=__name__,
     op_types=("moe",),
     templates=tuple(TEMPLATES.values()),
-    baselines=(Baseline("torch_moe.py", CONSTANTS, compiled=False),),
+    baselines=(Baseline("torch_moe.py", CONSTANTS, compiled=False),
+               Baseline("torch_moe_ds.py", DEEPSEEK_CONSTANTS, compiled=False)),
     natives=_natives,
     engine_kernel=_engine_kernel,
+    # every expert's output rounds at its own magnitude (routed scaling makes it larger) before the
+    # top-k are summed: one rounding step of the largest term, not of the sum (DeepSeek-V3's bf16
+    # baseline misses by 0.031, one step at 4-8, where outputs reach 6 and sum to 0.04)
+    atol_of_largest=True,
     kernel_words=("moe", "expert", "experts", "topk", "topk_softmax", "grouped_topk", "align_block"),
 )

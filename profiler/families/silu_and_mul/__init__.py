@@ -9,7 +9,7 @@ import torch
 
 from fi_profile.capture.definition_factory import definition_for
 from fi_profile.capture.kernel_call import KernelCall, cached_definition, dtype_suffix, rows
-from fi_profile.capture.layers import exact_class, require, seen
+from fi_profile.capture.layers import exact_class, recorded_elsewhere, require, seen
 from fi_profile.families import engine_kernels
 from fi_profile.families.family import Baseline, EngineKernel, EngineRun, Family, Native
 from fi_profile.schema.definition import Definition
@@ -19,15 +19,20 @@ KEY = "silu_and_mul"
 
 
 def call(x: torch.Tensor) -> KernelCall:
-    width = x.shape[-1]
+    return sized_call(rows(x, x.shape[-1]), x.shape[-1] // 2, x.dtype)
+
+
+def sized_call(num_tokens: int, intermediate_size: int, dtype: torch.dtype) -> KernelCall:
+    """SwiGLU of ``num_tokens`` rows of ``2 * intermediate_size`` (where no input tensor is at hand:
+    a layer another call records)."""
 
     def build() -> Definition:
-        dtype = schema_dtype(x.dtype)
-        return definition_for("silu_and_mul_i14336", f"silu_and_mul_i{width // 2}{dtype_suffix(dtype)}",
-                              {"intermediate_size": width // 2, "gate_up_size": width}, dtype)
+        schema = schema_dtype(dtype)
+        return definition_for("silu_and_mul_i14336", f"silu_and_mul_i{intermediate_size}{dtype_suffix(schema)}",
+                              {"intermediate_size": intermediate_size, "gate_up_size": 2 * intermediate_size}, schema)
 
-    definition = cached_definition(("silu_and_mul", width, x.dtype), build)
-    return KernelCall(definition, {"num_tokens": rows(x, width)})
+    definition = cached_definition(("silu_and_mul", 2 * intermediate_size, dtype), build)
+    return KernelCall(definition, {"num_tokens": num_tokens})
 
 
 layer_problem = exact_class("SiluAndMul")
@@ -36,6 +41,8 @@ layer_problem = exact_class("SiluAndMul")
 def layer_calls(self: Any, x: torch.Tensor) -> list:
     """``SiluAndMul.forward`` (vLLM and SGLang alike)."""
     seen(self)
+    if recorded_elsewhere(self):  # a MoE's shared experts, which its MoE call records
+        return []
     require(layer_problem(self))
     return [call(x)]
 

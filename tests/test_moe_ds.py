@@ -1,0 +1,101 @@
+"""DeepSeek's routing MoE (sigmoid scores, the correction bias choosing among the best expert
+groups, renormalized weights times the routed scaling, SwiGLU experts) on CPU: the Definition made
+for a layer's constants against vLLM's own router, and the check that holds its outputs."""
+
+import os
+
+import pytest
+import torch
+
+from fi_profile.entry_points import run_reference
+from fi_profile.families import moe
+from fi_profile.replay.check import compare
+from fi_profile.synthesis import synthesize_inputs
+
+if os.environ.get("CI") != "true":
+    pytest.importorskip("vllm")
+
+ROUTING = moe.DeepSeekRouting(n_group=4, topk_group=2, renormalize=True, routed_scaling_factor=2.5)
+
+
+def definition(top_k=4, experts=16, hidden=64, intermediate=32, routing=ROUTING):
+    x = torch.zeros(1, hidden, dtype=torch.bfloat16)
+    call = moe.call(x, torch.zeros(1, experts), num_experts=experts, top_k=top_k, intermediate_size=intermediate,
+                    renormalize=True, deepseek=routing, routing_bias=torch.zeros(experts))
+    return call.definition
+
+
+def test_the_definition_is_named_and_set_from_the_layers_constants():
+    made = definition()
+    assert made.name == "moe_bf16_ds_routing_topk4_ng4_kg2_e16_h64_i32"
+    other = definition(routing=moe.DeepSeekRouting(4, 2, True, 1.0))
+    assert other.name == "moe_bf16_ds_routing_topk4_ng4_kg2_e16_h64_i32_rs1"
+    assert "ROUTED_SCALING_FACTOR = 1.0" in other.reference and "N_GROUP = 4" in other.reference
+
+
+def test_the_reference_routes_as_vllms_grouped_top_k_router():
+    """vLLM's grouped_topk (the router DeepSeek's MoE layers run) picks the experts and weights; the
+    experts computed densely from its choice in float64 are what the reference computes."""
+    from vllm.model_executor.layers.fused_moe.router.grouped_topk_router import grouped_topk
+
+    made = definition()
+    inputs = synthesize_inputs(made, {"seq_len": 24}, seed=3)
+    out = run_reference(made, inputs)["output"]
+    weights, ids = grouped_topk(inputs["hidden_states"], inputs["routing_logits"], 4, True, num_expert_group=4,
+                                topk_group=2, scoring_func="sigmoid", routed_scaling_factor=2.5,
+                                e_score_correction_bias=inputs["routing_bias"])
+    x = inputs["hidden_states"].double()
+    w1, w2 = inputs["gemm1_weights"].double(), inputs["gemm2_weights"].double()
+    expected = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for weight, e in zip(weights[t].tolist(), ids[t].tolist()):
+            gate, up = (x[t] @ w1[e].T).chunk(2)
+            expected[t] += weight * ((torch.nn.functional.silu(gate) * up) @ w2[e].T)
+    torch.testing.assert_close(out.double(), expected, atol=3e-2, rtol=2e-2)
+    # the routing matters: the bias changes which experts are chosen, never how much they weigh
+    unbiased = dict(inputs, routing_bias=torch.zeros_like(inputs["routing_bias"]))
+    assert not torch.equal(run_reference(made, unbiased)["output"], out)
+
+
+def test_moe_outputs_are_checked_at_the_rounding_of_their_largest_terms():
+    """Each expert's output rounds to bf16 at its own magnitude before the top-k are added: a
+    result near zero made of terms near 6 is off by one rounding step of 6 (0.031), which the MoE
+    check accepts; an error of a tenth of the output's scale is not accepted."""
+    ref = torch.tensor([[6.0, -5.5, 0.04, 1.0]], dtype=torch.bfloat16)
+    one_step = ref.clone()
+    one_step[0, 2] += 0.03125
+    assert not compare(one_step, ref).ok  # bf16's own tolerance: atol 0.01
+    assert compare(one_step, ref, atol_of_largest=True).ok
+    wrong = ref.clone()
+    wrong[0, 3] += 0.6
+    assert not compare(wrong, ref, atol_of_largest=True).ok
+    assert moe.FAMILY.atol_of_largest
+
+
+def test_shared_experts_inside_vllms_opaque_moe_op_are_recorded_by_the_moe_hook():
+    """On GPUs vLLM runs DeepSeek's shared experts inside its opaque ``moe_forward_shared`` op, which
+    no CUDA-graph step shows to their own hooks: the MoE hook records their GEMMs and SwiGLU (before
+    the routed experts), and their own hooks then leave them to it."""
+    from types import SimpleNamespace
+
+    from fi_profile.families import gemm, silu_and_mul
+    from fi_profile.hooks.vllm import moe as vllm_moe
+
+    UnquantizedLinearMethod = type("UnquantizedLinearMethod", (), {})
+    SiluAndMul = type("SiluAndMul", (), {})
+    OpOverload = type("OpOverload", (), {})
+
+    def linear(n, k):
+        return SimpleNamespace(output_size_per_partition=n, input_size_per_partition=k, quant_method=UnquantizedLinearMethod())
+
+    mlp = SimpleNamespace(gate_up_proj=linear(4096, 7168), act_fn=SiluAndMul(), down_proj=linear(7168, 2048))
+    runner = SimpleNamespace(_forward_entry=OpOverload(), _shared_experts=SimpleNamespace(_layer=mlp))
+    hidden = torch.zeros(3, 7168, dtype=torch.bfloat16)
+    calls = vllm_moe._shared_expert_calls(runner, hidden)
+    assert [(c.definition.name, c.axes) for c in calls] == [
+        ("gemm_bf16_n4096_k7168", {"M": 3}), ("silu_and_mul_i2048", {"num_tokens": 3}), ("gemm_bf16_n7168_k2048", {"M": 3})]
+    assert gemm.linear_calls(None, mlp.gate_up_proj, hidden) == []
+    assert silu_and_mul.layer_calls(mlp.act_fn, torch.zeros(3, 4096, dtype=torch.bfloat16)) == []
+    # where the experts run in Python (vLLM on CPU), their own hooks see them
+    eager = SimpleNamespace(_forward_entry=lambda: None, _shared_experts=SimpleNamespace(_layer=mlp))
+    assert vllm_moe._shared_expert_calls(eager, hidden) == []
