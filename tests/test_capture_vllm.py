@@ -584,6 +584,24 @@ def test_layer_classes_no_hook_knows_are_listed_never_recorded_as_another(tmp_pa
     assert run["steps"]["engine"] == OUTPUT_LEN
 
 
+def test_deepseek_under_tensor_parallelism_records_each_ranks_heads_and_experts_shard(tmp_path):
+    """TP=2 (two worker processes on CPU): MLA's 4 heads are 2 per rank (flashinfer-trace's h16 is
+    DeepSeek-V3's 128 at TP 8), the RoPE's query heads too, and each MoE expert's intermediate
+    size is halved (128 -> 64); both ranks record every layer and step."""
+    result = capture(tmp_path, "deepseek-tp2", model=str(MODELS / "tiny-deepseek-v3"), tp=2)
+    run = result["record"]["run"]
+    assert run["not_covered"] == {} and not run["hook_errors"] and "incomplete" not in run, run
+    layers, ranks, decode_steps = 3, 2, OUTPUT_LEN - 1
+    expected = {
+        "mla_paged_decode_h2_ckv512_kpe64_ps16": ranks * layers * decode_steps,
+        "mla_ragged_prefill_causal_h2_qk128_vo64": ranks * layers,
+        "bmm_bf16_b2_n512_k64": ranks * layers * decode_steps,
+        "rope_deepseek_yarn_h2_kv1_d64_f4": ranks * layers * OUTPUT_LEN,
+        "moe_bf16_ds_routing_topk2_ng2_kg1_e8_h256_i64_logits_bf16": ranks * (layers - 1) * OUTPUT_LEN,
+    }
+    assert {k: counts(result)[k] for k in expected} == expected, counts(result)
+
+
 def test_deepseek_shaped_model_is_recorded_whole_mla_and_deepseek_moe_included(tmp_path):
     """MLA attention is recorded as vLLM runs it, eager and compiled alike: per layer and step its
     latent-cache write; the prefill step's new tokens ragged and up-projected (q/k of 64 + 64, v of

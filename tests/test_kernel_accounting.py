@@ -150,6 +150,36 @@ def test_a_graph_runs_kernels_are_aligned_with_the_calls_it_holds_in_order():
     assert [u[2].split(":")[1] for u in units][:4] == ["rmsnorm", "gemm", "gemm", "rope"]
 
 
+def test_a_call_whose_definitions_alternate_op_types_is_aligned_in_its_order():
+    """One MLA layer's decode (latent write, W_UK batched GEMM, the attention's two kernels, W_UV
+    batched GEMM) and a MoE layer (router GEMM, shared experts' GEMM / SwiGLU / GEMM, the routed
+    experts) are single hooked calls whose Definitions' op types come back: each run of one op
+    type is a call of its own, so the batched GEMM after the attention and the shared experts'
+    down GEMM are not taken for the next layer's GEMMs; the routed experts' SwiGLU between their
+    two fused GEMMs stays with the MoE call."""
+    op_types = {**OP_TYPES, "mla_write": "kv_cache_write", "bmm_uk": "bmm", "mla_decode": "mla_paged",
+                "bmm_uv": "bmm", "gemm_router": "gemm", "gemm_gate_up": "gemm", "silu": "activation",
+                "gemm_down": "gemm", "moe_ds": "moe"}
+    calls = [("mla", ("mla_write", "bmm_uk", "mla_decode", "bmm_uv")), ("gemm", ("gemm_o",)),
+             ("moe", ("gemm_router", "gemm_gate_up", "silu", "gemm_down", "moe_ds")), ("gemm", ("gemm_qkv",))]
+    kernels = [("concat_and_cache_mla_kernel", 2), ("nvjet_tst_192x16_NNT", 5), ("_fwd_grouped_kernel_stage1", 30),
+               ("_fwd_kernel_stage2", 3), ("nvjet_tst_192x8_NNT", 6), ("nvjet_tst_64x8", 10),
+               ("nvjet_tst_128x8", 4), ("nvjet_tst_128x16", 9), ("act_and_mul_kernel", 2), ("nvjet_tst_64x16", 8),
+               ("grouped_topk_fused_small", 1), ("moe_align_block_size_kernel", 1), ("fused_moe_kernel", 40),
+               ("act_and_mul_kernel", 3), ("fused_moe_kernel", 20),  # the routed experts' own SwiGLU between
+               ("nvjet_tst_256x8", 12)]
+    profile = GpuProfile()
+    profile.range(f"{GRAPH_RANGE}0", lambda: profile.launch(*kernels, graph=True))
+    result = attribute(profile.events, [GraphCalls(tuple(calls))], KERNEL_WORDS, op_types)
+    found = by_definition(result)
+    assert found["mla_write"] == 2 and found["mla_decode"] == 33 and found["gemm_o"] == 10
+    assert (found["bmm_uk"], found["bmm_uv"]) == (5, 6)
+    assert found["silu"] == 2 and found["moe_ds"] == 42 + 3 + 20 and found["gemm_qkv"] == 12 and found["gemm_down"] == 8
+    # the router's and the shared gate_up's GEMMs run back to back: one run, measured together
+    assert found["gemm_router"] + found["gemm_gate_up"] == 13 - 1  # (halves of 13 ns, each rounded down)
+    assert result.unattributed == {}
+
+
 def test_a_graph_kernel_that_fits_no_call_left_is_listed_not_guessed():
     profile = GpuProfile()
     calls = [("gemm", ("gemm_qkv",)), ("gemm", ("gemm_o",))]  # no RoPE call: its hook was left out
@@ -293,3 +323,34 @@ def test_a_profiler_that_does_not_start_is_said_and_recording_goes_on(tmp_path, 
     stop_recording(str(tmp_path))
     assert RECORDER.engine_kernels is None
     RECORDER.reset()
+
+
+def test_a_real_deepseek_v3_decode_graph_is_aligned_layer_by_layer():
+    """A decode step's full CUDA graph of DeepSeek-V3 in vLLM 0.26 on an H100, as the accounting saw
+    it (``fixtures/kernel_traces``): MLA's decode between its two batched GEMMs, whose kernels are
+    named like any GEMM's; the shared experts' GEMMs and SwiGLU on their own stream, interleaved with
+    the routed experts; the routed experts' SwiGLU between their two fused GEMMs; the q/kv norms
+    Inductor fused. Every layer's kernels go to that layer's calls; what stays unattributed is
+    Inductor's RoPE kernel (named after no family, between two calls without kernels: the fused
+    kv norm and the RoPE) and a copy."""
+    import json
+    from pathlib import Path
+
+    trace = json.loads((Path(__file__).parent / "fixtures" / "kernel_traces" / "vllm_deepseek_v3_decode_graph.json").read_text())
+    profile = GpuProfile()
+    units = [(name, max(1, round(us * 1000))) for name, us in trace["units"]]
+    profile.range(f"{GRAPH_RANGE}0", lambda: profile.launch(*units, graph=True))
+    calls = tuple((op, tuple(definitions)) for op, definitions in trace["calls"])
+    result = attribute(profile.events, [GraphCalls(calls)], KERNEL_WORDS, trace["op_types"])
+    found = by_definition(result)
+    total = sum(ns for _, ns in units)
+    assert sum(found.values()) / total > 0.98
+    assert {n for n in result.unattributed if "neg_slice_split_stack" not in n} == {"memcpy32_post"}
+    moe = next(d for d in trace["op_types"] if d.startswith("moe_"))
+    fused_moe = sum(ns for name, ns in units if name == "fused_moe_kernel")
+    assert fused_moe < found[moe] < fused_moe * 1.1  # both expert GEMMs of both MoE layers, and their routing
+    assert found["mla_paged_decode_h128_ckv512_kpe64_ps16"] == sum(ns for name, ns in units if "_fwd_" in name) + \
+        sum(ns for name, ns in units if "CatArrayBatchedCopy" in name or "FillFunctor" in name)
+    assert found["bmm_bf16_b128_n128_k512"] == sum(ns for name, ns in units if name.startswith("nvjet_sm90_tst_128x16_64x11"))
+    # the shared experts' down GEMM (on its own stream, after the routed experts began) is theirs
+    assert found["gemm_bf16_n7168_k2048"] >= sum(ns for name, ns in units if name.startswith("nvjet_sm90_tst_64x16_64x16_4x1"))

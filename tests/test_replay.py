@@ -928,3 +928,29 @@ def test_prewarm_builds_each_compiled_solution_once_up_front_and_changes_no_resu
     groups = [SimpleNamespace(candidates=[None, *baseline_solutions(dataset.definitions[n])], name=n) for n in names]
     assert [g.name for g in order(groups)] == [DECODE, RMSNORM, GEMM]  # nothing to build first
     assert not compiles(None)
+
+
+def test_inputs_too_large_to_copy_are_checked_by_fingerprint_and_draws_are_made_one_at_a_time(monkeypatch):
+    """DeepSeek-V3's MoE inputs hold 22 GiB of expert weights: three draws and a copy of one ran an
+    H100 out of memory. A draw after the first is made when the check reaches it, and a large input
+    is watched through its row and column sums rather than a copy; one a call wrote into is found
+    all the same, and the worker's cached draws are dropped (it cannot be put back)."""
+    import torch
+
+    from fi_profile.replay import evaluate
+
+    made = []
+    draws = evaluate._Draws(lambda seed: made.append(seed) or seed, 3)
+    assert made == [0] and draws[0] == 0 and len(draws) == 3
+    assert list(draws) == [0, 1, 2] and made == [0, 1, 2]
+
+    monkeypatch.setattr(evaluate, "_COPY_LIMIT", 16)
+    inputs = {"big": torch.arange(64, dtype=torch.float32).view(8, 8), "small": torch.ones(2)}
+    before = evaluate._snapshot(inputs)
+    assert isinstance(before["big"], evaluate._Fingerprint) and isinstance(before["small"], torch.Tensor)
+    assert evaluate._restore(inputs, before) == []
+    evaluate._INPUTS["cached"] = ({}, {})
+    inputs["big"][3, 5] += 1.0
+    inputs["small"][0] = 7.0
+    assert sorted(evaluate._restore(inputs, before)) == ["big", "small"]
+    assert inputs["small"][0] == 1.0 and evaluate._INPUTS == {}

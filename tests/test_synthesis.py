@@ -217,3 +217,17 @@ def test_shipped_references_run_on_cuda(definition):
     inputs = check_runs(definition, small_axes(definition), device="cuda")
     tensors = [v for v in inputs.values() if isinstance(v, torch.Tensor)]
     assert tensors and all(t.device.type == "cuda" for t in tensors)
+
+
+def test_a_large_normal_tensor_is_drawn_a_slice_at_a_time_in_its_own_dtype(monkeypatch):
+    """DeepSeek-V3's expert weights are 15 GiB in bf16: drawn whole in float32 first they took 28
+    GiB more (an out-of-memory seen on an H100). Above the slice size, each slice of the first
+    dimension is drawn on its own; the values keep their scale."""
+    from fi_profile.synthesis import values
+
+    monkeypatch.setattr(values, "_SLICE", 1000)
+    drawn = values._normal((40, 300), torch.Generator().manual_seed(0), torch.device("cpu"), torch.bfloat16, 0.5)
+    assert drawn.dtype == torch.bfloat16 and drawn.shape == (40, 300)
+    assert abs(float(drawn.float().std()) - 0.5) < 0.02
+    assert all(float(row.float().abs().sum()) > 0 for row in drawn)  # every slice drawn, none left empty
+    assert not torch.equal(drawn[:3], drawn[3:6])  # slices are not the same draw

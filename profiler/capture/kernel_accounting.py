@@ -541,26 +541,37 @@ class _Fits:
         best = max(strength.values())
         return tuple(d for d in definitions if strength[d] == best) if best else definitions
 
-    def split(self, calls: Sequence[tuple[str, tuple[str, ...]]], known: frozenset[str]) -> list[tuple[str, tuple[str, ...]]]:
-        """A graph's calls, one per op type: a call computing Definitions of several op types (an
-        attention layer that also writes the KV cache) becomes one call per op type, in its order."""
-        split: list[tuple[str, tuple[str, ...]]] = []
-        for op, definitions in calls:
-            by_type: dict[str, list[str]] = {}
+    def split(self, calls: Sequence[tuple[str, tuple[str, ...]]],
+              known: frozenset[str]) -> list[tuple[str, tuple[str, ...], int]]:
+        """A graph's calls, one per run of an op type, each with the hooked invocation it is of: an
+        invocation computing Definitions of several op types (an attention layer that also writes
+        the KV cache; MLA's decode between its two batched GEMMs; a MoE layer's router and shared
+        experts beside its routed experts) becomes one call per run of Definitions of one op type,
+        in its order."""
+        split: list[tuple[str, tuple[str, ...], int]] = []
+        for invocation, (op, definitions) in enumerate(calls):
+            runs: list[tuple[str, list[str]]] = []
             for d in definitions:
-                if d in known:
-                    by_type.setdefault(self.op_types[d], []).append(d)
-            if not by_type:  # a hook that failed: its kernels are nobody's
-                split.append((op, ()))
-            split.extend((op_type, tuple(ds)) for op_type, ds in by_type.items())
+                if d not in known:
+                    continue
+                op_type = self.op_types[d]
+                if runs and runs[-1][0] == op_type:
+                    runs[-1][1].append(d)
+                else:
+                    runs.append((op_type, [d]))
+            if not runs:  # a hook that failed: its kernels are nobody's
+                split.append((op, (), invocation))
+            split.extend((op_type, tuple(ds), invocation) for op_type, ds in runs)
         return split
 
 
-def _align(units: list[tuple[int, str, int]], calls: Sequence[tuple[str, tuple[str, ...]]], fits: _Fits,
+def _align(units: list[tuple[int, str, int]], calls: Sequence[tuple[str, tuple[str, ...], int]], fits: _Fits,
            result: Attributed, trace: Optional[list[list[Any]]] = None) -> None:
     """A graph run's units (in launch order) to its calls (op type, Definitions; in order): a unit
     right after one of the current call whose name fits only that call's op type to it (unless the
-    next call is of that type too), else to the next call of a type it fits; then the units whose
+    next call is of that type too); a unit between the current call's units (the next named unit
+    fits only its op type) whose own type is not the next call's, to it; else to the next call of a
+    type it fits; then the units whose
     name fits none, each run of them between two placed units to the one call left without units
     between those units' calls (or to their call, when both are one call's). What is left (a name
     of a family with no call of it left, a run of unknown names at an edge or where the calls
@@ -587,6 +598,17 @@ def _align(units: list[tuple[int, str, int]], calls: Sequence[tuple[str, tuple[s
             position, current = found + 1, found
         return False
 
+    invocation_calls: dict[int, list[int]] = defaultdict(list)
+    for c, call in enumerate(calls):
+        invocation_calls[call[2]].append(c)
+    filled: set[int] = set()  # calls that have a unit
+    interleaved = False  # the last unit with a family's name went back into the current invocation
+
+    def within(i: int, op_type: str) -> bool:
+        """Whether the next unit with a family's name after unit ``i`` fits only ``op_type``'s."""
+        j = next((j for j in range(i + 1, len(units)) if names[j]), None)
+        return j is not None and fits.only(names[j], op_type)
+
     position, current = 0, None
     for i, types in enumerate(names):
         if not types:
@@ -594,18 +616,38 @@ def _align(units: list[tuple[int, str, int]], calls: Sequence[tuple[str, tuple[s
         if (current is not None and i > 0 and assigned[i - 1] == current and fits.only(types, calls[current][0])
                 and not (position < len(calls) and calls[position][0] in types)):
             assigned[i] = current  # more of the current call, right after it (split-K's reduction)
+            interleaved = False
             continue
         # a name that fits several families: the current call's (``cpu_attn_reshape_and_cache`` after
         # the KV-cache write began) unless the next call it fits would be left without units
         # otherwise (Inductor names a fused kernel after every op inlined into it: the norm after a
         # GEMM reads the GEMM's output and is named after it too)
         nxt = next_of(types, position)
+        if current is not None and calls[current][0] not in types \
+                and not (position < len(calls) and calls[position][0] in types):
+            # a kernel not of the current call's family, nor of the next call's
+            own = [c for c in invocation_calls[calls[current][2]] if calls[c][0] in types]
+            if own and within(i, calls[current][0]):
+                assigned[i] = current  # inside the current call, of a type its invocation also has
+                continue  # (the routed experts' SwiGLU between a fused MoE's two expert GEMMs)
+            empty = [c for c in own if c not in filled]
+            if own and (nxt is None or calls[nxt][2] != calls[current][2]) and (empty or interleaved):
+                # the current invocation's, whose kernels interleave (a MoE layer's shared experts
+                # on their own stream beside its routed experts): its first call of the kernel's
+                # type that has none yet, else (more of an interleaved one) its last
+                assigned[i] = (empty or own)[-1 if not empty else 0]
+                filled.add(assigned[i])
+                interleaved = True
+                continue
+        interleaved = False
         stays = current is not None and calls[current][0] in types
         if stays and (nxt is None or covered_later(i, nxt, position, current)):
             assigned[i] = current
         elif nxt is not None:
             assigned[i] = current = nxt
             position = nxt + 1
+        if assigned[i] is not None:
+            filled.add(assigned[i])
     # a run of units whose names fit no family, between two units placed (never at the run's
     # edges: a graph's input copies come before its first kernel)
     has_units = {a for a in assigned if a is not None}
@@ -621,6 +663,8 @@ def _align(units: list[tuple[int, str, int]], calls: Sequence[tuple[str, tuple[s
         after = assigned[j] if j < len(units) else None
         if before is not None and after is not None:
             between = [before] if before == after else [c for c in range(before + 1, after) if c not in has_units]
+            if not between and after == before + 1 and calls[before][2] == calls[after][2]:
+                between = [after]  # one invocation's calls back to back: what the next one runs on
             if len(between) == 1:
                 for k in range(i, j):
                     assigned[k] = between[0]

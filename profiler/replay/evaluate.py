@@ -93,7 +93,7 @@ def evaluate(task: Task) -> Outcome:
     try:
         if task.compile_workload is not None:
             _compile_first(definition, calling, task, device, phases)
-        draws = [_inputs(definition, workload, Path(task.root), device, seed, phases) for seed in range(task.draws)]
+        draws = _Draws(lambda seed: _inputs(definition, workload, Path(task.root), device, seed, phases), task.draws)
         with phases("first call"):
             _first_call(definition, calling, *draws[0], device)
         if task.warm_only:
@@ -226,17 +226,57 @@ def var_axis_dims(definition: Definition) -> dict[str, list[int]]:
 
 def _inputs(definition: Definition, workload: Workload, root: Path, device: torch.device, seed: int, phases: Phases):
     """Inputs of one draw (captured index tensors kept, float data drawn with ``seed``) and the
-    reference's outputs on them; cached for the worker's current workload (its other pairs)."""
+    reference's outputs on them; cached for the worker's current workload (its other pairs), as
+    many draws as fit a quarter of the device's memory (DeepSeek-V3's MoE draws 22 GiB of expert
+    weights: one at a time)."""
     key = (f"{definition.name}/{workload.uuid}/{device}", seed)
-    if key not in _INPUTS:
-        if len(_INPUTS) >= 8:
-            _INPUTS.clear()
-        with phases("inputs"):
-            inputs = workload_inputs(definition, workload, root, device=device, seed=seed)
-        with phases("reference"):
-            reference = run_reference(definition, inputs)
+    if key in _INPUTS:
+        return _INPUTS[key]
+    if len(_INPUTS) >= 8:
+        _INPUTS.clear()
+    with phases("inputs"):
+        inputs = workload_inputs(definition, workload, root, device=device, seed=seed)
+    with phases("reference"):
+        reference = run_reference(definition, inputs)
+    size = _bytes(inputs) + _bytes(reference)
+    budget = _cache_budget(device)
+    while _INPUTS and sum(_bytes(i) + _bytes(r) for i, r in _INPUTS.values()) + size > budget:
+        _INPUTS.pop(next(iter(_INPUTS)))
+    if size <= budget:
         _INPUTS[key] = (inputs, reference)
-    return _INPUTS[key]
+    return inputs, reference
+
+
+def _bytes(tensors: dict[str, Any]) -> int:
+    return sum(v.numel() * v.element_size() for v in tensors.values() if isinstance(v, torch.Tensor))
+
+
+def _cache_budget(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory // 4
+    return 8 << 30
+
+
+class _Draws:
+    """The checks' draws of the inputs: the first one kept (it is also the one timed), the others
+    made as the check reaches them, so that at most two sets of inputs are held at once."""
+
+    def __init__(self, make: Callable[[int], Any], count: int) -> None:
+        self._make, self._count = make, count
+        self._first = make(0)
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, index: int) -> Any:
+        if index != 0:
+            raise IndexError("only the first draw is kept")
+        return self._first
+
+    def __iter__(self) -> Any:
+        yield self._first
+        for seed in range(1, self._count):
+            yield self._make(seed)
 
 
 def _outputs(names: list[str], device: torch.device, like: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -318,7 +358,7 @@ def _first_call(definition: Definition, calling: Calling, inputs, reference, dev
     """One untimed call before the checks, so that what it costs once (Triton and FlashInfer JIT,
     torch.compile, autotuning) shows as its own phase; inputs it changed are put back (the check
     that follows reports the change)."""
-    before = {n: v.clone() for n, v in inputs.items() if isinstance(v, torch.Tensor)}
+    before = _snapshot(inputs)
     call, prepare = _bound(definition, calling, inputs, reference, device)
     prepare()
     try:
@@ -351,7 +391,7 @@ def _check_draws(definition, calling, draws, device) -> dict:
     total: Optional[Diff] = None
     previous: Optional[tuple[dict, dict]] = None
     for inputs, reference in draws:
-        before = {n: v.clone() for n, v in inputs.items() if isinstance(v, torch.Tensor)}
+        before = _snapshot(inputs)
         call, prepare = _bound(definition, calling, inputs, reference, _device_of(inputs))
         prepare()
         try:
@@ -390,12 +430,46 @@ def _check_draws(definition, calling, draws, device) -> dict:
     return _check_dict(total, len(draws), calling.unchecked)
 
 
-def _restore(inputs: dict[str, Any], before: dict[str, torch.Tensor]) -> list[str]:
+#: inputs above this many bytes are kept as a fingerprint, not a copy, while a call runs
+_COPY_LIMIT = 1 << 30
+
+
+@dataclass(frozen=True)
+class _Fingerprint:
+    """A large input's row and column sums (float64): what a call that writes into it changes,
+    without a copy of it held (DeepSeek-V3's expert weights are 15 GiB)."""
+
+    rows: torch.Tensor
+    cols: torch.Tensor
+
+    @staticmethod
+    def of(tensor: torch.Tensor) -> "_Fingerprint":
+        flat = tensor.reshape(tensor.shape[0], -1) if tensor.dim() > 1 else tensor.reshape(1, -1)
+        return _Fingerprint(flat.sum(dim=1, dtype=torch.float64), flat.sum(dim=0, dtype=torch.float64))
+
+    def matches(self, tensor: torch.Tensor) -> bool:
+        other = _Fingerprint.of(tensor)
+        return torch.equal(self.rows, other.rows) and torch.equal(self.cols, other.cols)
+
+
+def _snapshot(inputs: dict[str, Any]) -> dict[str, Any]:
+    return {n: (_Fingerprint.of(v) if v.numel() * v.element_size() > _COPY_LIMIT else v.clone())
+            for n, v in inputs.items() if isinstance(v, torch.Tensor)}
+
+
+def _restore(inputs: dict[str, Any], before: dict[str, Any]) -> list[str]:
     """The inputs a call changed, put back as they were: they are the worker's cached draw, which
-    the workload's other solutions get next."""
-    changed = [n for n, v in before.items() if not torch.equal(v, inputs[n])]
-    for name in changed:
-        inputs[name].copy_(before[name])
+    the workload's other solutions get next. A large input kept as a fingerprint cannot be put
+    back: the cached draws are dropped instead (the next pair draws its inputs again)."""
+    changed = []
+    for name, kept in before.items():
+        if isinstance(kept, _Fingerprint):
+            if not kept.matches(inputs[name]):
+                changed.append(name)
+                _INPUTS.clear()
+        elif not torch.equal(kept, inputs[name]):
+            changed.append(name)
+            inputs[name].copy_(kept)
     return changed
 
 

@@ -69,8 +69,28 @@ def tensor_value(
     if name.endswith(("weight", "weights")) and len(shape) >= 2 and shape[-1] > 0:
         # weight matrices as models initialise them (std 1/sqrt(fan-in)): activations stay O(1)
         # through chained GEMMs (MoE experts), so low-precision rounding stays within tolerance
-        return (torch.randn(shape, generator=gen, device=device) / math.sqrt(shape[-1])).to(dtype)
-    return torch.randn(shape, generator=gen, device=device).to(dtype)
+        return _normal(shape, gen, device, dtype, 1 / math.sqrt(shape[-1]))
+    return _normal(shape, gen, device, dtype)
+
+
+#: elements above which a normal tensor is drawn a slice at a time (1 GiB of float32)
+_SLICE = 1 << 28
+
+
+def _normal(shape: tuple[int, ...], gen: torch.Generator, device: torch.device, dtype: torch.dtype,
+            scale: float = 1.0) -> torch.Tensor:
+    """Standard normal values times ``scale`` in ``dtype``. A large tensor (DeepSeek-V3's expert
+    weights: 15 GiB in bf16) is drawn a slice of its first dimension at a time, so that no float32
+    copy of all of it is ever held."""
+    numel = math.prod(shape)
+    if numel <= _SLICE or len(shape) < 2:
+        return (torch.randn(shape, generator=gen, device=device) * scale).to(dtype)
+    out = torch.empty(shape, dtype=dtype, device=device)
+    rows = max(1, _SLICE // math.prod(shape[1:]))
+    for start in range(0, shape[0], rows):
+        part = out[start : start + rows]
+        part.copy_(torch.randn(part.shape, generator=gen, device=device) * scale)
+    return out
 
 
 def _position_bound(definition: Definition, axes: Mapping[str, int]) -> int:

@@ -16,6 +16,10 @@ from fi_profile.schema.definition import Definition
 from fi_profile.schema.dtype import DType
 
 KEY = "attention"
+#: the words attention kernels are named with, GQA's and MLA's alike (the engines' Triton decode
+#: kernels serve both), so that the kernel accounting takes the two families' kernels as one's
+KERNEL_WORDS = ("attention", "attn", "flash", "paged", "fwd", "stage1", "stage2", "reduce_segments", "decode_kernel",
+                "mla", "softmax_reduce")
 
 
 def call(batch: PagedBatch, stage: str, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
@@ -100,5 +104,5 @@ FAMILY = Family(
                Baseline("torch_ragged_attention.py", compiled=False, op_type="gqa_ragged")),
     natives=_natives,
     engine_kernel=_engine_kernel,
-    kernel_words=("attention", "attn", "flash", "paged", "fwd", "stage1", "stage2", "reduce_segments", "decode_kernel"),
+    kernel_words=KERNEL_WORDS,
 )

@@ -17,7 +17,7 @@ from typing import Any, Optional
 from fi_profile.capture.definition_factory import definition_for
 from fi_profile.capture.kernel_call import KernelCall, cached_definition, dtype_suffix
 from fi_profile.capture.paged_layout import PagedBatch
-from fi_profile.families import bmm
+from fi_profile.families import attention, bmm
 from fi_profile.families.family import Baseline, EngineKernel, EngineRun, Family, Native
 from fi_profile.schema.definition import Definition
 from fi_profile.schema.dtype import DType
@@ -160,5 +160,5 @@ FAMILY = Family(
                Baseline("torch_mla_ragged.py", compiled=False, op_type="mla_ragged")),
     natives=_natives,
     engine_kernel=_engine_kernel,
-    kernel_words=("mla", "attention", "attn", "flash", "fwd", "stage1", "stage2", "decode_kernel", "softmax_reduce"),
+    kernel_words=attention.KERNEL_WORDS,
 )
