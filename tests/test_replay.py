@@ -933,7 +933,7 @@ def test_prewarm_builds_each_compiled_solution_once_up_front_and_changes_no_resu
 def test_inputs_too_large_to_copy_are_checked_by_fingerprint_and_draws_are_made_one_at_a_time(monkeypatch):
     """DeepSeek-V3's MoE inputs hold 22 GiB of expert weights: three draws and a copy of one ran an
     H100 out of memory. A draw after the first is made when the check reaches it, and a large input
-    is watched through its row and column sums rather than a copy; one a call wrote into is found
+    is watched through sums of its bytes rather than a copy; one a call wrote into is found
     all the same, and the worker's cached draws are dropped (it cannot be put back)."""
     import torch
 
@@ -945,12 +945,15 @@ def test_inputs_too_large_to_copy_are_checked_by_fingerprint_and_draws_are_made_
     assert list(draws) == [0, 1, 2] and made == [0, 1, 2]
 
     monkeypatch.setattr(evaluate, "_COPY_LIMIT", 16)
-    inputs = {"big": torch.arange(64, dtype=torch.float32).view(8, 8), "small": torch.ones(2)}
+    monkeypatch.setattr(evaluate, "_CHUNK", 16)  # several chunks and a tail
+    inputs = {"big": torch.arange(64, dtype=torch.float32).view(8, 8), "small": torch.ones(2),
+              "fp8": torch.linspace(-2, 2, 64).to(torch.float8_e4m3fn)}
     before = evaluate._snapshot(inputs)
     assert isinstance(before["big"], evaluate._Fingerprint) and isinstance(before["small"], torch.Tensor)
     assert evaluate._restore(inputs, before) == []
     evaluate._INPUTS["cached"] = ({}, {})
     inputs["big"][3, 5] += 1.0
     inputs["small"][0] = 7.0
-    assert sorted(evaluate._restore(inputs, before)) == ["big", "small"]
+    inputs["fp8"][7] = 0.0
+    assert sorted(evaluate._restore(inputs, before)) == ["big", "fp8", "small"]
     assert inputs["small"][0] == 1.0 and evaluate._INPUTS == {}

@@ -436,20 +436,24 @@ _COPY_LIMIT = 1 << 30
 
 @dataclass(frozen=True)
 class _Fingerprint:
-    """A large input's row and column sums (float64): what a call that writes into it changes,
-    without a copy of it held (DeepSeek-V3's expert weights are 15 GiB)."""
+    """A large input's bytes summed per 64 KiB (any dtype, fp8 included): what a call that writes
+    into it changes, without a copy of it held (DeepSeek-V3's expert weights are 15 GiB)."""
 
-    rows: torch.Tensor
-    cols: torch.Tensor
+    sums: torch.Tensor
 
     @staticmethod
     def of(tensor: torch.Tensor) -> "_Fingerprint":
-        flat = tensor.reshape(tensor.shape[0], -1) if tensor.dim() > 1 else tensor.reshape(1, -1)
-        return _Fingerprint(flat.sum(dim=1, dtype=torch.float64), flat.sum(dim=0, dtype=torch.float64))
+        raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+        whole = raw.numel() - raw.numel() % _CHUNK
+        sums = raw[:whole].view(-1, _CHUNK).sum(dim=1, dtype=torch.int64)
+        tail = raw[whole:].sum(dtype=torch.int64).reshape(1)
+        return _Fingerprint(torch.cat([sums, tail]))
 
     def matches(self, tensor: torch.Tensor) -> bool:
-        other = _Fingerprint.of(tensor)
-        return torch.equal(self.rows, other.rows) and torch.equal(self.cols, other.cols)
+        return torch.equal(self.sums, _Fingerprint.of(tensor).sums)
+
+
+_CHUNK = 1 << 16
 
 
 def _snapshot(inputs: dict[str, Any]) -> dict[str, Any]:
