@@ -591,15 +591,17 @@ def test_deepseek_under_tensor_parallelism_records_each_ranks_heads_and_experts_
     result = capture(tmp_path, "deepseek-tp2", model=str(MODELS / "tiny-deepseek-v3"), tp=2)
     run = result["record"]["run"]
     assert run["not_covered"] == {} and not run["hook_errors"] and "incomplete" not in run, run
-    layers, ranks, decode_steps = 3, 2, OUTPUT_LEN - 1
-    expected = {
-        "mla_paged_decode_h2_ckv512_kpe64_ps16": ranks * layers * decode_steps,
-        "mla_ragged_prefill_causal_h2_qk128_vo64": ranks * layers,
-        "bmm_bf16_b2_n512_k64": ranks * layers * decode_steps,
-        "rope_deepseek_yarn_h2_kv1_d64_f4": ranks * layers * OUTPUT_LEN,
-        "moe_bf16_ds_routing_topk2_ng2_kg1_e8_h256_i64_logits_bf16": ranks * (layers - 1) * OUTPUT_LEN,
-    }
-    assert {k: counts(result)[k] for k in expected} == expected, counts(result)
+    c = counts(result)
+    layers, ranks = 3, 2
+    steps = c["embedding_v1024_h256"] // ranks  # the engine may take the prompts in one step or more
+    assert c["rope_deepseek_yarn_h2_kv1_d64_f4"] == c["mla_kv_cache_write_ckv512_kpe64_ps16"] == ranks * layers * steps
+    assert c["moe_bf16_ds_routing_topk2_ng2_kg1_e8_h256_i64_logits_bf16"] == ranks * (layers - 1) * steps
+    decodes = c["mla_paged_decode_h2_ckv512_kpe64_ps16"]
+    assert decodes > 0 and c["bmm_bf16_b2_n512_k64"] == c["bmm_bf16_b2_n64_k512"] == decodes
+    # every step attends: its decode part, its prefill part, or both
+    assert ranks * layers * steps <= decodes + c["mla_ragged_prefill_causal_h2_qk128_vo64"] <= 2 * ranks * layers * steps
+    assert token_total(result["out_dir"], "mla_ragged_prefill_causal_h2_qk128_vo64", "total_q") == \
+        ranks * layers * PROMPTS * INPUT_LEN
 
 
 def test_deepseek_shaped_model_is_recorded_whole_mla_and_deepseek_moe_included(tmp_path):

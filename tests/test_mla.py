@@ -198,7 +198,7 @@ def test_mla_layers_the_definitions_do_not_compute_are_named():
     assert vllm_mla.layer_problem(fp8) == ("MLAAttention with KV cache fp8, sparse attention (an indexer's top-k "
                                            "tokens) (no Definition computes it)")
     other = type("SparseMLAAttention", (), {})()
-    assert vllm_mla.layer_problem(other) == "SparseMLAAttention (an MLA layer class no Definition computes)"
+    assert vllm_mla.layer_problem(other) == "SparseMLAAttention (an attention layer class no Definition computes)"
     wrapper = SimpleNamespace(fuse_qkv_rmsnorm=True, indexer=None)
     assert "fused q/kv RMSNorm" in vllm_mla.wrapper_problem(wrapper)
 

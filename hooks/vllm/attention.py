@@ -45,9 +45,10 @@ def _host_seq_lens(source: Any) -> Any:
     return source.seq_lens
 
 
-def _layout(source: Any) -> Batches:
+def layout(source: Any) -> Batches:
     """The step's decode and prefill layouts from its metadata. CPU copies of the query starts and
-    sequence lengths where the metadata has them: no device sync."""
+    sequence lengths where the metadata has them: no device sync. Decode requests are those of one
+    query token, or up to the backend's decode threshold where its builder said one (MLA's)."""
     query_start_loc = getattr(source, "query_start_loc_cpu", None)
     if query_start_loc is None:
         query_start_loc = source.query_start_loc
@@ -55,7 +56,8 @@ def _layout(source: Any) -> Batches:
     block_table = getattr(source, "block_table_tensor", None)
     if block_table is None:
         block_table = source.block_table
-    return paged_batches(query_start_loc, seq_lens, block_table, RECORDER.page_size)
+    return paged_batches(query_start_loc, seq_lens, block_table, RECORDER.page_size,
+                         STEP.context.get("decode_max_query", 1))
 
 
 def _layout_source(metadata: Any) -> Any:
@@ -130,7 +132,7 @@ def layer_calls(self: Any, query: torch.Tensor, key: Optional[torch.Tensor] = No
     page_size = RECORDER.page_size
     if page_size is None:
         raise RuntimeError("page size unknown: capture was not started through the worker extension")
-    STEP.batches(_layout_source(metadata), _layout)
+    STEP.batches(_layout_source(metadata), layout)
     dtype = schema_dtype(query.dtype)
     writes = _cache_write(self.layer_name, self.num_kv_heads, self.head_size, dtype) if _writes_cache(self, key) else []
     return writes + STEP.calls((self.num_heads, self.num_kv_heads, self.head_size, page_size, RECORDER.num_pages or 0,
@@ -153,7 +155,7 @@ def _calls_in_graph(layer: tuple, writes: bool = False) -> list[KernelCall]:
     common = STEP.context.get("common")
     if common is None or RECORDER.page_size is None:
         raise RuntimeError("a compiled forward ran without the step's attention metadata")
-    STEP.batches(common, _layout)
+    STEP.batches(common, layout)
     heads, kv_heads, head_size, dtype, scale = layer
     written = _cache_write(None, kv_heads, head_size, dtype) if writes else []
     return written + STEP.calls((heads, kv_heads, head_size, RECORDER.page_size, RECORDER.num_pages or 0, dtype, scale))

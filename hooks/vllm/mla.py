@@ -17,8 +17,8 @@ import torch
 
 from fi_profile.capture.kernel_call import KernelCall
 from fi_profile.capture.layers import require, seen
-from fi_profile.capture.paged_layout import paged_batches
 from fi_profile.capture.recorder import RECORDER
+from fi_profile.families import attention as attention_family
 from fi_profile.families import kv_cache, mla
 from fi_profile.families.attention.step import Batches
 from fi_profile.hooks.vllm import attention
@@ -34,34 +34,17 @@ def metadata_builder(self: Any, common_attn_metadata: Any) -> None:
     STEP.context["decode_max_query"] = int(getattr(self, "reorder_batch_threshold", None) or 1)
 
 
-def _layout(source: Any) -> Batches:
-    query_start_loc = getattr(source, "query_start_loc_cpu", None)
-    if query_start_loc is None:
-        query_start_loc = source.query_start_loc
-    block_table = getattr(source, "block_table_tensor", None)
-    if block_table is None:
-        block_table = source.block_table
-    return paged_batches(query_start_loc, attention._host_seq_lens(source), block_table, RECORDER.page_size,
-                         STEP.context.get("decode_max_query", 1))
-
-
 def layer_problem(layer: Any) -> Optional[str]:
     """Why an MLA layer is not the dense latent attention the Definitions compute, or None."""
     kv_cache_dtype = str(getattr(layer, "kv_cache_dtype", "auto"))
     impl = getattr(layer, "impl", None)
-    return mla_layer_problem(layer, {
+    sparse = bool(getattr(impl, "is_sparse", False) or getattr(layer, "use_sparse", False))
+    dcp = int(getattr(impl, "dcp_world_size", 1) or 1)
+    return attention_family.layer_problem(layer, "MLAAttention", {
         f"KV cache {kv_cache_dtype}": kv_cache_dtype not in ("auto", "bfloat16", "float16"),
-        "sparse attention (an indexer's top-k tokens)": bool(getattr(impl, "is_sparse", False) or getattr(layer, "use_sparse", False)),
-        f"decode context parallel ({getattr(impl, 'dcp_world_size', 1)} ranks)": int(getattr(impl, "dcp_world_size", 1) or 1) > 1,
+        "sparse attention (an indexer's top-k tokens)": sparse,
+        f"decode context parallel ({dcp} ranks)": dcp > 1,
     })
-
-
-def mla_layer_problem(layer: Any, features: dict[str, bool]) -> Optional[str]:
-    name = type(layer).__name__
-    if name != "MLAAttention":
-        return f"{name} (an MLA layer class no Definition computes)"
-    problems = [what for what, applies in features.items() if applies]
-    return f"{name} with {', '.join(problems)} (no Definition computes it)" if problems else None
 
 
 def wrapper_problem(layer: Any) -> Optional[str]:
@@ -111,7 +94,7 @@ def layer_calls(self: Any, q: torch.Tensor) -> list[KernelCall]:
         return []
     if RECORDER.page_size is None:
         raise RuntimeError("page size unknown: capture was not started through the worker extension")
-    batches = STEP.batches(attention._layout_source(metadata), _layout)
+    batches = STEP.batches(attention._layout_source(metadata), attention.layout)
     return _step_calls(self.layer_name, _shape(self, q.dtype), batches)
 
 
@@ -126,4 +109,4 @@ def traced_layer_calls(self: Any, q: torch.Tensor) -> Callable[[], list[KernelCa
 def _calls_in_graph(shape: mla.MlaShape) -> list[KernelCall]:
     if STEP.context.get("common") is None or RECORDER.page_size is None:
         raise RuntimeError("a compiled forward ran without the step's attention metadata")
-    return _step_calls(None, shape, STEP.batches(STEP.context["common"], _layout))
+    return _step_calls(None, shape, STEP.batches(STEP.context["common"], attention.layout))
