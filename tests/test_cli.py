@@ -18,7 +18,7 @@ def test_definitions_table_lists_every_shipped_definition():
 def test_definitions_filter_by_op_type():
     result = runner.invoke(app, ["definitions", "--op-type", "gemm"], env={"COLUMNS": "250"})
     assert result.exit_code == 0
-    assert "6 shipped definitions" in result.output and "gemm_bf16_n128256_k4096" in result.output
+    assert "7 shipped definitions" in result.output and "gemm_bf16_n128256_k4096" in result.output
     assert "rmsnorm_h4096" not in result.output
 
 
@@ -51,6 +51,7 @@ def test_shipped_set_covers_llama_31_8b_and_the_moe_templates():
         "mla_paged_prefill_causal_h16_ckv512_kpe64_ps1", "mla_paged_prefill_causal_h16_ckv512_kpe64_ps64",
         "mla_ragged_prefill_causal_h16_qk192_vo128", "mla_kv_cache_write_ckv512_kpe64_ps64", "bmm_bf16_b128_n512_k128",
         "moe_bf16_ds_routing_topk8_ng8_kg4_e256_h7168_i2048",  # DeepSeek-V3's routed experts, bf16, TP 1
+        "gemm_bf16_n256_k7168_out_fp32",  # DeepSeek-V3's router GEMM as SGLang runs it: float32 logits
     } == names
     assert all(d.inputs[next(iter(d.inputs))].dtype.value in ("bfloat16", "float32", "int32") for d in shipped_definitions().values())
 

@@ -19,13 +19,15 @@ from fi_profile.schema.dtype import DType, schema_dtype
 KEY = "gemm"
 
 
-def name(n: int, k: int, dtype: DType, bias: bool = False) -> str:
+def name(n: int, k: int, dtype: DType, bias: bool = False, out_dtype: Optional[DType] = None) -> str:
     """flashinfer-trace's ``gemm_n{N}_k{K}`` are float16; a GEMM of another dtype has another
-    interface, so its own name: ``gemm_bf16_n4096_k4096``; with a bias, ``gemm_bias_bf16_...``."""
+    interface, so its own name: ``gemm_bf16_n4096_k4096``; with a bias, ``gemm_bias_bf16_...``; with
+    a result of another dtype than its operands (a router's float32 logits), ``..._out_fp32``."""
     kind = "gemm_bias" if bias else "gemm"
+    out = f"_out_{SHORT_DTYPES.get(out_dtype, getattr(out_dtype, 'value', ''))}" if out_dtype not in (None, dtype) else ""
     if dtype is DType.float16:
-        return f"{kind}_n{n}_k{k}"
-    return f"{kind}_{SHORT_DTYPES.get(dtype, dtype.value)}_n{n}_k{k}"
+        return f"{kind}_n{n}_k{k}{out}"
+    return f"{kind}_{SHORT_DTYPES.get(dtype, dtype.value)}_n{n}_k{k}{out}"
 
 
 def call(x: torch.Tensor, n: int, k: int, bias: bool = False) -> KernelCall:
@@ -35,15 +37,27 @@ def call(x: torch.Tensor, n: int, k: int, bias: bool = False) -> KernelCall:
     return sized_call(rows(x, k), n, k, x.dtype, bias)
 
 
-def sized_call(m: int, n: int, k: int, dtype: torch.dtype, bias: bool = False) -> KernelCall:
-    """A GEMM of ``m`` rows (where no input tensor is at hand: a layer another call records)."""
+#: the template of a GEMM whose result is float32 from lower-precision operands (no bias)
+FLOAT32_OUT_TEMPLATE = "gemm_bf16_n256_k7168_out_fp32"
+
+
+def sized_call(m: int, n: int, k: int, dtype: torch.dtype, bias: bool = False,
+               out_dtype: Optional[torch.dtype] = None) -> KernelCall:
+    """A GEMM of ``m`` rows (where no input tensor is at hand: a layer another call records);
+    ``out_dtype``: its result's dtype where not its operands' (float32 only)."""
+    out = None if out_dtype in (None, dtype) else out_dtype
 
     def build() -> Definition:
         schema = schema_dtype(dtype)
+        if out is not None:
+            if out is not torch.float32 or bias:
+                raise NotImplementedError(f"a GEMM of {schema.value} operands giving {out} (bias: {bias}): no Definition")
+            return definition_for(FLOAT32_OUT_TEMPLATE, name(n, k, schema, out_dtype=DType.float32), {"N": n, "K": k},
+                                  schema)
         template = "gemm_bias_bf16_n4096_k4096" if bias else "gemm_bf16_n4096_k4096"
         return definition_for(template, name(n, k, schema, bias), {"N": n, "K": k}, schema)
 
-    definition = cached_definition(("gemm", n, k, dtype, bias), build)
+    definition = cached_definition(("gemm", n, k, dtype, bias, out), build)
     return KernelCall(definition, {"M": m})
 
 
@@ -87,8 +101,9 @@ FAMILY = Family(
     key=KEY,
     package=__name__,
     op_types=("gemm",),
-    templates=("gemm_bf16_n4096_k4096", "gemm_bias_bf16_n4096_k4096"),
-    baselines=(Baseline("torch_gemm.py"),),
+    templates=("gemm_bf16_n4096_k4096", "gemm_bias_bf16_n4096_k4096", FLOAT32_OUT_TEMPLATE),
+    # the float32-result one first: it fits only Definitions that say so (their OUTPUT_FLOAT32)
+    baselines=(Baseline("torch_gemm_out_fp32.py", constants=("OUTPUT_FLOAT32",)), Baseline("torch_gemm.py")),
     engine_kernel=engine_kernels.torch_call,
     kernel_words=("gemm", "gemv", "nvjet", "cutlass", "cublas", "cublaslt", "splitkreduce", "xmma", "wgmma", "mm", "addmm", "bmm",
                   "linear", "matmul", "onednn"),
