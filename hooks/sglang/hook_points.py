@@ -12,8 +12,9 @@ import torch
 from fi_profile.capture.layers import LayerRule, covered, seen_weights
 from fi_profile.capture.patching import HookPoint
 from fi_profile.families import attention as attention_family
-from fi_profile.families import embedding, gemm, moe, qk_rmsnorm, rmsnorm, rope, sampling, silu_and_mul
+from fi_profile.families import embedding, gemm, mla, moe, qk_rmsnorm, rmsnorm, rope, sampling, silu_and_mul
 from fi_profile.hooks.sglang import attention, steps
+from fi_profile.hooks.sglang import mla as sglang_mla
 from fi_profile.hooks.sglang import moe as sglang_moe
 
 
@@ -34,6 +35,7 @@ def _sampler(self: Any, logits_output: Any, sampling_info: Any) -> list:
 
 _LAYERS = "sglang.srt.layers"
 _EXECUTOR = "sglang.srt.model_executor"
+_MLA = "sglang.srt.models.deepseek_common.attention_forward_methods"
 
 POINTS = [
     HookPoint(f"{_LAYERS}.layernorm", "RMSNorm", ("forward",), rmsnorm.KEY, rmsnorm.layer_calls),
@@ -47,6 +49,17 @@ POINTS = [
               embedding.layer_calls),
     HookPoint(f"{_LAYERS}.radix_attention", "RadixAttention", ("forward",), attention_family.KEY, attention.layer_calls,
               live=True, traced=attention.captured_layer_calls),
+    # DeepSeek's MLA: the absorbed form, the up-projected prefill and the latent write before it
+    # (their RadixAttention layers run nested, recording nothing of their own)
+    HookPoint(f"{_MLA}.forward_mla", "DeepseekMLAForwardMixin", ("forward_absorb_core",), mla.KEY,
+              sglang_mla.absorbed_calls, live=True, traced=sglang_mla.captured_absorbed_calls,
+              nested=(attention_family.KEY,)),
+    HookPoint(f"{_MLA}.forward_mha", "DeepseekMHAForwardMixin", ("forward_normal_core",), mla.KEY,
+              sglang_mla.ragged_calls, live=True, traced=sglang_mla.captured_ragged_calls,
+              nested=(attention_family.KEY,)),
+    HookPoint(f"{_MLA}.forward_mha", "DeepseekMHAForwardMixin", ("_set_mla_kv_buffer",), mla.KEY,
+              sglang_mla.latent_write_calls, live=True, traced=sglang_mla.captured_latent_write_calls),
+    HookPoint("sglang.srt.models.deepseek_v2", "MoEGate", ("forward",), "moe_routing", sglang_moe.gate_calls),
     HookPoint(f"{_LAYERS}.moe.topk", "TopK", ("forward",), "moe_routing", sglang_moe.routing_calls),
     HookPoint(f"{_LAYERS}.moe.fused_moe_triton.layer", "FusedMoE", ("forward",), moe.KEY, sglang_moe.layer_calls,
               nested=(silu_and_mul.KEY, gemm.KEY)),
@@ -81,8 +94,10 @@ LAYER_RULES = [
     LayerRule(f"{_LAYERS}.layernorm:RMSNorm", rmsnorm.layer_problem),
     LayerRule(f"{_LAYERS}.activation:SiluAndMul", silu_and_mul.layer_problem),
     LayerRule(f"{_LAYERS}.rotary_embedding.base:RotaryEmbedding", rope.layer_problem),
+    sglang_mla.LAYER_RULE,
     LayerRule(f"{_LAYERS}.radix_attention:RadixAttention", attention.layer_problem),
     LayerRule(f"{_LAYERS}.moe.topk:TopK", sglang_moe.routing_problem),
+    LayerRule("sglang.srt.models.deepseek_v2:MoEGate", sglang_moe.gate_problem),
     LayerRule(f"{_LAYERS}.logits_processor:LogitsProcessor", covered),
 ]
 KERNEL_LAYERS = [

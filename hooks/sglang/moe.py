@@ -1,5 +1,6 @@
 """SGLang's MoE layers as the MoE family's calls: ``TopK`` routes (it holds the router's
-configuration) and ``FusedMoE`` right after it runs the experts; the two are one MoE call."""
+configuration: softmax top-k, or DeepSeek's grouped sigmoid routing) and ``FusedMoE`` right after
+it runs the experts; the two are one MoE call. DeepSeek's router GEMM (``MoEGate``) is a GEMM call."""
 
 from __future__ import annotations
 
@@ -7,9 +8,28 @@ from typing import Any, Optional
 
 import torch
 
-from fi_profile.capture.layers import seen
-from fi_profile.families import moe
+from fi_profile.capture.kernel_call import rows
+from fi_profile.capture.layers import require, seen
+from fi_profile.families import gemm, moe
 from fi_profile.hooks.sglang.attention import STEP
+
+
+def _fused_shared_experts(config: Any) -> int:
+    """Shared experts SGLang fused into the routed ones (extra top-k slots): on the config itself
+    (0.5.16) or in its shared-experts layout (0.5.23)."""
+    shared = getattr(config, "shared_experts", None)
+    return int(getattr(config, "num_fused_shared_experts", 0) or getattr(shared, "num_fused_shared_experts", 0) or 0)
+
+
+def deepseek_routing(config: Any) -> Optional[moe.DeepSeekRouting]:
+    """The router's DeepSeek routing (sigmoid scores, grouped top-k with the correction bias, the
+    routed scaling factor, applied by SGLang to the weights or to the routed output), or None."""
+    if not (getattr(config, "scoring_func", "softmax") == "sigmoid" and getattr(config, "use_grouped_topk", False)
+            and getattr(config, "correction_bias", None) is not None):
+        return None
+    return moe.DeepSeekRouting(n_group=int(config.num_expert_group), topk_group=int(config.topk_group),
+                               renormalize=bool(config.renormalize),
+                               routed_scaling_factor=float(getattr(config, "routed_scaling_factor", None) or 1.0))
 
 
 def routing_problems(config: Any, runner: Any = None) -> dict[str, Any]:
@@ -20,21 +40,65 @@ def routing_problems(config: Any, runner: Any = None) -> dict[str, Any]:
         grouped_topk=bool(getattr(config, "use_grouped_topk", False)),
         custom_routing=getattr(config, "custom_routing_function", None) is not None,
         correction_bias=getattr(config, "correction_bias", None) is not None,
-        fused_shared_experts=bool(getattr(config, "num_fused_shared_experts", 0)),
+        fused_shared_experts=bool(_fused_shared_experts(config)),
         routed_scaling=getattr(config, "routed_scaling_factor", None) or getattr(runner, "routed_scaling_factor", None),
+        deepseek_routing=deepseek_routing(config) is not None,
     )
 
 
+def _routing_found(config: Any, runner: Any = None, **experts: Any) -> list[str]:
+    found = moe.problems(**routing_problems(config, runner), **experts)
+    deepseek = deepseek_routing(config)
+    if deepseek is not None and not deepseek.renormalize:
+        found.append("DeepSeek routing without renormalized weights")
+    return found
+
+
 def routing_problem(router: Any) -> Optional[str]:
-    return moe.layer_problem(router, moe.problems(**routing_problems(router.topk_config)))
+    return moe.layer_problem(router, _routing_found(router.topk_config))
+
+
+def gate_problem(gate: Any) -> Optional[str]:
+    """Why a DeepSeek router (``MoEGate``) is not the plain GEMM recorded for it, or None."""
+    name = type(gate).__name__
+    if name != "MoEGate":
+        return f"{name} (a MoEGate variant no Definition computes)"
+    problems = [what for what, applies in {
+        "DeepSeek-V4 routing": bool(getattr(gate, "is_deepseek_v4", False)),
+        "a vision correction bias": getattr(gate, "e_score_correction_bias_vl", None) is not None,
+    }.items() if applies]
+    return f"{name} with {', '.join(problems)} (no Definition computes it)" if problems else None
+
+
+def gate_calls(self: Any, hidden_states: torch.Tensor) -> list:
+    """DeepSeek's router (``MoEGate``: a GEMM of its own, float32 logits on CUDA, no linear layer):
+    recorded by the ``TopK`` call right after it, which sees the logits it made."""
+    seen(self)
+    require(gate_problem(self))
+    STEP.context["moe_gate"] = (self, hidden_states)
+    return []
+
+
+def _gate_gemm(router_logits: torch.Tensor) -> list:
+    """The router GEMM whose logits ``TopK`` was handed, where a ``MoEGate`` made them."""
+    gate = STEP.context.pop("moe_gate", None)
+    if gate is None:
+        return []
+    layer, hidden_states = gate
+    n, k = (int(size) for size in layer.weight.shape)  # [experts, hidden]: a plain parameter, never repacked
+    if router_logits.shape[-1] != n or hidden_states.shape[-1] != k:
+        raise RuntimeError(f"MoEGate [{n}, {k}] ran, then TopK got logits {tuple(router_logits.shape)}: not its own")
+    operands = torch.float32 if layer.weight.dtype == torch.float32 else hidden_states.dtype
+    return [gemm.sized_call(rows(hidden_states, k), n, k, operands, out_dtype=router_logits.dtype)]
 
 
 def routing_calls(self: Any, router_logits: torch.Tensor) -> list:
-    """``TopK``: no kernel of its own here; the routing it does is part of the MoE call that the
-    experts layer right after it records (one fused MoE call, as for vLLM)."""
+    """``TopK``: the router GEMM of a ``MoEGate`` just before it, where one ran; the routing itself
+    is part of the MoE call that the experts layer right after it records (one fused MoE call, as
+    for vLLM)."""
     seen(self)
     STEP.context["moe_routing"] = (router_logits, self.topk_config)
-    return []
+    return _gate_gemm(router_logits)
 
 
 def layer_calls(self: Any, hidden_states: torch.Tensor) -> list:
@@ -44,12 +108,14 @@ def layer_calls(self: Any, hidden_states: torch.Tensor) -> list:
         raise RuntimeError("MoE experts called without a TopK call before them: routing unknown")
     router_logits, config = routing
     runner = self.moe_runner_config
-    found = moe.problems(
-        **routing_problems(config, runner),
+    found = _routing_found(
+        config, runner,
         quantization=type(self.quant_method).__name__,
         activation=runner.activation, gated=bool(getattr(runner, "is_gated", True)),
         router_weight_on_input=bool(getattr(runner, "apply_router_weight_on_input", False)),
         expert_parallel=self.num_local_experts != self.num_experts,
     )
+    deepseek = deepseek_routing(config)
     return moe.layer_calls(hidden_states, router_logits, found, num_experts=self.num_experts, top_k=config.top_k,
-                           intermediate_size=self.intermediate_size_per_partition, renormalize=bool(config.renormalize))
+                           intermediate_size=self.intermediate_size_per_partition, renormalize=bool(config.renormalize),
+                           deepseek=deepseek, routing_bias=config.correction_bias if deepseek is not None else None)

@@ -74,6 +74,9 @@ class LayerRule:
     #: a layer that runs its children's hooked calls (judged itself, its children one by one too),
     #: not a kernel of its own
     container: bool = False
+    #: a container's children that its own hooks record (covered where it is: its verdict says
+    #: what they miss), not judged by their class's rule
+    records: Optional[Callable[[Any], Iterable[Any]]] = None
 
 
 def _resolve(path: str) -> Optional[type]:
@@ -103,7 +106,8 @@ def _judged_layers(model: Any, rules: Iterable[LayerRule],
         rule = next((rule for cls, rule in judged if isinstance(module, cls)), None)
         if rule is not None and rule.container:
             yield module, rule.problem(module), False
-            pending.extend(reversed(list(module.children())))
+            own = {id(child) for child in (rule.records(module) if rule.records else ()) if child is not None}
+            pending.extend(reversed([child for child in module.children() if id(child) not in own]))
         elif rule is not None:
             yield module, rule.problem(module), True
         elif bases and isinstance(module, bases):

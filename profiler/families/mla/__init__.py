@@ -106,16 +106,24 @@ def layer_calls(decode: Optional[PagedBatch], prefill: Optional[PagedBatch], sha
     between the two batched GEMMs that absorb W_UK into the queries and apply W_UV to the latent
     output. Decode requests of more than one query token (a backend that runs short prefills or
     speculative tokens as decodes) are the absorbed paged prefill."""
-    calls = []
-    if prefill is not None:
-        calls.append(ragged_prefill_call(prefill, shape))
-    if decode is not None:
-        tokens = decode.total_q
-        stage = "decode" if tokens == decode.batch_size else "prefill"
-        calls += [bmm.call(shape.num_heads, tokens, shape.kv_lora_rank, shape.qk_nope_head_dim, shape.dtype),
-                  paged_call(decode, stage, shape, page_size, num_pages),
-                  bmm.call(shape.num_heads, tokens, shape.v_head_dim, shape.kv_lora_rank, shape.dtype)]
-    return calls
+    calls = [ragged_prefill_call(prefill, shape)] if prefill is not None else []
+    return calls + absorbed_calls(decode, None, shape, page_size, num_pages)
+
+
+def absorbed_calls(decode: Optional[PagedBatch], prefill: Optional[PagedBatch], shape: MlaShape, page_size: int,
+                   num_pages: int) -> list[KernelCall]:
+    """A step's queries against the latent cache in the absorbed form, its decode requests and its
+    prefill requests (SGLang runs both so): W_UK folded into all their queries (a batched GEMM per
+    head), the paged attention of each part (decode where every request has one query token, the
+    causal paged prefill otherwise), W_UV applied to the latent output."""
+    parts = [batch for batch in (decode, prefill) if batch is not None]
+    if not parts:
+        return []
+    tokens = sum(batch.total_q for batch in parts)
+    paged = [paged_call(batch, "decode" if batch.total_q == batch.batch_size else "prefill", shape, page_size,
+                            num_pages) for batch in parts]
+    return [bmm.call(shape.num_heads, tokens, shape.kv_lora_rank, shape.qk_nope_head_dim, shape.dtype), *paged,
+            bmm.call(shape.num_heads, tokens, shape.v_head_dim, shape.kv_lora_rank, shape.dtype)]
 
 
 #: vLLM's Triton MLA decode kernel (its TRITON_MLA backend); its FlashAttention (the MLA prefill's
