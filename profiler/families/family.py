@@ -9,7 +9,7 @@ the family's own package beside this description; see :mod:`fi_profile.families`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence, Union
 
 from fi_profile.schema.definition import Definition
 
@@ -99,9 +99,13 @@ class Family:
     #: how outputs are judged against the reference: "elementwise" (allclose per dtype) or
     #: "distribution" (random outputs: their empirical distributions)
     check: str = "elementwise"
-    #: its outputs are sums of rounded terms larger than themselves (a MoE layer's experts): the
-    #: elementwise check's atol is taken relative to the reference output's largest magnitude
-    atol_of_largest: bool = False
+    #: its outputs are sums of rounded terms larger than themselves (a MoE layer's experts, an FP8
+    #: GEMM's products): the elementwise check's atol is taken relative to the reference output's
+    #: largest magnitude; True for all its op types, or the op types it applies to
+    atol_of_largest: Union[bool, tuple[str, ...]] = False
+
+    def checks_atol_of_largest(self, op_type: str) -> bool:
+        return self.atol_of_largest is True or (isinstance(self.atol_of_largest, tuple) and op_type in self.atol_of_largest)
     #: the kernel the engine ran for a Definition of the family, or None where unknown
     engine_kernel: Callable[[EngineRun, Definition], Optional[EngineKernel]] = unknown_engine_kernel
     #: the words the engines' kernels of the family are named with, as the profiler reports them

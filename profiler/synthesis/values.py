@@ -64,13 +64,36 @@ def tensor_value(
     if not spec.dtype.is_float:
         fill = 1 if name.endswith(("_len", "_lens", "lengths")) else 0
         return torch.full(shape, fill, dtype=dtype, device=device)
-    if "scale" in name:  # scale factors are positive and near 1
-        return (0.5 + torch.rand(shape, generator=gen, device=device)).to(dtype)
-    if name.endswith(("weight", "weights")) and len(shape) >= 2 and shape[-1] > 0:
+    if "scale" in name:  # scale factors are positive and near 1, or what an FP8 tensor's take
+        return ((0.5 + torch.rand(shape, generator=gen, device=device)) * _fp8_scale(name, definition, axes)).to(dtype)
+    if spec.dtype in _FP8:  # quantized data spans the format's range, as a quantizer leaves it
+        return _normal(shape, gen, device, dtype, _FP8[spec.dtype] / _FP8_SPREAD, bound=_FP8[spec.dtype])
+    if _is_weight(name) and len(shape) >= 2 and shape[-1] > 0:
         # weight matrices as models initialise them (std 1/sqrt(fan-in)): activations stay O(1)
         # through chained GEMMs (MoE experts), so low-precision rounding stays within tolerance
         return _normal(shape, gen, device, dtype, 1 / math.sqrt(shape[-1]))
     return _normal(shape, gen, device, dtype)
+
+
+#: FP8 formats -> their largest finite value; quantized data is drawn with that over this as its
+#: standard deviation (a group's largest of 128 normal values is about 3 of them: within range)
+_FP8 = {DType.float8_e4m3fn: 448.0, DType.float8_e5m2: 57344.0}
+_FP8_SPREAD = 4.0
+
+
+def _is_weight(name: str) -> bool:
+    return name.endswith(("weight", "weights")) or name == "B"
+
+
+def _fp8_scale(name: str, definition: Definition, axes: Mapping[str, int]) -> float:
+    """The magnitude of the scale of an FP8 input ``X`` (named ``X_scale``): its dequantized values
+    get the standard deviation the same tensor has unquantized (1 for activations, 1/sqrt(fan-in)
+    for weights). 1 for any other scale."""
+    data = definition.inputs.get(name.removesuffix("_scale"))
+    if data is None or data.dtype not in _FP8 or not data.shape:
+        return 1.0
+    std = 1 / math.sqrt(max(1, axes.get(data.shape[-1], 1))) if _is_weight(name.removesuffix("_scale")) else 1.0
+    return std * _FP8_SPREAD / _FP8[data.dtype]
 
 
 #: elements above which a normal tensor is drawn a slice at a time (1 GiB of float32)
@@ -78,18 +101,23 @@ _SLICE = 1 << 28
 
 
 def _normal(shape: tuple[int, ...], gen: torch.Generator, device: torch.device, dtype: torch.dtype,
-            scale: float = 1.0) -> torch.Tensor:
-    """Standard normal values times ``scale`` in ``dtype``. A large tensor (DeepSeek-V3's expert
-    weights: 15 GiB in bf16) is drawn a slice of its first dimension at a time, so that no float32
-    copy of all of it is ever held."""
+            scale: float = 1.0, bound: float = math.inf) -> torch.Tensor:
+    """Standard normal values times ``scale`` (within ±``bound``) in ``dtype``. A large tensor
+    (DeepSeek-V3's expert weights: 15 GiB in bf16) is drawn a slice of its first dimension at a
+    time, so that no float32 copy of all of it is ever held."""
+
+    def draw(part_shape: tuple[int, ...]) -> torch.Tensor:
+        values = torch.randn(part_shape, generator=gen, device=device) * scale
+        return values.clamp(-bound, bound) if bound < math.inf else values
+
     numel = math.prod(shape)
     if numel <= _SLICE or len(shape) < 2:
-        return (torch.randn(shape, generator=gen, device=device) * scale).to(dtype)
+        return draw(shape).to(dtype)
     out = torch.empty(shape, dtype=dtype, device=device)
     rows = max(1, _SLICE // math.prod(shape[1:]))
     for start in range(0, shape[0], rows):
         part = out[start : start + rows]
-        part.copy_(torch.randn(part.shape, generator=gen, device=device) * scale)
+        part.copy_(draw(part.shape))
     return out
 
 

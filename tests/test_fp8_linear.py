@@ -1,0 +1,104 @@
+"""FP8 block-scale linear layers on CPU (issue 24's Definitions; no engine here runs them without
+AMX): the activation quantization and the block-scale GEMM references against independent
+computations, valid FP8 inputs of realistic magnitude, the names a layer's calls get, and a replay
+of small shapes in which the references and PyTorch baselines pass the FP8 tolerances."""
+
+import json
+
+import torch
+from test_replay import run_replay
+
+from fi_profile.catalog import shipped_definition
+from fi_profile.entry_points import run_reference
+from fi_profile.families import fp8_linear
+from fi_profile.schema.dtype import DType
+from fi_profile.synthesis import synthesize_inputs
+
+QUANT, GEMM = "quant_fp8_per_token_group_k7168_g128", "gemm_fp8_block_scale_n7168_k2048"
+FP8_MAX = 448.0
+
+
+def test_quantization_reference_scales_each_token_group_to_the_fp8_range():
+    """Every group's largest value lands on 448 exactly, the scale is its magnitude / 448, and each
+    value comes back within e4m3's rounding (3 mantissa bits: half a step is 1/16 of it)."""
+    definition = shipped_definition(QUANT)
+    x = torch.randn(5, 7168, dtype=torch.float32).mul(torch.rand(5, 1) * 10).to(torch.bfloat16)
+    x[0, :128] = 0  # an all-zero group: the smallest scale, no division by zero
+    out = run_reference(definition, {"x": x})
+    x_q, scale = out["x_q"], out["x_scale"]
+    assert x_q.dtype == torch.float8_e4m3fn and scale.dtype == torch.float32 and scale.shape == (5, 56)
+    groups = x.float().view(5, 56, 128)
+    assert torch.equal(scale, groups.abs().amax(-1).clamp_min(1e-10) / FP8_MAX)
+    deq = x_q.float().view(5, 56, 128) * scale.unsqueeze(-1)
+    assert not torch.isnan(x_q.float()).any() and torch.equal(x_q.float().view(5, 56, 128)[0, 0], torch.zeros(128))
+    assert (x_q.float().view(5, 56, 128)[1:].abs().amax(-1) == FP8_MAX).all()
+    assert ((deq - groups).abs() <= groups.abs() / 16 + scale.unsqueeze(-1) * 2 ** -9).all()
+
+
+def test_block_gemm_reference_is_the_product_of_the_dequantized_operands():
+    """C = (A * its token-group scales) @ (B * its 128x128 block scales).T, computed here in float64
+    from the block structure written out; a weight whose N and K are not multiples of the block
+    (the last blocks partial) too."""
+    call = fp8_linear.block_gemm_call(3, 200, 320, (128, 128), torch.bfloat16)
+    definition = call.definition
+    assert definition.name == "gemm_fp8_block_scale_n200_k320"
+    assert definition.const_axes == {"N": 200, "K": 320, "num_n_blocks": 2, "num_k_blocks": 3}
+    inputs = synthesize_inputs(definition, {"M": 3}, seed=1)
+    out = run_reference(definition, inputs)["C"]
+    a, b = inputs["A"].double(), inputs["B"].double()
+    for k in range(3):  # K blocks: 128, 128, 64
+        a[:, k * 128:(k + 1) * 128] *= inputs["A_scale"][:, k : k + 1].double()
+        for j in range(2):  # N blocks: 128, 72
+            b[j * 128:(j + 1) * 128, k * 128:(k + 1) * 128] *= float(inputs["B_scale"][j, k])
+    exact = a @ b.T
+    assert out.dtype == torch.bfloat16 and torch.allclose(out.double(), exact, rtol=8e-3, atol=1e-2 * float(exact.abs().max()))
+
+
+def test_fp8_inputs_are_valid_and_dequantize_to_model_magnitudes():
+    """No NaN encodings; quantized data spans e4m3's range; scales make the dequantized activations
+    O(1) and the weight's O(1/sqrt(K)), so the GEMM's output is O(1) as in a model."""
+    definition = fp8_linear.block_gemm_call(4, 512, 1024, (128, 128), torch.bfloat16).definition
+    inputs = synthesize_inputs(definition, {"M": 4}, seed=0)
+    for name in ("A", "B"):
+        values = inputs[name].float()
+        assert not torch.isnan(values).any() and values.abs().max() <= FP8_MAX and values.abs().max() > 200
+    a = inputs["A"].float() * inputs["A_scale"].repeat_interleave(128, dim=1)
+    b = inputs["B"].float() * inputs["B_scale"].repeat_interleave(128, dim=0).repeat_interleave(128, dim=1)
+    assert 0.5 < float(a.std()) < 2 and 0.5 < float(b.std()) * 1024 ** 0.5 < 2
+    assert 0.3 < float(run_reference(definition, inputs)["C"].float().std()) < 3
+
+
+def test_a_layers_calls_are_its_quantization_then_its_gemm():
+    """An FP8 block-scale linear layer: the per-token-group quantization of its input (groups of the
+    weight block's K), then the GEMM; another block shape is in the name; a layer whose input comes
+    quantized runs the GEMM alone."""
+    x = torch.zeros(6, 256, dtype=torch.bfloat16)
+    quant, gemm = fp8_linear.block_linear_calls(x, 512, 256, (128, 128))
+    assert quant.definition.name == "quant_fp8_per_token_group_k256_g128" and quant.axes == {"M": 6}
+    assert gemm.definition.name == "gemm_fp8_block_scale_n512_k256" and gemm.axes == {"M": 6}
+    assert "GROUP_SIZE = 128" in quant.definition.reference and quant.definition.const_axes["num_groups"] == 2
+    (only,) = fp8_linear.block_linear_calls(x, 512, 256, (64, 64), quantized_here=False)
+    assert only.definition.name == "gemm_fp8_block_scale_n512_k256_b64x64"
+    assert "BLOCK_N = 64" in only.definition.reference and only.definition.const_axes["num_k_blocks"] == 4
+    assert only.definition.inputs["A"].dtype is DType.float8_e4m3fn
+
+
+def test_small_fp8_definitions_replay_with_their_baselines_on_cpu(tmp_path):
+    """The references and PyTorch baselines of both op types pass on CPU at small shapes, under the
+    FP8 GEMM's tolerance (bfloat16's, its atol relative to the output's largest magnitude)."""
+    definitions = [fp8_linear.quant_call(1, 512, 128, torch.bfloat16).definition,
+                   fp8_linear.block_gemm_call(1, 384, 512, (128, 128), torch.bfloat16).definition]
+    for definition in definitions:
+        folder = tmp_path / "definitions" / definition.op_type
+        folder.mkdir(parents=True)
+        (folder / f"{definition.name}.json").write_text(definition.to_json())
+        workloads = tmp_path / "workloads" / definition.op_type
+        workloads.mkdir(parents=True)
+        lines = [json.dumps({"definition": definition.name, "workload": {
+            "uuid": f"{definition.name}-{m}", "axes": {"M": m}, "inputs": {n: {"type": "random"} for n in definition.inputs}}})
+            for m in (3, 17)]
+        (workloads / f"{definition.name}.jsonl").write_text("\n".join(lines) + "\n")
+    _, results = run_replay(tmp_path, tmp_path / "out", [], timeout_s=300)
+    assert {r.kernel_id for r in results} == {d.name for d in definitions}
+    assert {r.status.value for r in results} == {"passed"}, [(r.source, r.error) for r in results if r.error]
+    assert {r.source.rsplit("__", 1)[-1] for r in results} >= {"torch"}
