@@ -267,6 +267,29 @@ def test_deepseek_on_sglang_is_recorded_whole_absorbed_mla_and_deepseek_moe_incl
     assert all(r["status"] == "passed" for r in results), [(r["source"], r["status"], r.get("error")) for r in results]
 
 
+def test_deepseek_on_sglang_under_tensor_parallelism_records_each_ranks_heads_and_experts_shard(tmp_path):
+    """TP=2: each rank's MLA runs 2 of the 4 heads (the latent cache, of one shared head, whole),
+    each rank's experts half the intermediate size; counts per rank as at TP=1, twice."""
+    from test_capture_vllm import MODELS
+
+    result = capture(tmp_path, "deepseek-tp2", python=SGLANG_PYTHON, framework="sglang",
+                     model=str(MODELS / "tiny-deepseek-v3"), tp=2, env=ABSORBED_MLA)
+    run = result["record"]["run"]
+    assert run["processes"] == 2 and run["not_covered"] == {} and not run["hook_errors"], run
+    ranks, layers, moe_layers, steps = 2, 3, 2, OUTPUT_LEN
+    expected = {
+        "rope_deepseek_yarn_h2_kv1_d64_f4": ranks * layers * steps,
+        "mla_kv_cache_write_ckv512_kpe64_ps1": ranks * layers * steps,
+        "bmm_bf16_b2_n512_k64": ranks * layers * steps,
+        "bmm_bf16_b2_n64_k512": ranks * layers * steps,
+        "mla_paged_prefill_causal_h2_ckv512_kpe64_ps1": ranks * layers,
+        "mla_paged_decode_h2_ckv512_kpe64_ps1": ranks * layers * (steps - 1),
+        "gemm_bf16_n8_k256": ranks * moe_layers * steps,  # the router is whole on every rank
+        "moe_bf16_ds_routing_topk2_ng2_kg1_e8_h256_i64_logits_bf16": ranks * moe_layers * steps,
+    }
+    assert {k: counts(result).get(k) for k in expected} == expected, counts(result)
+
+
 def test_deepseek_on_sglangs_default_cpu_path_stops_where_its_backend_cannot_run_mla(tmp_path):
     """Without the scaffolding SGLang 0.5.23 on CPU picks its up-projected prefill, which its
     torch_native backend cannot run (it reads 576-wide latent keys for q of 128): the engine stops
