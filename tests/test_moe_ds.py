@@ -99,3 +99,35 @@ def test_shared_experts_inside_vllms_opaque_moe_op_are_recorded_by_the_moe_hook(
     # where the experts run in Python (vLLM on CPU), their own hooks see them
     eager = SimpleNamespace(_forward_entry=lambda: None, _shared_experts=SimpleNamespace(_layer=mlp))
     assert vllm_moe._shared_expert_calls(eager, hidden) == []
+
+
+def test_sglang_router_gemm_is_recorded_from_the_logits_topk_sees():
+    """SGLang's DeepSeek router (``MoEGate``, a plain weight and its own ``F.linear``) is recorded
+    when ``TopK`` gets its logits: a GEMM of the gate's [experts, hidden] weight, in the operands'
+    dtype, its result in the logits' dtype (float32 on CUDA: another Definition). A gate whose
+    weight SGLang packed for AMX is refused, never sized from the packed tensor."""
+    from types import SimpleNamespace
+
+    from fi_profile.hooks.sglang import moe as sglang_moe
+    from fi_profile.hooks.sglang.attention import STEP
+
+    class MoEGate(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(8, 64, dtype=torch.bfloat16))
+            self.e_score_correction_bias_vl = None
+
+    topk = SimpleNamespace(topk_config=SimpleNamespace(top_k=2))
+    STEP.begin()
+    gate, hidden = MoEGate(), torch.zeros(5, 64, dtype=torch.bfloat16)
+    assert sglang_moe.gate_problem(gate) is None and sglang_moe.gate_calls(gate, hidden) == []
+    (call,) = sglang_moe.routing_calls(topk, torch.zeros(5, 8, dtype=torch.float32))
+    assert call.definition.name == "gemm_bf16_n8_k64_out_fp32" and call.axes == {"M": 5}
+    sglang_moe.gate_calls(gate, hidden)
+    (call,) = sglang_moe.routing_calls(topk, torch.zeros(5, 8, dtype=torch.bfloat16))
+    assert call.definition.name == "gemm_bf16_n8_k64"
+    assert sglang_moe.routing_calls(topk, torch.zeros(5, 8)) == []  # no gate ran before: nothing to record
+    gate.quant_method = SimpleNamespace()
+    assert "packed" in sglang_moe.gate_problem(gate)
+    with pytest.raises(NotImplementedError, match="packed"):
+        sglang_moe.gate_calls(gate, hidden)

@@ -66,6 +66,9 @@ def gate_problem(gate: Any) -> Optional[str]:
     problems = [what for what, applies in {
         "DeepSeek-V4 routing": bool(getattr(gate, "is_deepseek_v4", False)),
         "a vision correction bias": getattr(gate, "e_score_correction_bias_vl", None) is not None,
+        # SGLang's AMX path packs the weight for its own kernel: its shape is no longer [experts, hidden]
+        f"weights packed by {type(getattr(gate, 'quant_method', None)).__name__}":
+            getattr(gate, "quant_method", None) is not None,
     }.items() if applies]
     return f"{name} with {', '.join(problems)} (no Definition computes it)" if problems else None
 
