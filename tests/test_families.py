@@ -86,3 +86,25 @@ def test_a_template_without_the_constant_is_an_error_naming_it():
         instantiate(template, "x", {"intermediate_size": 8, "gate_up_size": 16}, DType.bfloat16, {"EPS": 1e-5})
     made = instantiate(template, "x", {"intermediate_size": 8, "gate_up_size": 16}, DType.float16)
     assert "intermediate_size = 8" in made.reference and "torch.bfloat16" not in made.reference
+
+
+def test_the_engines_mla_kernels_are_offered_where_they_compute_the_definition():
+    """vLLM's Triton MLA decodes only; SGLang's triton backend runs decode and the absorbed causal
+    prefill on its page-size-1 cache, and its extend kernel the up-projected ragged prefill; each
+    leaves the log-sum-exp as scratch. On SGLang's triton backend they are the engine's kernel."""
+    from fi_profile.families.family import EngineRun
+    from fi_profile.families.mla import FAMILY as MLA
+
+    names = [f"mla_paged_{kind}_h16_ckv512_kpe64_ps{ps}" for kind in ("decode", "prefill_causal") for ps in (1, 64)]
+    names.append("mla_ragged_prefill_causal_h16_qk192_vo128")
+    offered = {d: {(n.label or n.library): n for _, n in native_candidates(shipped_definition(d))} for d in names}
+    for name in names:
+        assert ("sglang_triton" in offered[name]) == (name.endswith("_ps1") or "ragged" in name)
+        assert ("vllm_triton" in offered[name]) == ("paged_decode" in name)
+        assert all(n.computes == ("output",) for label, n in offered[name].items() if label != "flashinfer")
+    assert offered[names[-1]]["sglang_triton"].file == "sglang_triton_mla_ragged.py"
+    triton = EngineRun("SGLang", "cuda_graph", "triton")
+    for name in names:
+        label = MLA.engine_kernel(triton, shipped_definition(name)).label
+        assert label == ("sglang_triton" if "sglang_triton" in offered[name] else None)
+    assert MLA.engine_kernel(EngineRun("SGLang", "eager", "flashinfer"), shipped_definition(names[0])).label is None

@@ -130,17 +130,24 @@ def absorbed_calls(decode: Optional[PagedBatch], prefill: Optional[PagedBatch], 
 #: default on Hopper)
 _VLLM_TRITON = "vllm.v1.attention.ops.triton_decode_attention"
 _VLLM_FLASH_ATTN = "vllm.vllm_flash_attn.flash_attn_interface"
+#: SGLang's Triton decode and extend kernels (its ``triton`` backend, on its token-granular cache)
+_SGLANG_TRITON = "sglang.kernels.ops.attention.extend_attention"
 
 
 def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
+    # the engines' kernels leave their log-sum-exp as scratch: ``output`` only
+    sglang = Native("sglang", "sglang_triton_mla_ragged.py" if definition.op_type == "mla_ragged"
+                    else "sglang_triton_mla.py", must_fit=True, requires=_SGLANG_TRITON, label="sglang_triton",
+                    computes=("output",))
     if definition.op_type == "mla_ragged":
         return [Native("flashinfer", "flashinfer_mla_ragged.py", must_fit=True),
                 Native("vllm", "vllm_flash_attn_mla_ragged.py", must_fit=True, requires=_VLLM_FLASH_ATTN,
-                       label="vllm_flash_attn", computes=("output",))]
-    return [Native("flashinfer", "flashinfer_mla_paged.py", must_fit=True),
-            # decode only (its ``run`` takes no qo_indptr); vLLM's scratch LSE is not the Definition's
-            Native("vllm", "vllm_triton_mla.py", must_fit=True, requires=_VLLM_TRITON, label="vllm_triton",
-                   computes=("output",))]
+                       label="vllm_flash_attn", computes=("output",)), sglang]
+    natives = [Native("flashinfer", "flashinfer_mla_paged.py", must_fit=True)]
+    if "qo_indptr" not in definition.inputs:  # vLLM's runs decode only (its ``run`` takes no qo_indptr)
+        natives.append(Native("vllm", "vllm_triton_mla.py", must_fit=True, requires=_VLLM_TRITON,
+                              label="vllm_triton", computes=("output",)))
+    return natives + ([sglang] if definition.const_axes.get("page_size") == 1 else [])
 
 
 def _engine_kernel(run: EngineRun, definition: Definition) -> EngineKernel:
@@ -154,6 +161,9 @@ def _engine_kernel(run: EngineRun, definition: Definition) -> EngineKernel:
         return EngineKernel("vllm_flash_attn", "vLLM's default MLA prefill backend on Hopper (vllm_flash_attn's "
                                                "FlashAttention; another attention_config.mla_prefill_backend is not "
                                                "in the record)")
+    if framework == "sglang" and backend == "TRITON" and (definition.op_type == "mla_ragged"
+                                                          or definition.const_axes.get("page_size") == 1):
+        return EngineKernel("sglang_triton", "SGLang's triton attention backend (its decode and extend kernels)")
     return EngineKernel(None, f"the {run.attention_backend} MLA backend, which the replay has no solution of")
 
 
