@@ -314,7 +314,7 @@ def definitions(
         raise typer.Exit(code=1) from None
     table = Table(title=f"{len(shipped)} shipped definitions")
     for column in ("op type", "name", "const axes", "var axes", "inputs → outputs"):
-        table.add_column(column)
+        table.add_column(column, no_wrap=column == "name")  # a name is looked up whole
     for d in sorted(shipped, key=lambda d: (d.op_type, d.name)):
         table.add_row(
             d.op_type,

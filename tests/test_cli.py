@@ -51,6 +51,7 @@ def test_shipped_set_covers_llama_31_8b_and_the_moe_templates():
         "mla_paged_prefill_causal_h16_ckv512_kpe64_ps1", "mla_paged_prefill_causal_h16_ckv512_kpe64_ps64",
         "mla_ragged_prefill_causal_h16_qk192_vo128", "mla_kv_cache_write_ckv512_kpe64_ps64", "bmm_bf16_b128_n512_k128",
         "moe_bf16_ds_routing_topk8_ng8_kg4_e256_h7168_i2048",  # DeepSeek-V3's routed experts, bf16, TP 1
+        "moe_bf16_ds_routing_topk8_ng8_kg4_e256_h7168_i2048_shared1",  # the same, its shared expert fused (SGLang)
         "gemm_bf16_n256_k7168_out_fp32",  # DeepSeek-V3's router GEMM as SGLang runs it: float32 logits
         # FP8 block-scale linear layers (DeepSeek-V3's checkpoints): the activation quantization, the GEMM
         "quant_fp8_per_token_group_k7168_g128", "gemm_fp8_block_scale_n7168_k2048",

@@ -131,3 +131,99 @@ def test_sglang_router_gemm_is_recorded_from_the_logits_topk_sees():
     assert "packed" in sglang_moe.gate_problem(gate)
     with pytest.raises(NotImplementedError, match="packed"):
         sglang_moe.gate_calls(gate, hidden)
+
+
+def shared_definition(experts=16, top_k=4):
+    x = torch.zeros(1, 64, dtype=torch.bfloat16)
+    return moe.call(x, torch.zeros(1, experts), num_experts=experts, top_k=top_k, intermediate_size=32,
+                    renormalize=True, deepseek=ROUTING, routing_bias=torch.zeros(experts), shared_experts=1).definition
+
+
+def test_a_fused_shared_expert_is_one_more_expert_every_token_gets_at_weight_one():
+    """SGLang fuses DeepSeek-V3's shared expert into the MoE (its weights after the routed experts'):
+    the reference adds that expert's SwiGLU output to the routed sum for every token."""
+    made = shared_definition()
+    assert made.name == "moe_bf16_ds_routing_topk4_ng4_kg2_e16_h64_i32_shared1"
+    assert made.const_axes["num_weight_experts"] == 17 and made.inputs["gemm1_weights"].shape[0] == "num_weight_experts"
+    routed = definition()
+    inputs = synthesize_inputs(made, {"seq_len": 12}, seed=5)
+    assert inputs["gemm1_weights"].shape[0] == 17
+    without = dict(inputs, gemm1_weights=inputs["gemm1_weights"][:16], gemm2_weights=inputs["gemm2_weights"][:16])
+    x, w1, w2 = (inputs[n].double() for n in ("hidden_states", "gemm1_weights", "gemm2_weights"))
+    gate, up = (x @ w1[16].T).chunk(2, dim=-1)
+    shared = (torch.nn.functional.silu(gate) * up) @ w2[16].T
+    expected = run_reference(routed, without)["output"].double() + shared
+    torch.testing.assert_close(run_reference(made, inputs)["output"].double(), expected, atol=3e-2, rtol=2e-2)
+    with pytest.raises(NotImplementedError, match="2 fused shared experts"):
+        moe.call(torch.zeros(1, 64, dtype=torch.bfloat16), torch.zeros(1, 16), num_experts=16, top_k=4,
+                 intermediate_size=32, renormalize=True, deepseek=ROUTING, routing_bias=torch.zeros(16),
+                 shared_experts=2)
+
+
+def test_the_fused_shared_expert_definition_replays_with_its_baseline_on_cpu(tmp_path):
+    """Reference and PyTorch baseline pass on CPU; vLLM's fused MoE (which never fuses the shared
+    expert) is not offered for it."""
+    import json
+
+    from test_replay import run_replay
+
+    from fi_profile.replay.baseline_solutions import native_candidates
+
+    made = shared_definition()
+    assert not [n for _, n in native_candidates(made) if n.library == "vllm"]
+    assert [n for _, n in native_candidates(definition()) if n.library == "vllm"]
+    folder, workloads = tmp_path / "definitions" / "moe", tmp_path / "workloads" / "moe"
+    folder.mkdir(parents=True)
+    workloads.mkdir(parents=True)
+    (folder / f"{made.name}.json").write_text(made.to_json())
+    lines = [json.dumps({"definition": made.name, "workload": {
+        "uuid": f"w{t}", "axes": {"seq_len": t}, "inputs": {n: {"type": "random"} for n in made.inputs}}}) for t in (1, 9)]
+    (workloads / f"{made.name}.jsonl").write_text("\n".join(lines) + "\n")
+    _, results = run_replay(tmp_path, tmp_path / "out", [], timeout_s=300)
+    assert {r.status.value for r in results} == {"passed"}, [(r.source, r.error) for r in results if r.error]
+    assert {r.source.rsplit("__", 1)[-1] for r in results} >= {"torch"}
+
+
+def test_sglang_fused_shared_expert_is_recorded_with_deepseek_routing_and_listed_otherwise():
+    """SGLang on CUDA (DeepSeek-V3/R1: 256 routed experts, one shared) gives its TopK one more slot
+    and its FusedMoE one more expert: recorded as the routed top-k over the routed experts plus the
+    shared one. Two fused shared experts, or weights for more experts than that (redundant experts),
+    stay a hook error naming them; without DeepSeek routing the TopK is listed."""
+    from types import SimpleNamespace
+
+    from fi_profile.hooks.sglang import moe as sglang_moe
+    from fi_profile.hooks.sglang.attention import STEP
+
+    def topk(shared, **extra):
+        config = SimpleNamespace(top_k=4 + shared, scoring_func="sigmoid", use_grouped_topk=True, num_expert_group=4,
+                                 topk_group=2, renormalize=True, routed_scaling_factor=2.5,
+                                 correction_bias=torch.zeros(16), num_fused_shared_experts=shared,
+                                 custom_routing_function=None)
+        config.__dict__.update(extra)
+        return SimpleNamespace(topk_config=config)
+
+    class UnquantizedFusedMoEMethod:
+        pass
+
+    def experts(num_experts):
+        return SimpleNamespace(num_experts=num_experts, num_local_experts=num_experts, intermediate_size_per_partition=32,
+                               quant_method=UnquantizedFusedMoEMethod(), moe_runner_config=SimpleNamespace(
+                                   activation="silu", is_gated=True, apply_router_weight_on_input=False,
+                                   routed_scaling_factor=2.5))
+
+    hidden, logits = torch.zeros(3, 64, dtype=torch.bfloat16), torch.zeros(3, 16)
+    STEP.begin()
+    for router, layer, expected in ((topk(1), experts(17), "moe_bf16_ds_routing_topk4_ng4_kg2_e16_h64_i32_shared1"),
+                                    (topk(0), experts(16), "moe_bf16_ds_routing_topk4_ng4_kg2_e16_h64_i32")):
+        assert sglang_moe.routing_problem(router) is None
+        sglang_moe.routing_calls(router, logits)
+        (call,) = sglang_moe.layer_calls(layer, hidden)
+        assert call.definition.name == expected and call.axes == {"seq_len": 3}
+    sglang_moe.routing_calls(topk(1), logits)
+    with pytest.raises(NotImplementedError, match="18 experts' weights for 16 routed and 1 fused shared"):
+        sglang_moe.layer_calls(experts(18), hidden)
+    sglang_moe.routing_calls(topk(2), logits)
+    with pytest.raises(NotImplementedError, match="fused shared experts"):
+        sglang_moe.layer_calls(experts(18), hidden)
+    softmax = topk(1, scoring_func="softmax", use_grouped_topk=False, correction_bias=None)
+    assert "fused shared experts" in sglang_moe.routing_problem(softmax)

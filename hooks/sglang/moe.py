@@ -41,6 +41,8 @@ def routing_problems(config: Any, runner: Any = None) -> dict[str, Any]:
         custom_routing=getattr(config, "custom_routing_function", None) is not None,
         correction_bias=getattr(config, "correction_bias", None) is not None,
         fused_shared_experts=bool(_fused_shared_experts(config)),
+        # one shared expert fused beside DeepSeek's routing has a Definition (``_shared1``)
+        fused_shared_recorded=_fused_shared_experts(config) == 1 and deepseek_routing(config) is not None,
         routed_scaling=getattr(config, "routed_scaling_factor", None) or getattr(runner, "routed_scaling_factor", None),
         deepseek_routing=deepseek_routing(config) is not None,
     )
@@ -111,6 +113,8 @@ def layer_calls(self: Any, hidden_states: torch.Tensor) -> list:
         raise RuntimeError("MoE experts called without a TopK call before them: routing unknown")
     router_logits, config = routing
     runner = self.moe_runner_config
+    shared = _fused_shared_experts(config)
+    routed = int(router_logits.shape[-1])
     found = _routing_found(
         config, runner,
         quantization=type(self.quant_method).__name__,
@@ -118,7 +122,11 @@ def layer_calls(self: Any, hidden_states: torch.Tensor) -> list:
         router_weight_on_input=bool(getattr(runner, "apply_router_weight_on_input", False)),
         expert_parallel=self.num_local_experts != self.num_experts,
     )
+    if self.num_experts != routed + shared:  # redundant experts, or shared slots per rank (expert parallelism)
+        found.append(f"{self.num_experts} experts' weights for {routed} routed and {shared} fused shared")
     deepseek = deepseek_routing(config)
-    return moe.layer_calls(hidden_states, router_logits, found, num_experts=self.num_experts, top_k=config.top_k,
+    # SGLang's top-k counts the fused shared experts' slots; the Definition's counts the routed ones
+    return moe.layer_calls(hidden_states, router_logits, found, num_experts=routed, top_k=config.top_k - shared,
                            intermediate_size=self.intermediate_size_per_partition, renormalize=bool(config.renormalize),
-                           deepseek=deepseek, routing_bias=config.correction_bias if deepseek is not None else None)
+                           deepseek=deepseek, routing_bias=config.correction_bias if deepseek is not None else None,
+                           shared_experts=shared)

@@ -24,6 +24,8 @@ TEMPLATES = {
     "renorm": "moe_bf16_renorm_topk2_e8_h4096_i14336",  # softmax, top-k, weights renormalized
     "softmax": "moe_bf16_softmax_topk8_e64_h2048_i1024",  # softmax, top-k, weights as they are
     "ds_routing": "moe_bf16_ds_routing_topk8_ng8_kg4_e256_h7168_i2048",  # DeepSeek-V3's
+    # DeepSeek-V3's with its shared expert fused in as one more expert (SGLang on CUDA)
+    "ds_routing_shared": "moe_bf16_ds_routing_topk8_ng8_kg4_e256_h7168_i2048_shared1",
 }
 
 
@@ -41,9 +43,13 @@ class DeepSeekRouting:
 
 def call(hidden_states: torch.Tensor, routing_logits: torch.Tensor, num_experts: int, top_k: int,
          intermediate_size: int, renormalize: bool, deepseek: Optional[DeepSeekRouting] = None,
-         routing_bias: Optional[torch.Tensor] = None) -> KernelCall:
+         routing_bias: Optional[torch.Tensor] = None, shared_experts: int = 0) -> KernelCall:
     """A fused MoE layer (routing + SwiGLU experts) with a softmax top-k router, or with DeepSeek's
-    routing (``deepseek``, its correction bias ``routing_bias``)."""
+    routing (``deepseek``, its correction bias ``routing_bias``; ``shared_experts`` fused after the
+    ``num_experts`` routed ones, each token's extra slot beyond its ``top_k`` routed)."""
+    if shared_experts and (deepseek is None or shared_experts != 1):
+        raise NotImplementedError(f"MoE layer without a Definition: {shared_experts} fused shared experts"
+                                  + ("" if deepseek is not None else " beside a softmax router"))
     hidden = hidden_states.shape[-1]
     routing = "ds_routing" if deepseek is not None else "renorm" if renormalize else "softmax"
     bias_dtype = routing_bias.dtype if routing_bias is not None else None
@@ -60,26 +66,31 @@ def call(hidden_states: torch.Tensor, routing_logits: torch.Tensor, num_experts:
             logits = "" if logits_dtype is dtype else f"_logits_{SHORT_DTYPES.get(logits_dtype, logits_dtype.value)}"
             return definition_for(TEMPLATES[routing], f"moe_{SHORT_DTYPES[dtype]}_{routing}_topk{top_k}_{shape}{logits}",
                                   consts, dtype, input_dtypes={"routing_logits": logits_dtype})
-        return _deepseek_definition(dtype, logits_dtype, schema_dtype(bias_dtype), top_k, shape, consts, deepseek)
+        return _deepseek_definition(dtype, logits_dtype, schema_dtype(bias_dtype), top_k, shape, consts, deepseek,
+                                    shared_experts)
 
     key = ("moe", routing, num_experts, top_k, hidden, intermediate_size, hidden_states.dtype, routing_logits.dtype,
-           deepseek, bias_dtype)
+           deepseek, bias_dtype, shared_experts)
     definition = cached_definition(key, build)
     return KernelCall(definition, {"seq_len": rows(hidden_states, hidden)})
 
 
 def _deepseek_definition(dtype: DType, logits_dtype: DType, bias_dtype: DType, top_k: int, shape: str,
-                         consts: dict[str, int], routing: DeepSeekRouting) -> Definition:
+                         consts: dict[str, int], routing: DeepSeekRouting, shared_experts: int) -> Definition:
     """``moe_{dtype}_ds_routing_topk{K}_ng{G}_kg{KG}_{shape}`` (flashinfer-trace's naming), another
-    scaling factor than DeepSeek-V3's said in the name. Renormalized weights only (the template's;
-    a layer without is reported by the engine's hook)."""
+    scaling factor than DeepSeek-V3's and a fused shared expert (``_shared1``) said in the name.
+    Renormalized weights only (the template's; a layer without is reported by the engine's hook)."""
     if not routing.renormalize:
         raise NotImplementedError("MoE layer without a Definition: DeepSeek routing without renormalized weights")
     extra = "" if routing.routed_scaling_factor == 2.5 else f"_rs{routing.routed_scaling_factor:g}"
+    if shared_experts:
+        consts = {**consts, "num_shared_experts": shared_experts,
+                  "num_weight_experts": consts["num_experts"] + shared_experts}
+        extra += f"_shared{shared_experts}"
     dtypes = "".join(f"_{what}_{SHORT_DTYPES.get(d, d.value)}" for what, d in (("logits", logits_dtype), ("bias", bias_dtype))
                      if d is not DType.float32)
     return definition_for(
-        TEMPLATES["ds_routing"],
+        TEMPLATES["ds_routing_shared" if shared_experts else "ds_routing"],
         f"moe_{SHORT_DTYPES[dtype]}_ds_routing_topk{top_k}_ng{routing.n_group}_kg{routing.topk_group}_{shape}{extra}{dtypes}",
         consts, dtype,
         {"N_GROUP": routing.n_group, "TOPK_GROUP": routing.topk_group,
@@ -90,6 +101,7 @@ def _deepseek_definition(dtype: DType, logits_dtype: DType, bias_dtype: DType, t
 
 def problems(*, router: Optional[str] = None, scoring: Any = "softmax", grouped_topk: bool = False,
              custom_routing: bool = False, correction_bias: bool = False, fused_shared_experts: bool = False,
+             fused_shared_recorded: bool = False,
              routed_scaling: Optional[float] = None, quantization: Optional[str] = None, activation: Optional[str] = None,
              gated: bool = True, expert_bias: bool = False, router_weight_on_input: bool = False,
              expert_parallel: bool = False, deepseek_routing: bool = False) -> list[str]:
@@ -98,7 +110,8 @@ def problems(*, router: Optional[str] = None, scoring: Any = "softmax", grouped_
     ``router``: the class of a router that is not a softmax top-k one; ``quantization``: the
     experts' method class; ``activation`` and ``gated``: the experts' activation;
     ``deepseek_routing``: the engine records this layer's DeepSeek routing (sigmoid scores, grouped
-    top-k with the correction bias, routed scaling), which is then no problem."""
+    top-k with the correction bias, routed scaling), which is then no problem; likewise
+    ``fused_shared_recorded`` for its fused shared experts."""
     deepseek = deepseek_routing and scoring == "sigmoid" and grouped_topk and correction_bias
     features = {
         f"router {router}": router is not None,
@@ -106,7 +119,7 @@ def problems(*, router: Optional[str] = None, scoring: Any = "softmax", grouped_
         "grouped top-k": grouped_topk and not deepseek,
         "custom routing": custom_routing,
         "correction bias": correction_bias and not deepseek,
-        "fused shared experts": fused_shared_experts,
+        "fused shared experts": fused_shared_experts and not fused_shared_recorded,
         "routed scaling": routed_scaling not in (None, 1.0) and not deepseek,
         f"quantization {quantization}": quantization not in (None, "UnquantizedFusedMoEMethod"),
         f"activation {activation}": activation is not None and (str(activation) != "silu" or not gated),
@@ -124,14 +137,14 @@ def layer_problem(layer: Any, found: list[str]) -> Optional[str]:
 
 def layer_calls(hidden_states: torch.Tensor, router_logits: torch.Tensor, found: list[str], *, num_experts: int,
                 top_k: int, intermediate_size: int, renormalize: bool, deepseek: Optional[DeepSeekRouting] = None,
-                routing_bias: Optional[torch.Tensor] = None) -> list:
+                routing_bias: Optional[torch.Tensor] = None, shared_experts: int = 0) -> list:
     """A MoE layer (routing + SwiGLU experts) as one fused call; raises where it has ``found``
     :func:`problems` (so the hook error says which)."""
     if found:
         raise NotImplementedError(f"MoE layer without a Definition: {', '.join(found)}")
     return [call(hidden_states, router_logits, num_experts=num_experts, top_k=top_k,
                  intermediate_size=intermediate_size, renormalize=renormalize, deepseek=deepseek,
-                 routing_bias=routing_bias)]
+                 routing_bias=routing_bias, shared_experts=shared_experts)]
 
 
 CONSTANTS = ("top_k", "RENORMALIZE")
@@ -143,7 +156,7 @@ def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
     computes (softmax top-k, or DeepSeek's routing), where vLLM has its MoE kernels."""
     if fitted == "torch_moe.py":
         return [Native("vllm", "vllm_moe.py", CONSTANTS, requires="vllm._moe_C")]
-    if fitted == "torch_moe_ds.py":
+    if fitted == "torch_moe_ds.py" and "num_shared_experts" not in definition.const_axes:  # vLLM never fuses it
         return [Native("vllm", "vllm_moe_ds.py", DEEPSEEK_CONSTANTS, requires="vllm._moe_C")]
     return []
 

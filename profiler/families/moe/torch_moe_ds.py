@@ -9,7 +9,8 @@ ROUTED_SCALING_FACTOR = 2.5
 
 
 def run(hidden_states, routing_logits, routing_bias, gemm1_weights, gemm2_weights):
-    """DeepSeek routing (sigmoid, bias-chosen grouped top-k), then one pass per expert that got tokens."""
+    """DeepSeek routing (sigmoid, bias-chosen grouped top-k), then one pass per expert that got tokens;
+    the experts whose weights follow the routed ones are shared ones fused in: every token, weight 1."""
     scores = routing_logits.float().sigmoid()
     biased = scores + routing_bias.float()
     groups = biased.unflatten(-1, (N_GROUP, -1))
@@ -28,4 +29,7 @@ def run(hidden_states, routing_logits, routing_bias, gemm1_weights, gemm2_weight
         act = F.silu(gate_up[:, :intermediate]) * gate_up[:, intermediate:]
         out = (act @ gemm2_weights[e].T).float() * weights[tokens, slots, None]
         output.index_add_(0, tokens, out)
+    for e in range(routing_logits.shape[-1], gemm1_weights.shape[0]):
+        gate_up = hidden_states @ gemm1_weights[e].T
+        output += (F.silu(gate_up[:, :intermediate]) * gate_up[:, intermediate:]) @ gemm2_weights[e].T
     return output.to(hidden_states.dtype)
