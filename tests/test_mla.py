@@ -216,6 +216,30 @@ def test_deepseeks_fused_down_projection_is_recorded_where_vllm_runs_its_own_gem
     assert _fused_qkv_a_proj(layer, torch.zeros(5, 7168, dtype=torch.bfloat16)) == []
 
 
+def test_sglangs_fused_a_gemm_function_is_one_gemm_of_the_layers_declared_size():
+    """SGLang's DeepSeek attention hands its bf16 down-projection to ``linear_with_fused_a_gemm``:
+    up to 16 tokens its own GEMM past the linear method (a silent gap on Hopper before: the first
+    GPU run recorded the projection in the prefill step only), else the layer, whose method's hooked
+    ``apply`` runs nested. One GEMM either way, sized from the layer's declared sizes; LoRA is refused."""
+    import importlib.util
+
+    from fi_profile.hooks.sglang.hook_points import POINTS, _fused_a_gemm
+
+    layer = SimpleNamespace(output_size_per_partition=2112, input_size_per_partition=7168)
+    [call] = _fused_a_gemm(layer, torch.zeros(3, 7168, dtype=torch.bfloat16))
+    assert call.definition.name == "gemm_bf16_n2112_k7168" and call.axes == {"M": 3}
+    layer.set_lora = True
+    with pytest.raises(NotImplementedError, match="LoRA"):
+        _fused_a_gemm(layer, torch.zeros(3, 7168, dtype=torch.bfloat16))
+    [point] = [p for p in POINTS if p.methods == ("linear_with_fused_a_gemm",)]
+    assert "gemm" in point.nested
+    if importlib.util.find_spec("sglang") is not None:  # the function the model module looks up at call time
+        import sglang.srt.models.deepseek_v2 as deepseek_v2
+
+        assert list(__import__("inspect").signature(deepseek_v2.linear_with_fused_a_gemm).parameters)[:2] == [
+            "layer", "hidden_states"]
+
+
 def sglang_extend(q_lens, prefix_lens, rows):
     """An SGLang extend step as its ForwardBatch says it (the fields the hooks read)."""
     mode = SimpleNamespace(is_decode=lambda: False, is_extend=lambda: True)

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from fi_profile.capture.layers import LayerRule, covered, seen_weights
+from fi_profile.capture.layers import LayerRule, covered, require, seen, seen_weights
 from fi_profile.capture.patching import HookPoint
 from fi_profile.families import attention as attention_family
 from fi_profile.families import embedding, gemm, mla, moe, qk_rmsnorm, rmsnorm, rope, sampling, silu_and_mul
@@ -24,6 +24,16 @@ def _fused_qk_norm(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_w
     the RMSNorm layers' weights instead of the layers)."""
     seen_weights(q_weight, k_weight)
     return [qk_rmsnorm.call(q, k, float(eps))]
+
+
+def _fused_a_gemm(layer: Any, hidden_states: torch.Tensor) -> list:
+    """DeepSeek's fused q/kv down-projection (and q_b of some shapes) on Hopper and newer: up to 16
+    tokens SGLang runs its own GEMM (``dsv3_fused_a_gemm``) on the bf16 layer's weight, past its
+    linear method, else it calls the layer; one GEMM either way (the method's ``apply`` nested)."""
+    seen(layer)
+    require("LoRA adapters on a fused-A GEMM layer (no Definition computes it)" if getattr(layer, "set_lora", False)
+            else None)
+    return [gemm.call(hidden_states, *gemm.layer_size(layer))]
 
 
 def _sampler(self: Any, logits_output: Any, sampling_info: Any) -> list:
@@ -60,6 +70,9 @@ POINTS = [
     HookPoint(f"{_MLA}.forward_mha", "DeepseekMHAForwardMixin", ("_set_mla_kv_buffer",), mla.KEY,
               sglang_mla.latent_write_calls, live=True, traced=sglang_mla.captured_latent_write_calls),
     HookPoint("sglang.srt.models.deepseek_v2", "MoEGate", ("forward",), "moe_routing", sglang_moe.gate_calls),
+    # a function DeepSeek's attention calls with its bf16 down-projection (looked up in the model's module)
+    HookPoint("sglang.srt.models.deepseek_v2", "", ("linear_with_fused_a_gemm",), "fused_a_gemm", _fused_a_gemm,
+              nested=(gemm.KEY,)),
     HookPoint(f"{_LAYERS}.moe.topk", "TopK", ("forward",), "moe_routing", sglang_moe.routing_calls),
     HookPoint(f"{_LAYERS}.moe.fused_moe_triton.layer", "FusedMoE", ("forward",), moe.KEY, sglang_moe.layer_calls,
               nested=(silu_and_mul.KEY, gemm.KEY)),
