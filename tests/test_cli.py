@@ -55,6 +55,9 @@ def test_shipped_set_covers_llama_31_8b_and_the_moe_templates():
         "gemm_bf16_n256_k7168_out_fp32",  # DeepSeek-V3's router GEMM as SGLang runs it: float32 logits
         # FP8 block-scale linear layers (DeepSeek-V3's checkpoints): the activation quantization, the GEMM
         "quant_fp8_per_token_group_k7168_g128", "gemm_fp8_block_scale_n7168_k2048",
+        # FP8 per-tensor / per-channel linear layers (Llama-3.1-8B-FP8): dynamic quantizations, scaled GEMMs
+        "quant_fp8_per_tensor_k4096", "quant_fp8_per_token_k4096", "gemm_fp8_per_tensor_scale_n4096_k4096",
+        "gemm_fp8_per_token_channel_scale_n4096_k4096",
     } == names
     # templates are bfloat16 where their computation has a model dtype (instantiated per dtype); FP8 data is FP8
     assert all(d.inputs[next(iter(d.inputs))].dtype.value in ("bfloat16", "float32", "int32", "float8_e4m3fn")

@@ -1,16 +1,19 @@
-"""FP8 block-scale linear layers on CPU (issue 24's Definitions; no engine here runs them without
-AMX): the activation quantization and the block-scale GEMM references against independent
+"""FP8 linear layers on CPU (issue 24's Definitions; no engine here runs them without AMX): block
+scale, and per-tensor / per-token-and-channel scaled. The activation quantizations and the GEMM
+references against independent
 computations, valid FP8 inputs of realistic magnitude, the names a layer's calls get, and a replay
 of small shapes in which the references and PyTorch baselines pass the FP8 tolerances."""
 
 import json
 
+import pytest
 import torch
 from test_replay import run_replay
 
 from fi_profile.catalog import shipped_definition
 from fi_profile.entry_points import run_reference
 from fi_profile.families import fp8_linear
+from fi_profile.replay.baseline_solutions import native_candidates
 from fi_profile.schema.dtype import DType
 from fi_profile.synthesis import synthesize_inputs
 
@@ -100,5 +103,62 @@ def test_small_fp8_definitions_replay_with_their_baselines_on_cpu(tmp_path):
         (workloads / f"{definition.name}.jsonl").write_text("\n".join(lines) + "\n")
     _, results = run_replay(tmp_path, tmp_path / "out", [], timeout_s=300)
     assert {r.kernel_id for r in results} == {d.name for d in definitions}
+    assert {r.status.value for r in results} == {"passed"}, [(r.source, r.error) for r in results if r.error]
+    assert {r.source.rsplit("__", 1)[-1] for r in results} >= {"torch"}
+
+
+def test_dynamic_per_tensor_and_per_token_quantization_map_the_largest_magnitude_to_448():
+    """Per tensor: one 0-D scale, the tensor's largest magnitude lands on 448. Per token: one scale
+    per row, each row's largest lands on 448; values come back within e4m3's rounding."""
+    x = torch.randn(6, 4096, dtype=torch.float32).mul(torch.rand(6, 1) * 10).to(torch.bfloat16)
+    per_tensor = run_reference(shipped_definition("quant_fp8_per_tensor_k4096"), {"x": x})
+    assert per_tensor["x_scale"].shape == () and per_tensor["x_q"].dtype == torch.float8_e4m3fn
+    assert torch.equal(per_tensor["x_scale"], x.float().abs().amax() / FP8_MAX)
+    assert per_tensor["x_q"].float().abs().amax() == FP8_MAX
+    per_token = run_reference(shipped_definition("quant_fp8_per_token_k4096"), {"x": x})
+    assert per_token["x_scale"].shape == (6,)
+    assert (per_token["x_q"].float().abs().amax(-1) == FP8_MAX).all()
+    back = per_token["x_q"].float() * per_token["x_scale"][:, None]
+    assert ((back - x.float()).abs() <= x.float().abs() / 16 + per_token["x_scale"][:, None] / 512).all()
+
+
+def test_scaled_fp8_gemm_references_dequantize_by_tensor_or_by_token_and_channel():
+    """The scaled GEMM's reference is one formula for both scale layouts: against float64 dequantized
+    operands; a mix of layouts (per-tensor activations, per-channel weights) is refused by name."""
+    for activation, weight in (("tensor", "tensor"), ("token", "channel")):
+        (quant, gemm_call) = fp8_linear.scaled_linear_calls(torch.zeros(5, 256, dtype=torch.bfloat16), 384, 256,
+                                                             activation, weight)
+        assert quant.definition.op_type == f"quant_fp8_per_{activation}"
+        definition = gemm_call.definition
+        assert definition.name == ("gemm_fp8_per_tensor_scale_n384_k256" if activation == "tensor"
+                                   else "gemm_fp8_per_token_channel_scale_n384_k256")
+        inputs = synthesize_inputs(definition, {"M": 5}, seed=2)
+        a = inputs["A"].double() * inputs["A_scale"].double().reshape(-1, 1)
+        b = inputs["B"].double() * inputs["B_scale"].double().reshape(-1, 1)
+        assert 0.3 < a.std() < 3 and 0.3 < b.std() * 256 ** 0.5 < 3  # model magnitudes after dequantization
+        out = run_reference(definition, inputs)["C"]
+        torch.testing.assert_close(out.double(), a @ b.T, atol=2e-2, rtol=1.6e-2)
+    with pytest.raises(NotImplementedError, match="activation scales per tensor and weight scales per channel"):
+        fp8_linear.scaled_gemm_call(5, 384, 256, "tensor", "channel", torch.bfloat16)
+    assert [n.label for _, n in native_candidates(definition)] == ["torch_scaled_mm"]
+
+
+def test_scaled_fp8_definitions_replay_with_their_baselines_on_cpu(tmp_path):
+    """The per-tensor and per-token quantizations and both scaled GEMMs pass with their PyTorch
+    baselines on CPU at small shapes."""
+    calls = [*fp8_linear.scaled_linear_calls(torch.zeros(1, 256, dtype=torch.bfloat16), 384, 256, "tensor", "tensor"),
+             *fp8_linear.scaled_linear_calls(torch.zeros(1, 256, dtype=torch.bfloat16), 384, 256, "token", "channel")]
+    for definition in (c.definition for c in calls):
+        folder = tmp_path / "definitions" / definition.op_type
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{definition.name}.json").write_text(definition.to_json())
+        workloads = tmp_path / "workloads" / definition.op_type
+        workloads.mkdir(parents=True, exist_ok=True)
+        lines = [json.dumps({"definition": definition.name, "workload": {
+            "uuid": f"{definition.name}-{m}", "axes": {"M": m}, "inputs": {n: {"type": "random"} for n in definition.inputs}}})
+            for m in (2, 13)]
+        (workloads / f"{definition.name}.jsonl").write_text("\n".join(lines) + "\n")
+    _, results = run_replay(tmp_path, tmp_path / "out", [], timeout_s=300)
+    assert {r.kernel_id for r in results} == {c.definition.name for c in calls}
     assert {r.status.value for r in results} == {"passed"}, [(r.source, r.error) for r in results if r.error]
     assert {r.source.rsplit("__", 1)[-1] for r in results} >= {"torch"}

@@ -1,9 +1,15 @@
-"""FP8 linear layers with 128x128 block-scale weights (DeepSeek-V3/R1, Qwen3-FP8), as the engines
-run them: two kernels per layer and step. First the activations are quantized by their own kernel
-(dynamic, per token and group of ``block_k`` columns: op type ``quant_fp8_per_token_group``), then
-the FP8 GEMM multiplies them with the checkpoint's FP8 weight, each operand dequantized by its
-scales (op type ``gemm_fp8_block_scale``, bfloat16 result). The scales are inputs of the
-Definitions, so a Solution sees exactly what the engine's kernel sees.
+"""FP8 linear layers as the engines run them: two kernels per layer and step. First the activations
+are quantized by their own kernel, then the FP8 GEMM multiplies them with the checkpoint's FP8
+weight, each operand dequantized by its scales (bfloat16 result). Two kinds of checkpoint:
+
+- 128x128 block-scale weights (DeepSeek-V3/R1, Qwen3-FP8): activations dynamic per token and group
+  of ``block_k`` columns (op type ``quant_fp8_per_token_group``), GEMM ``gemm_fp8_block_scale``;
+- per-tensor or per-channel weight scales (``quant_method: fp8``, compressed-tensors W8A8 FP8:
+  Llama-3.1-8B-FP8): activations dynamic per tensor or per token (``quant_fp8_per_tensor``,
+  ``quant_fp8_per_token``), GEMM ``gemm_fp8_scaled`` (per-tensor A and B, or per-token A and
+  per-channel B: the scales' shapes say which; a mix of the two is not yet a Definition).
+
+The scales are inputs of the Definitions, so a Solution sees exactly what the engine's kernel sees.
 
 References dequantize in float32; an FP8 GEMM's output is a sum of K rounded products, so its check
 takes bfloat16's atol relative to the reference's largest magnitude (``Family.atol_of_largest``).
@@ -11,14 +17,14 @@ takes bfloat16's atol relative to the reference's largest magnitude (``Family.at
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
 from fi_profile.capture.definition_factory import definition_for
 from fi_profile.capture.kernel_call import SHORT_DTYPES, KernelCall, cached_definition, rows
 from fi_profile.families import gemm
-from fi_profile.families.family import Baseline, Family
+from fi_profile.families.family import Baseline, Family, Native
 from fi_profile.schema.definition import Definition
 from fi_profile.schema.dtype import schema_dtype
 
@@ -27,6 +33,11 @@ GEMM_TEMPLATE = "gemm_fp8_block_scale_n7168_k2048"
 QUANT_TEMPLATE = "quant_fp8_per_token_group_k7168_g128"
 #: the block shape of the templates (DeepSeek-V3's ``weight_block_size``)
 BLOCK = (128, 128)
+#: (activation scales per, weight scales per) -> the scaled GEMM's template
+SCALED_TEMPLATES = {("tensor", "tensor"): "gemm_fp8_per_tensor_scale_n4096_k4096",
+                    ("token", "channel"): "gemm_fp8_per_token_channel_scale_n4096_k4096"}
+#: dynamic activation scales per -> the quantization's template
+DYNAMIC_QUANT_TEMPLATES = {"tensor": "quant_fp8_per_tensor_k4096", "token": "quant_fp8_per_token_k4096"}
 
 
 def _blocks(size: int, block: int) -> int:
@@ -77,16 +88,71 @@ def block_linear_calls(x: torch.Tensor, n: int, k: int, block: Sequence[int], qu
     return calls + [block_gemm_call(m, n, k, block, x.dtype)]
 
 
+def _dtype_suffix(dtype: torch.dtype, prefix: str = "_") -> str:
+    schema = schema_dtype(dtype)
+    return "" if schema.value == "bfloat16" else f"{prefix}{SHORT_DTYPES.get(schema, schema.value)}"
+
+
+def dynamic_quant_call(m: int, k: int, per: str, dtype: torch.dtype) -> KernelCall:
+    """Dynamic FP8 quantization of ``m`` tokens of ``k`` values, one scale ``per`` "tensor" or "token"."""
+    if per not in DYNAMIC_QUANT_TEMPLATES:
+        raise NotImplementedError(f"dynamic FP8 quantization per {per}: no Definition")
+
+    def build() -> Definition:
+        return definition_for(DYNAMIC_QUANT_TEMPLATES[per], f"quant_fp8_per_{per}_k{k}{_dtype_suffix(dtype)}", {"K": k},
+                              schema_dtype(dtype))
+
+    return KernelCall(cached_definition((f"quant_fp8_per_{per}", k, dtype), build), {"M": m})
+
+
+def scaled_gemm_call(m: int, n: int, k: int, activation: str, weight: str, out_dtype: torch.dtype) -> KernelCall:
+    """An FP8 GEMM of ``m`` rows with an ``[n, k]`` weight, its activations' scales per ``activation``
+    ("tensor", "token"), its weight's per ``weight`` ("tensor", "channel")."""
+    template = SCALED_TEMPLATES.get((activation, weight))
+    if template is None:
+        raise NotImplementedError(f"FP8 GEMM with activation scales per {activation} and weight scales per {weight}: "
+                                  "no Definition")
+    kind = "tensor" if activation == weight == "tensor" else f"{activation}_{weight}"
+
+    def build() -> Definition:
+        return definition_for(template, f"gemm_fp8_per_{kind}_scale_n{n}_k{k}{_dtype_suffix(out_dtype, '_out_')}",
+                              {"N": n, "K": k}, schema_dtype(out_dtype))
+
+    return KernelCall(cached_definition(("gemm_fp8_scaled", kind, n, k, out_dtype), build), {"M": m})
+
+
+def scaled_linear_calls(x: torch.Tensor, n: int, k: int, activation: str, weight: str,
+                        quantized_here: bool = True) -> list:
+    """One FP8 linear layer with per-tensor or per-channel weight scales on ``x`` (its high-precision
+    input): the dynamic activation quantization (unless the input comes quantized, or its scale is
+    the checkpoint's static one: ``quantized_here`` False), then the GEMM in ``x``'s dtype."""
+    m = rows(x, k)
+    calls = [dynamic_quant_call(m, k, activation, x.dtype)] if quantized_here else []
+    return calls + [scaled_gemm_call(m, n, k, activation, weight, x.dtype)]
+
+
+def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
+    """``torch._scaled_mm`` (cuBLASLt's FP8 GEMM, per-tensor or row-wise scales) for the scaled GEMM."""
+    if definition.op_type == "gemm_fp8_scaled":
+        return [Native("torch", "torch_scaled_mm.py", must_fit=True, label="torch_scaled_mm")]
+    return []
+
+
 FAMILY = Family(
     key=KEY,
     package=__name__,
-    op_types=("gemm_fp8_block_scale", "quant_fp8_per_token_group"),
-    templates=(GEMM_TEMPLATE, QUANT_TEMPLATE),
+    op_types=("gemm_fp8_block_scale", "quant_fp8_per_token_group", "gemm_fp8_scaled", "quant_fp8_per_tensor",
+              "quant_fp8_per_token"),
+    templates=(GEMM_TEMPLATE, QUANT_TEMPLATE, *SCALED_TEMPLATES.values(), *DYNAMIC_QUANT_TEMPLATES.values()),
     baselines=(Baseline("torch_gemm_fp8_block_scale.py", constants=("BLOCK_N", "BLOCK_K"),
                         op_type="gemm_fp8_block_scale"),
                Baseline("torch_quant_fp8_per_token_group.py", constants=("GROUP_SIZE",),
-                        op_type="quant_fp8_per_token_group")),
-    atol_of_largest=("gemm_fp8_block_scale",),
+                        op_type="quant_fp8_per_token_group"),
+               Baseline("torch_gemm_fp8_scaled.py", op_type="gemm_fp8_scaled"),
+               Baseline("torch_quant_fp8_per_tensor.py", op_type="quant_fp8_per_tensor"),
+               Baseline("torch_quant_fp8_per_token.py", op_type="quant_fp8_per_token")),
+    natives=_natives,
+    atol_of_largest=("gemm_fp8_block_scale", "gemm_fp8_scaled"),
     # the GEMM family's words, exactly, so that the kernel accounting takes their kernels as one
     # family's (FP8 GEMM kernels are named as GEMMs are); the quantization kernel's own words come
     # with the hooks that record it (none yet), with the accounting telling it from the GEMM
