@@ -449,7 +449,8 @@ def replay(
 
         results = run_replay(dataset, given, with_baselines, results_dir, options, progress=advanced,
                              plan=lambda total: bar.update(task, total=total))
-    print_results(out, results)
+    print_results(out, results, dataset.definitions,
+                  {w.uuid: w.axes for workloads in dataset.workloads.values() for w in workloads})
     if dataset.record is not None:
         print_projection(out, project(dataset.record, results, captured_workloads, baseline, dataset.definitions),
                          dataset.record.model)

@@ -79,6 +79,15 @@ def no_natives(definition: Definition, fitted: Optional[str]) -> Sequence[Native
     return ()
 
 
+def no_flops(definition: Definition, axes: Mapping[str, int]) -> Optional[float]:
+    return None
+
+
+def matmul_flops(definition: Definition, axes: Mapping[str, int]) -> Optional[float]:
+    """2 M N K (times ``batch`` where the Definition has one): a GEMM's multiply-adds."""
+    return 2.0 * axes.get("batch", 1) * axes["M"] * axes["N"] * axes["K"]
+
+
 def unknown_engine_kernel(run: EngineRun, definition: Definition) -> Optional[EngineKernel]:
     return None
 
@@ -115,3 +124,6 @@ class Family:
     #: of 4 letters or more also matches inside a name (``ApplyRotaryPosIds``), a shorter one only
     #: as a word of it (``aten::mm``)
     kernel_words: tuple[str, ...] = ()
+    #: (Definition, a workload's axis values, constants included) -> the floating-point operations
+    #: one call does (None: not compute-bound work, or not known from the axes alone)
+    flops: Callable[[Definition, Mapping[str, int]], Optional[float]] = no_flops

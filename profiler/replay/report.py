@@ -4,28 +4,48 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Optional
+from typing import Mapping, Optional
 
 from rich.console import Console
 from rich.table import Table
 
 from fi_profile.replay.projection import KernelProjection, MeasuredRow
 from fi_profile.replay.runner import REFERENCE, label_of
-from fi_profile.schema import BenchmarkResult
+from fi_profile.replay.throughput import peak, tflops
+from fi_profile.schema import BenchmarkResult, Definition
 
 
 def _geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
-def print_results(console: Console, results: list[BenchmarkResult]) -> None:
+def _throughput(rs: list[BenchmarkResult], definition: Optional[Definition],
+                workload_axes: Mapping[str, Mapping[str, int]]) -> tuple[str, str]:
+    """The median TFLOP/s of a solution's passed results, and its share of the card's peak."""
+    if definition is None:
+        return "", ""
+    rates = sorted(rate for r in rs if r.time is not None and r.workload in workload_axes
+                   for rate in [tflops(definition, workload_axes[r.workload], r.time)] if rate is not None)
+    if not rates:
+        return "", ""
+    rate = rates[len(rates) // 2]
+    roof = peak(rs[0].device.name, definition)
+    return f"{rate:.1f}", f"{100 * rate / roof:.0f}%" if roof else ""
+
+
+def print_results(console: Console, results: list[BenchmarkResult], definitions: Mapping[str, Definition] = {},
+                  workload_axes: Mapping[str, Mapping[str, int]] = {}) -> None:
+    """One table per Definition: each solution's passed workloads, median time, speedups and, where
+    the family counts its FLOPs (``definitions`` and the workloads' var axes by uuid given), the
+    achieved TFLOP/s and its share of the card's dense peak for the operands' precision."""
     by_definition: dict[str, list[BenchmarkResult]] = defaultdict(list)
     for r in results:
         by_definition[r.kernel_id].append(r)
     device = results[0].device.name if results else "?"
     for name, rows in by_definition.items():
         table = Table(title=f"{name} on {device}")
-        for column in ("solution", "passed", "median ms", "× reference", "× baseline", "failures"):
+        for column in ("solution", "passed", "median ms", "TFLOP/s", "% of peak", "× reference", "× baseline",
+                       "failures"):
             table.add_column(column, justify="left" if column in ("solution", "failures") else "right")
         by_source: dict[str, list[BenchmarkResult]] = defaultdict(list)
         for r in rows:
@@ -40,6 +60,7 @@ def print_results(console: Console, results: list[BenchmarkResult]) -> None:
                 label_of(source),
                 f"{len(passed)}/{len(rs)}",
                 f"{sorted(r.time for r in passed)[len(passed) // 2]:.4f}" if passed else "-",
+                *_throughput(rs, definitions.get(name), workload_axes),
                 f"{_geomean([r.speedup for r in passed if r.speedup]):.2f}" if passed and source != REFERENCE else "",
                 f"{_geomean([r.baseline_speedup for r in passed if r.baseline_speedup]):.2f}"
                 if any(r.baseline_speedup for r in passed)

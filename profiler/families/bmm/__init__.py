@@ -7,7 +7,7 @@ from __future__ import annotations
 from fi_profile.capture.definition_factory import definition_for
 from fi_profile.capture.kernel_call import SHORT_DTYPES, KernelCall, cached_definition
 from fi_profile.families import gemm
-from fi_profile.families.family import Baseline, EngineKernel, EngineRun, Family
+from fi_profile.families.family import Baseline, EngineKernel, EngineRun, Family, matmul_flops
 from fi_profile.schema.definition import Definition
 from fi_profile.schema.dtype import DType
 
@@ -40,6 +40,7 @@ FAMILY = Family(
     templates=("bmm_bf16_b128_n512_k128",),
     baselines=(Baseline("torch_bmm.py"),),
     engine_kernel=_engine_kernel,
+    flops=matmul_flops,
     # cuBLAS names a batched GEMM's kernels as it names a GEMM's: the same words, so that the kernel
     # accounting takes the two families' kernels as one family's (a GEMM's split-K reduction stays
     # with its GEMM whichever of the two it is)

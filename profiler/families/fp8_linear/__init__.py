@@ -24,7 +24,7 @@ import torch
 from fi_profile.capture.definition_factory import definition_for
 from fi_profile.capture.kernel_call import SHORT_DTYPES, KernelCall, cached_definition, rows
 from fi_profile.families import gemm
-from fi_profile.families.family import Baseline, Family, Native
+from fi_profile.families.family import Baseline, Family, Native, matmul_flops
 from fi_profile.schema.definition import Definition
 from fi_profile.schema.dtype import schema_dtype
 
@@ -152,6 +152,7 @@ FAMILY = Family(
                Baseline("torch_quant_fp8_per_tensor.py", op_type="quant_fp8_per_tensor"),
                Baseline("torch_quant_fp8_per_token.py", op_type="quant_fp8_per_token")),
     natives=_natives,
+    flops=lambda definition, axes: matmul_flops(definition, axes) if definition.op_type.startswith("gemm") else None,
     atol_of_largest=("gemm_fp8_block_scale", "gemm_fp8_scaled"),
     # the GEMM family's words, exactly, so that the kernel accounting takes their kernels as one
     # family's (FP8 GEMM kernels are named as GEMMs are); the quantization kernel's own words come

@@ -12,7 +12,7 @@ from fi_profile.capture.definition_factory import definition_for
 from fi_profile.capture.kernel_call import SHORT_DTYPES, KernelCall, cached_definition, rows
 from fi_profile.capture.layers import recorded_elsewhere, seen
 from fi_profile.families import engine_kernels
-from fi_profile.families.family import Baseline, Family
+from fi_profile.families.family import Baseline, Family, matmul_flops
 from fi_profile.schema.definition import Definition
 from fi_profile.schema.dtype import DType, schema_dtype
 
@@ -105,6 +105,7 @@ FAMILY = Family(
     # the float32-result one first: it fits only Definitions that say so (their OUTPUT_FLOAT32)
     baselines=(Baseline("torch_gemm_out_fp32.py", constants=("OUTPUT_FLOAT32",)), Baseline("torch_gemm.py")),
     engine_kernel=engine_kernels.torch_call,
+    flops=matmul_flops,
     kernel_words=("gemm", "gemv", "nvjet", "cutlass", "cublas", "cublaslt", "splitkreduce", "xmma", "wgmma", "mm", "addmm", "bmm",
                   "linear", "matmul", "onednn"),
 )

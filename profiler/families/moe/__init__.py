@@ -7,7 +7,7 @@ SGLang's ``TopK`` then ``FusedMoE``). What a layer does beyond that is said by
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import torch
 
@@ -151,6 +151,16 @@ CONSTANTS = ("top_k", "RENORMALIZE")
 DEEPSEEK_CONSTANTS = ("top_k", "N_GROUP", "TOPK_GROUP", "RENORMALIZE", "ROUTED_SCALING_FACTOR")
 
 
+def _flops(definition: Definition, axes: Mapping[str, int]) -> Optional[float]:
+    """Each token's top-k experts and its fused shared ones: a gate/up GEMM (2I x H) and a down GEMM
+    (H x I) each. Unknown where the Definition holds a part of the experts (expert parallelism: how
+    many of a token's picks are local depends on the routing) or says no top-k."""
+    if "top_k" not in axes or "num_local_experts" in axes:
+        return None
+    experts = axes["top_k"] + axes.get("num_shared_experts", 0)
+    return 2.0 * axes["seq_len"] * experts * 3 * axes["hidden_size"] * axes["intermediate_size"]
+
+
 def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
     """vLLM's fused MoE (its router kernel, then fused_experts), for the Definitions a baseline
     computes (softmax top-k, or DeepSeek's routing), where vLLM has its MoE kernels."""
@@ -176,6 +186,7 @@ FAMILY = Family(
                Baseline("torch_moe_ds.py", DEEPSEEK_CONSTANTS, compiled=False)),
     natives=_natives,
     engine_kernel=_engine_kernel,
+    flops=_flops,
     # every expert's output rounds at its own magnitude (routed scaling makes it larger) before the
     # top-k are summed: one rounding step of the largest term, not of the sum (DeepSeek-V3's bf16
     # baseline misses by 0.031, one step at 4-8, where outputs reach 6 and sum to 0.04)
