@@ -254,17 +254,23 @@ def test_sglang_up_projected_prefill_is_one_ragged_call_over_all_the_steps_reque
     ragged kernel, a one-token prompt too (not split off as a decode); requests that attend to
     cached context in this form have no Definition and are refused, never recorded as a plain prefill."""
     from fi_profile.hooks.sglang import mla as sglang_mla
-    from fi_profile.hooks.sglang.attention import STEP
+    from fi_profile.hooks.sglang.attention import STEP, step_batches
 
     STEP.begin(runner=SimpleNamespace(req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(40).view(4, 10))))
     shape = mla.MlaShape(num_heads=4, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
                          dtype=DType.bfloat16, sm_scale=0.1)
-    (call,) = sglang_mla._ragged(sglang_extend([1, 5, 3], [0, 0, 0], [2, 0, 1]), shape)
+    batch = sglang_extend([1, 5, 3], [0, 0, 0], [2, 0, 1])
+    calls = sglang_mla._ragged(batch, shape)
+    assert sglang_mla._ragged(batch, shape) is calls  # the step's layout and calls built once for all its layers
+    (call,) = calls
     assert call.definition.name == "mla_ragged_prefill_causal_h4_qk192_vo128"
     assert call.axes == {"len_indptr": 4, "total_q": 9, "total_kv": 9}
     assert call.tensors["qo_indptr"].tolist() == [0, 1, 6, 9] and call.scalars == {"sm_scale": 0.1}
     with pytest.raises(NotImplementedError, match="cached context"):
         sglang_mla._ragged(sglang_extend([1, 5], [0, 4], [2, 0]), shape)
+    # the same step's absorbed layers split it their own way (the one-token prompt as a decode)
+    decode, prefill = STEP.batches(batch, step_batches)
+    assert decode.batch_size == 1 and prefill.batch_size == 2
 
 
 def test_sglang_absorbed_step_runs_both_parts_between_one_pair_of_batched_gemms():

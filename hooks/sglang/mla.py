@@ -29,6 +29,7 @@ from fi_profile.capture.paged_layout import paged_batches
 from fi_profile.capture.recorder import RECORDER
 from fi_profile.families import attention as attention_family
 from fi_profile.families import kv_cache, mla
+from fi_profile.families.attention.step import Batches
 from fi_profile.hooks.sglang import attention
 from fi_profile.hooks.sglang.attention import STEP
 from fi_profile.schema.dtype import schema_dtype
@@ -126,10 +127,19 @@ def _ragged(batch: Any, shape: mla.MlaShape) -> list[KernelCall]:
         raise NotImplementedError(
             "an up-projected MLA prefill attended to cached context (SGLang's one-shot or chunked-KV path): "
             "no Definition; not in the record")
+    STEP.batches(batch, _ragged_layout)  # once per step, for all its layers
+    return STEP.calls((shape,), _ragged_prefill)
+
+
+def _ragged_layout(batch: Any) -> Batches:
+    """Every request of the step as a prefill (a one-token prompt too: nothing is decoded here)."""
     layout = attention.step_layout(batch)
     if layout is None:
-        return []
-    _, requests = paged_batches(*layout, attention.request_pages(batch), 1, decode_max_query=0)
+        return None, None
+    return None, paged_batches(*layout, attention.request_pages(batch), 1, decode_max_query=0)[1]
+
+
+def _ragged_prefill(decode: Any, requests: Any, shape: mla.MlaShape) -> list[KernelCall]:
     return [mla.ragged_prefill_call(requests, shape)] if requests is not None else []
 
 

@@ -26,14 +26,16 @@ class StepAttention:
         """A new step; ``context``: what the engine's hooks need later in the step (its runner, metadata)."""
         self.context = context
         self._source: Any = None
+        self._layout: Optional[Callable[[Any], Batches]] = None
         self._batches: Batches = (None, None)
         self._calls: dict[tuple, list[KernelCall]] = {}
 
     def batches(self, source: Any, layout: Callable[[Any], Batches]) -> Batches:
-        """The (decode, prefill) layouts of ``source``, computed by ``layout`` once per source."""
-        if self._source is not source:
+        """The (decode, prefill) layouts of ``source``, computed by ``layout`` once per source (and
+        again where a layer asks for another split of the same source)."""
+        if self._source is not source or self._layout is not layout:
             self._batches = layout(source)
-            self._source = source
+            self._source, self._layout = source, layout
             self._calls = {}
         return self._batches
 
