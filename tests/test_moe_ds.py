@@ -227,3 +227,17 @@ def test_sglang_fused_shared_expert_is_recorded_with_deepseek_routing_and_listed
         sglang_moe.layer_calls(experts(18), hidden)
     softmax = topk(1, scoring_func="softmax", use_grouped_topk=False, correction_bias=None)
     assert "fused shared experts" in sglang_moe.routing_problem(softmax)
+    # SGLang 0.5.23 keeps the slots in its shared-experts layout: with waterfill balancing it gives
+    # them none (top_k counts the routed experts only), another computation, listed
+    waterfill = topk(0, shared_experts=SimpleNamespace(num_fused_shared_experts=1, num_shared_topk_slots=0))
+    waterfill.topk_config.num_fused_shared_experts = 0
+    waterfill.topk_config.num_shared_topk_slots = 0
+    assert "fused shared experts" in sglang_moe.routing_problem(waterfill)
+    scaled = topk(1, fused_shared_experts_scaling_factor=0.5)
+    assert "fused shared experts" in sglang_moe.routing_problem(scaled)
+    slots = topk(0, shared_experts=SimpleNamespace(num_fused_shared_experts=1), num_shared_topk_slots=1, top_k=5)
+    slots.topk_config.num_fused_shared_experts = 0
+    assert sglang_moe.routing_problem(slots) is None
+    sglang_moe.routing_calls(slots, logits)
+    (call,) = sglang_moe.layer_calls(experts(17), hidden)
+    assert call.definition.name == "moe_bf16_ds_routing_topk4_ng4_kg2_e16_h64_i32_shared1"

@@ -21,6 +21,13 @@ def _fused_shared_experts(config: Any) -> int:
     return int(getattr(config, "num_fused_shared_experts", 0) or getattr(shared, "num_fused_shared_experts", 0) or 0)
 
 
+def _shared_slots(config: Any) -> int:
+    """The top-k slots SGLang gives the fused shared experts: 0.5.23 says so itself (none where its
+    waterfill balancing routes them), 0.5.16 gives one per fused shared expert."""
+    slots = getattr(config, "num_shared_topk_slots", None)
+    return int(slots) if slots is not None else _fused_shared_experts(config)
+
+
 def deepseek_routing(config: Any) -> Optional[moe.DeepSeekRouting]:
     """The router's DeepSeek routing (sigmoid scores, grouped top-k with the correction bias, the
     routed scaling factor, applied by SGLang to the weights or to the routed output), or None."""
@@ -41,8 +48,11 @@ def routing_problems(config: Any, runner: Any = None) -> dict[str, Any]:
         custom_routing=getattr(config, "custom_routing_function", None) is not None,
         correction_bias=getattr(config, "correction_bias", None) is not None,
         fused_shared_experts=bool(_fused_shared_experts(config)),
-        # one shared expert fused beside DeepSeek's routing has a Definition (``_shared1``)
-        fused_shared_recorded=_fused_shared_experts(config) == 1 and deepseek_routing(config) is not None,
+        # one shared expert fused beside DeepSeek's routing, in its own top-k slot at weight 1, has
+        # a Definition (``_shared1``); balanced by waterfill or otherwise scaled it is another computation
+        fused_shared_recorded=(_fused_shared_experts(config) == 1 == _shared_slots(config)
+                               and getattr(config, "fused_shared_experts_scaling_factor", None) in (None, 1.0)
+                               and deepseek_routing(config) is not None),
         routed_scaling=getattr(config, "routed_scaling_factor", None) or getattr(runner, "routed_scaling_factor", None),
         deepseek_routing=deepseek_routing(config) is not None,
     )
@@ -126,7 +136,8 @@ def layer_calls(self: Any, hidden_states: torch.Tensor) -> list:
         found.append(f"{self.num_experts} experts' weights for {routed} routed and {shared} fused shared")
     deepseek = deepseek_routing(config)
     # SGLang's top-k counts the fused shared experts' slots; the Definition's counts the routed ones
-    return moe.layer_calls(hidden_states, router_logits, found, num_experts=routed, top_k=config.top_k - shared,
+    return moe.layer_calls(hidden_states, router_logits, found, num_experts=routed,
+                           top_k=config.top_k - _shared_slots(config),
                            intermediate_size=self.intermediate_size_per_partition, renormalize=bool(config.renormalize),
                            deepseek=deepseek, routing_bias=config.correction_bias if deepseek is not None else None,
                            shared_experts=shared)
