@@ -44,12 +44,15 @@ def print_results(console: Console, results: list[BenchmarkResult], definitions:
     device = results[0].device.name if results else "?"
     for name, rows in by_definition.items():
         table = Table(title=f"{name} on {device}")
-        for column in ("solution", "passed", "median ms", "TFLOP/s", "% of peak", "× reference", "× baseline",
-                       "failures"):
-            table.add_column(column, justify="left" if column in ("solution", "failures") else "right")
         by_source: dict[str, list[BenchmarkResult]] = defaultdict(list)
         for r in rows:
             by_source[r.source].append(r)
+        # on a GPU, where the family counts the Definition's FLOPs (a CPU's rate says little)
+        rates = {source: _throughput(rs, definitions.get(name), workload_axes) for source, rs in by_source.items()}
+        shown = device != "cpu" and any(rate for rate, _ in rates.values())
+        for column in ("solution", "passed", "median ms", *(("TFLOP/s", "% of peak") if shown else ()), "× reference",
+                       "× baseline", "failures"):
+            table.add_column(column, justify="left" if column in ("solution", "failures") else "right")
         for source, rs in by_source.items():
             passed = [r for r in rs if r.time is not None]
             failures = sorted({r.status.value for r in rs if r.time is None and r.status is not None})
@@ -60,7 +63,7 @@ def print_results(console: Console, results: list[BenchmarkResult], definitions:
                 label_of(source),
                 f"{len(passed)}/{len(rs)}",
                 f"{sorted(r.time for r in passed)[len(passed) // 2]:.4f}" if passed else "-",
-                *_throughput(rs, definitions.get(name), workload_axes),
+                *(rates[source] if shown else ()),
                 f"{_geomean([r.speedup for r in passed if r.speedup]):.2f}" if passed and source != REFERENCE else "",
                 f"{_geomean([r.baseline_speedup for r in passed if r.baseline_speedup]):.2f}"
                 if any(r.baseline_speedup for r in passed)
