@@ -946,10 +946,13 @@ def test_inputs_too_large_to_copy_are_checked_by_fingerprint_and_draws_are_made_
 
     monkeypatch.setattr(evaluate, "_COPY_LIMIT", 16)
     monkeypatch.setattr(evaluate, "_CHUNK", 16)  # several chunks and a tail
+    monkeypatch.setattr(evaluate, "_SLICE", 48)  # summed three chunks at a time, the last slice shorter
     inputs = {"big": torch.arange(64, dtype=torch.float32).view(8, 8), "small": torch.ones(2),
               "fp8": torch.linspace(-2, 2, 64).to(torch.float8_e4m3fn)}
     before = evaluate._snapshot(inputs)
     assert isinstance(before["big"], evaluate._Fingerprint) and isinstance(before["small"], torch.Tensor)
+    raw = inputs["big"].view(torch.uint8).reshape(-1)
+    assert before["big"].sums.tolist() == [*raw.view(-1, 16).sum(dim=1).tolist(), 0]  # every chunk, in order
     assert evaluate._restore(inputs, before) == []
     evaluate._INPUTS["cached"] = ({}, {})
     inputs["big"][3, 5] += 1.0

@@ -445,15 +445,18 @@ class _Fingerprint:
     def of(tensor: torch.Tensor) -> "_Fingerprint":
         raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
         whole = raw.numel() - raw.numel() % _CHUNK
-        sums = raw[:whole].view(-1, _CHUNK).sum(dim=1, dtype=torch.int64)
-        tail = raw[whole:].sum(dtype=torch.int64).reshape(1)
-        return _Fingerprint(torch.cat([sums, tail]))
+        # a sum in another dtype casts a copy first: a slice at a time (a chunk's bytes fit int32)
+        sums = [raw[start:min(start + _SLICE, whole)].view(-1, _CHUNK).sum(dim=1, dtype=torch.int32)
+                for start in range(0, whole, _SLICE)]
+        tail = raw[whole:].sum(dtype=torch.int32).reshape(1)
+        return _Fingerprint(torch.cat([*sums, tail]))
 
     def matches(self, tensor: torch.Tensor) -> bool:
         return torch.equal(self.sums, _Fingerprint.of(tensor).sums)
 
 
 _CHUNK = 1 << 16
+_SLICE = _CHUNK << 12  # 256 MiB of bytes at a time: a 1 GiB int32 copy
 
 
 def _snapshot(inputs: dict[str, Any]) -> dict[str, Any]:
