@@ -241,3 +241,131 @@ def test_sglang_fused_shared_expert_is_recorded_with_deepseek_routing_and_listed
     sglang_moe.routing_calls(slots, logits)
     (call,) = sglang_moe.layer_calls(experts(17), hidden)
     assert call.definition.name == "moe_bf16_ds_routing_topk4_ng4_kg2_e16_h64_i32_shared1"
+
+
+def ep_definition(local, experts=16):
+    x = torch.zeros(1, 64, dtype=torch.bfloat16)
+    call = moe.call(x, torch.zeros(1, experts), num_experts=experts, top_k=4, intermediate_size=32, renormalize=True,
+                    deepseek=ROUTING, routing_bias=torch.zeros(experts), local=local)
+    return call
+
+
+def test_expert_parallel_ranks_each_compute_their_experts_part_and_the_parts_sum_to_the_layer():
+    """Under expert parallelism a rank holds a run of the experts (``local_expert_offset`` on, as
+    flashinfer-trace's EP Definitions say it): the Definition is named by the rank's experts and
+    EP size, routes over all experts, and its reference and PyTorch baseline compute the rank's part
+    of the sum. The ranks' parts add up to the whole layer's output."""
+    from fi_profile.replay.baseline_solutions import fitted_baseline, native_candidates
+
+    whole = definition()
+    inputs = synthesize_inputs(whole, {"seq_len": 20}, seed=7)
+    expected = run_reference(whole, inputs)["output"].double()
+    parts = torch.zeros_like(expected)
+    baseline = fitted_baseline(ep_definition(moe.LocalExperts(0, 4)).definition)[2]
+    namespace: dict = {}
+    exec(compile(baseline, "torch_moe_ds.py", "exec"), namespace)
+    for rank in range(4):
+        call = ep_definition(moe.LocalExperts(4 * rank, 4))
+        made = call.definition
+        assert made.name == "moe_bf16_ds_routing_topk4_ng4_kg2_e4_h64_i32_ep4"
+        assert made.const_axes["num_experts"] == 16 and made.const_axes["num_local_experts"] == 4
+        assert call.scalars == {"local_expert_offset": 4 * rank}
+        assert made.inputs["local_expert_offset"].shape is None
+        rank_inputs = dict(inputs, gemm1_weights=inputs["gemm1_weights"][4 * rank:4 * rank + 4],
+                           gemm2_weights=inputs["gemm2_weights"][4 * rank:4 * rank + 4], local_expert_offset=4 * rank)
+        part = run_reference(made, rank_inputs)["output"]
+        assert part.abs().sum() > 0  # the routing spreads tokens over every rank's experts
+        torch.testing.assert_close(namespace["run"](**rank_inputs).double(), part.double(), atol=3e-2, rtol=2e-2)
+        parts += part.double()
+    torch.testing.assert_close(parts, expected, atol=6e-2, rtol=2e-2)
+    assert [n for _, n in native_candidates(made) if n.library == "vllm"]  # vLLM's fused MoE takes an expert map
+    for uneven in (moe.LocalExperts(0, 3), moe.LocalExperts(14, 4)):
+        with pytest.raises(NotImplementedError, match="no even expert-parallel split"):
+            ep_definition(uneven)
+    with pytest.raises(NotImplementedError, match="beside a softmax router"):
+        moe.call(torch.zeros(1, 64, dtype=torch.bfloat16), torch.zeros(1, 16), num_experts=16, top_k=4,
+                 intermediate_size=32, renormalize=True, local=moe.LocalExperts(0, 8))
+
+
+def test_expert_parallel_layers_are_recorded_from_each_engines_expert_layout():
+    """vLLM: the runner's expert map (global -> local, -1 elsewhere), read once per layer; a
+    round-robin map, redundant experts (EPLB) or an all-to-all dispatch stay listed. SGLang: the
+    rank's run of experts by its EP rank; another dispatcher (DeepEP and the like) is listed."""
+    from types import SimpleNamespace
+
+    from fi_profile.hooks.sglang import moe as sglang_moe
+    from fi_profile.hooks.vllm import moe as vllm_moe
+
+    def runner(expert_map, **parallel):
+        router = type("GroupedTopKRouter", (SimpleNamespace,), {})(
+            top_k=4, renormalize=True, global_num_experts=16, scoring_func="sigmoid", num_expert_group=4, topk_group=2,
+            e_score_correction_bias=torch.zeros(16), use_grouped_topk=True, routed_scaling_factor=2.5)
+        config = SimpleNamespace(num_local_experts=8, intermediate_size_per_partition=32, is_act_and_mul=True,
+                                 moe_parallel_config=SimpleNamespace(**{"enable_eplb": False,
+                                                                        "use_all2all_kernels": False, **parallel}))
+        experts = SimpleNamespace(quant_method=type("UnquantizedFusedMoEMethod", (), {})(), activation="silu")
+        module = torch.nn.Module()
+        module.__dict__.update(router=router, moe_config=config, routed_experts=experts, expert_map=expert_map,
+                               _forward_entry=lambda: None, expert_placement_strategy="round_robin")
+        return module
+
+    linear = torch.full((16,), -1, dtype=torch.int32)
+    linear[8:] = torch.arange(8, dtype=torch.int32)
+    hidden, logits = torch.zeros(3, 64, dtype=torch.bfloat16), torch.zeros(3, 16)
+    layer = runner(linear)
+    assert vllm_moe.problems(layer) == []
+    (call,) = vllm_moe.layer_calls(layer, hidden, logits)
+    assert call.definition.name == "moe_bf16_ds_routing_topk4_ng4_kg2_e8_h64_i32_ep2"
+    assert call.scalars == {"local_expert_offset": 8}
+    round_robin = torch.full((16,), -1, dtype=torch.int32)
+    round_robin[1::2] = torch.arange(8, dtype=torch.int32)
+    assert "expert placement round_robin" in " ".join(vllm_moe.problems(runner(round_robin)))
+    assert "expert load balancing" in " ".join(vllm_moe.problems(runner(linear, enable_eplb=True)))
+    assert "all-to-all" in " ".join(vllm_moe.problems(runner(linear, use_all2all_kernels=True)))
+
+    from fi_profile.hooks.sglang.attention import STEP
+
+    topk = SimpleNamespace(topk_config=SimpleNamespace(
+        top_k=4, scoring_func="sigmoid", use_grouped_topk=True, num_expert_group=4, topk_group=2, renormalize=True,
+        routed_scaling_factor=2.5, correction_bias=torch.zeros(16), num_fused_shared_experts=0,
+        custom_routing_function=None))
+
+    def sglang_experts(rank, dispatcher="StandardDispatcher"):
+        return SimpleNamespace(num_experts=16, num_local_experts=4, _num_local_routed=4, moe_ep_rank=rank,
+                               _expert_storage_rank=rank, intermediate_size_per_partition=32,
+                               dispatcher=type(dispatcher, (), {})(),
+                               quant_method=type("UnquantizedFusedMoEMethod", (), {})(),
+                               moe_runner_config=SimpleNamespace(activation="silu", is_gated=True,
+                                                                 apply_router_weight_on_input=False))
+
+    STEP.begin()
+    sglang_moe.routing_calls(topk, logits)
+    (call,) = sglang_moe.layer_calls(sglang_experts(3), hidden)
+    assert call.definition.name == "moe_bf16_ds_routing_topk4_ng4_kg2_e4_h64_i32_ep4"
+    assert call.scalars == {"local_expert_offset": 12}
+    sglang_moe.routing_calls(topk, logits)
+    with pytest.raises(NotImplementedError, match="tokens dispatched across ranks by DeepEPDispatcher"):
+        sglang_moe.layer_calls(sglang_experts(1, "DeepEPDispatcher"), hidden)
+
+
+def test_vllms_fused_moe_is_offered_under_either_name_of_its_moe_ops_module(monkeypatch):
+    """vLLM's CUDA builds on the stable ABI name the module that registers ``torch.ops._moe_C``
+    ``vllm._moe_C_stable_libtorch`` (0.26), its CPU builds ``vllm._moe_C``: either offers its fused
+    MoE as a native (before, only the old name did, and on vLLM 0.26 it was silently never offered);
+    a build with neither does not."""
+    import importlib.util
+
+    from fi_profile.replay import baseline_solutions
+
+    present: set = set()
+    real = importlib.util.find_spec
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name in present else (None if name.startswith("vllm") else real(name, *a)))
+    made = definition()
+    for modules, offered in (({"vllm"}, False), ({"vllm", "vllm._moe_C_stable_libtorch"}, True),
+                             ({"vllm", "vllm._moe_C"}, True)):
+        present.clear()
+        present.update(modules)
+        found = [s.name for s in baseline_solutions.native_solutions(made)]
+        assert (f"{made.name}__vllm" in found) is offered, (modules, found)

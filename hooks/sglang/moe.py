@@ -116,6 +116,34 @@ def routing_calls(self: Any, router_logits: torch.Tensor) -> list:
     return _gate_gemm(router_logits)
 
 
+def local_experts(layer: Any) -> Optional[moe.LocalExperts]:
+    """The rank's routed experts under expert parallelism (SGLang keeps them in one contiguous run,
+    its storage rank's), or None without it, or where this SGLang says not which (then listed)."""
+    if layer.num_local_experts == layer.num_experts:
+        return None
+    routed, rank = getattr(layer, "_num_local_routed", None), getattr(layer, "moe_ep_rank", None)
+    # the dispatcher maps the rank's run of experts (by its EP rank) to the weights it stores (by its
+    # storage rank): elastic EP's joined ranks store another run than they are sent
+    if routed is None or rank is None or getattr(layer, "_expert_storage_rank", rank) != rank:
+        return None
+    return moe.LocalExperts(int(rank) * int(routed), int(routed))
+
+
+def _expert_parallel_problems(layer: Any) -> list[str]:
+    """What SGLang's expert parallelism does here that the EP Definitions do not say: tokens
+    dispatched to other ranks (DeepEP, Mooncake and the like), experts not laid out as their ranks'
+    contiguous runs."""
+    if layer.num_local_experts == layer.num_experts:
+        return []
+    found = []
+    if local_experts(layer) is None:
+        found.append("expert parallelism whose local experts this SGLang does not say")
+    dispatcher = type(getattr(layer, "dispatcher", None)).__name__
+    if dispatcher not in ("StandardDispatcher", "NoneType"):
+        found.append(f"tokens dispatched across ranks by {dispatcher}")
+    return found
+
+
 def layer_calls(self: Any, hidden_states: torch.Tensor) -> list:
     """``FusedMoE``: routing (from the ``TopK`` call before it) and SwiGLU experts as one call."""
     routing = STEP.context.pop("moe_routing", None)
@@ -131,7 +159,8 @@ def layer_calls(self: Any, hidden_states: torch.Tensor) -> list:
         activation=runner.activation, gated=bool(getattr(runner, "is_gated", True)),
         router_weight_on_input=bool(getattr(runner, "apply_router_weight_on_input", False)),
         expert_parallel=self.num_local_experts != self.num_experts,
-    )
+        expert_parallel_recorded=local_experts(self) is not None,
+    ) + _expert_parallel_problems(self)
     if self.num_experts != routed + shared:  # redundant experts, or shared slots per rank (expert parallelism)
         found.append(f"{self.num_experts} experts' weights for {routed} routed and {shared} fused shared")
     deepseek = deepseek_routing(config)
@@ -140,4 +169,4 @@ def layer_calls(self: Any, hidden_states: torch.Tensor) -> list:
                            top_k=config.top_k - _shared_slots(config),
                            intermediate_size=self.intermediate_size_per_partition, renormalize=bool(config.renormalize),
                            deepseek=deepseek, routing_bias=config.correction_bias if deepseek is not None else None,
-                           shared_experts=shared)
+                           shared_experts=shared, local=local_experts(self))

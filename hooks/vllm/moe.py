@@ -4,6 +4,7 @@ no linear hook sees it."""
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Optional
 
 import torch
@@ -47,6 +48,40 @@ def _opaque(runner: Any) -> Optional[bool]:
     return None if entry is None else type(entry).__name__.startswith("OpOverload")
 
 
+def local_experts(runner: Any) -> Optional[moe.LocalExperts]:
+    """The rank's experts under expert parallelism, from the runner's expert map (global -> local,
+    -1 elsewhere), read once per layer; None without expert parallelism, or where the map is not
+    one contiguous run in order (round-robin placement): :func:`problems` lists those."""
+    expert_map = getattr(runner, "expert_map", None)
+    if expert_map is None:
+        return None
+    cached = _LOCAL.get(runner)
+    if cached is None:
+        local = [(g, index) for g, index in enumerate(expert_map.tolist()) if index >= 0]
+        offset = local[0][0] if local else -1
+        contiguous = bool(local) and all(index == i and g == offset + i for i, (g, index) in enumerate(local))
+        cached = _LOCAL[runner] = (moe.LocalExperts(offset, len(local)) if contiguous else None,)
+    return cached[0]
+
+
+_LOCAL: "weakref.WeakKeyDictionary[Any, tuple[Optional[moe.LocalExperts]]]" = weakref.WeakKeyDictionary()
+
+
+def _expert_parallel_problems(runner: Any) -> list[str]:
+    """What vLLM's expert parallelism does here that the EP Definitions do not say: experts not in
+    one contiguous run, redundant experts (EPLB), tokens dispatched across data-parallel ranks."""
+    parallel = getattr(runner.moe_config, "moe_parallel_config", None)
+    found = []
+    if getattr(runner, "expert_map", None) is not None and local_experts(runner) is None:
+        found.append(f"expert placement {getattr(runner, 'expert_placement_strategy', '?')} "
+                     "(the rank's experts are no contiguous run)")
+    if getattr(parallel, "enable_eplb", False):
+        found.append("expert load balancing (redundant experts)")
+    if getattr(parallel, "use_all2all_kernels", False):
+        found.append("experts dispatched all-to-all across data-parallel ranks")
+    return found
+
+
 def problems(runner: Any) -> list[str]:
     """What a MoE layer (``MoERunner``) has that no MoE Definition computes."""
     router, config, experts = runner.router, runner.moe_config, runner.routed_experts
@@ -64,7 +99,10 @@ def problems(runner: Any) -> list[str]:
         activation=str(activation), gated=bool(getattr(config, "is_act_and_mul", True)),
         expert_bias=bool(getattr(config, "has_bias", False)),
         expert_parallel=config.num_local_experts != router.global_num_experts,
+        expert_parallel_recorded=local_experts(runner) is not None,
     )
+    if config.num_local_experts != router.global_num_experts:
+        found += _expert_parallel_problems(runner)
     opaque = _opaque(runner)
     if opaque and _shared_mlp(runner) is None and getattr(runner, "_shared_experts", None) is not None:
         found.append("shared experts inside vLLM's opaque moe_forward_shared op that are no gate_up / SiluAndMul / "
@@ -127,10 +165,13 @@ def layer_calls(self: Any, hidden_states: torch.Tensor, router_logits: torch.Ten
     router, config = self.router, self.moe_config
     seen(self)
     deepseek = deepseek_routing(self)
-    calls = moe.layer_calls(hidden_states, router_logits, problems(self), num_experts=config.num_local_experts,
+    local = local_experts(self)
+    calls = moe.layer_calls(hidden_states, router_logits, problems(self),
+                            num_experts=config.num_local_experts if local is None else router.global_num_experts,
                             top_k=router.top_k, intermediate_size=config.intermediate_size_per_partition,
                             renormalize=bool(router.renormalize), deepseek=deepseek,
-                            routing_bias=router.e_score_correction_bias if deepseek is not None else None)
+                            routing_bias=router.e_score_correction_bias if deepseek is not None else None,
+                            local=local)
     calls = _shared_expert_calls(self, hidden_states) + calls
     gate, fused = getattr(self, "gate", None), bool(getattr(self, "_fse_fuse_gate", False))
     if gate is None or not (_opaque(self) or fused):  # the gate's own hook sees it (traced or eager)

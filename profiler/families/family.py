@@ -47,7 +47,8 @@ class Native:
     #: other files of the Solution, which ``file`` imports: path -> file of the family's package, or
     #: :data:`FITTED_BASELINE`
     siblings: Mapping[str, str] = field(default_factory=dict)
-    requires: Optional[str] = None
+    #: compiled modules of it, any of which it needs (a kernel library's name differs by version)
+    requires: Union[str, tuple[str, ...], None] = None
     #: the inputs the kernel works in place on (``spec.overwrites``), from the Definition
     overwrites: Optional[Callable[[Definition], Mapping[str, Optional[str]]]] = None
     #: offered only where the Definition fits ``file``'s ``run`` as a :class:`Baseline` would

@@ -159,7 +159,8 @@ def native_solutions(definition: Definition) -> list[Solution]:
     for family, native in native_candidates(definition):
         if importlib.util.find_spec(native.library) is None:
             continue
-        if native.requires is not None and importlib.util.find_spec(native.requires) is None:
+        modules = (native.requires,) if isinstance(native.requires, str) else native.requires or ()
+        if modules and not any(importlib.util.find_spec(module) is not None for module in modules):
             continue  # e.g. a vLLM build without its MoE kernels
         found.append(native_solution(definition, family, native))
     return found

@@ -26,6 +26,8 @@ TEMPLATES = {
     "ds_routing": "moe_bf16_ds_routing_topk8_ng8_kg4_e256_h7168_i2048",  # DeepSeek-V3's
     # DeepSeek-V3's with its shared expert fused in as one more expert (SGLang on CUDA)
     "ds_routing_shared": "moe_bf16_ds_routing_topk8_ng8_kg4_e256_h7168_i2048_shared1",
+    # DeepSeek-V3's under expert parallelism: a rank's experts from local_expert_offset on (EP=8)
+    "ds_routing_ep": "moe_bf16_ds_routing_topk8_ng8_kg4_e32_h7168_i2048_ep8",
 }
 
 
@@ -41,15 +43,31 @@ class DeepSeekRouting:
     routed_scaling_factor: float
 
 
+@dataclass(frozen=True)
+class LocalExperts:
+    """Expert parallelism: the rank holds ``count`` of the routed experts, global ``offset`` on."""
+
+    offset: int
+    count: int
+
+
 def call(hidden_states: torch.Tensor, routing_logits: torch.Tensor, num_experts: int, top_k: int,
          intermediate_size: int, renormalize: bool, deepseek: Optional[DeepSeekRouting] = None,
-         routing_bias: Optional[torch.Tensor] = None, shared_experts: int = 0) -> KernelCall:
+         routing_bias: Optional[torch.Tensor] = None, shared_experts: int = 0,
+         local: Optional[LocalExperts] = None) -> KernelCall:
     """A fused MoE layer (routing + SwiGLU experts) with a softmax top-k router, or with DeepSeek's
     routing (``deepseek``, its correction bias ``routing_bias``; ``shared_experts`` fused after the
-    ``num_experts`` routed ones, each token's extra slot beyond its ``top_k`` routed)."""
+    ``num_experts`` routed ones, each token's extra slot beyond its ``top_k`` routed; ``local``: the
+    rank's experts under expert parallelism, whose part of the sum the layer computes)."""
     if shared_experts and (deepseek is None or shared_experts != 1):
         raise NotImplementedError(f"MoE layer without a Definition: {shared_experts} fused shared experts"
                                   + ("" if deepseek is not None else " beside a softmax router"))
+    if local is not None and (deepseek is None or shared_experts):
+        raise NotImplementedError("MoE layer without a Definition: expert parallelism beside "
+                                  + ("fused shared experts" if deepseek is not None else "a softmax router"))
+    if local is not None and (num_experts % local.count or not 0 <= local.offset <= num_experts - local.count):
+        raise NotImplementedError(f"MoE layer without a Definition: {local.count} experts from {local.offset} on "
+                                  f"of {num_experts} (no even expert-parallel split)")
     hidden = hidden_states.shape[-1]
     routing = "ds_routing" if deepseek is not None else "renorm" if renormalize else "softmax"
     bias_dtype = routing_bias.dtype if routing_bias is not None else None
@@ -67,18 +85,22 @@ def call(hidden_states: torch.Tensor, routing_logits: torch.Tensor, num_experts:
             return definition_for(TEMPLATES[routing], f"moe_{SHORT_DTYPES[dtype]}_{routing}_topk{top_k}_{shape}{logits}",
                                   consts, dtype, input_dtypes={"routing_logits": logits_dtype})
         return _deepseek_definition(dtype, logits_dtype, schema_dtype(bias_dtype), top_k, shape, consts, deepseek,
-                                    shared_experts)
+                                    shared_experts, None if local is None else local.count)
 
     key = ("moe", routing, num_experts, top_k, hidden, intermediate_size, hidden_states.dtype, routing_logits.dtype,
-           deepseek, bias_dtype, shared_experts)
+           deepseek, bias_dtype, shared_experts, None if local is None else local.count)
     definition = cached_definition(key, build)
-    return KernelCall(definition, {"seq_len": rows(hidden_states, hidden)})
+    scalars = {} if local is None else {"local_expert_offset": local.offset}
+    return KernelCall(definition, {"seq_len": rows(hidden_states, hidden)}, scalars=scalars)
 
 
 def _deepseek_definition(dtype: DType, logits_dtype: DType, bias_dtype: DType, top_k: int, shape: str,
-                         consts: dict[str, int], routing: DeepSeekRouting, shared_experts: int) -> Definition:
+                         consts: dict[str, int], routing: DeepSeekRouting, shared_experts: int,
+                         local_experts: Optional[int]) -> Definition:
     """``moe_{dtype}_ds_routing_topk{K}_ng{G}_kg{KG}_{shape}`` (flashinfer-trace's naming), another
     scaling factor than DeepSeek-V3's and a fused shared expert (``_shared1``) said in the name.
+    Under expert parallelism ``e`` counts the rank's experts, as flashinfer-trace's EP Definitions
+    do, and ``_ep{N}`` says of how many (so that no unsplit layer of as many experts has the name).
     Renormalized weights only (the template's; a layer without is reported by the engine's hook)."""
     if not routing.renormalize:
         raise NotImplementedError("MoE layer without a Definition: DeepSeek routing without renormalized weights")
@@ -87,10 +109,16 @@ def _deepseek_definition(dtype: DType, logits_dtype: DType, bias_dtype: DType, t
         consts = {**consts, "num_shared_experts": shared_experts,
                   "num_weight_experts": consts["num_experts"] + shared_experts}
         extra += f"_shared{shared_experts}"
+    template = "ds_routing_shared" if shared_experts else "ds_routing"
+    if local_experts is not None:
+        consts = {**consts, "num_local_experts": local_experts}
+        shape = shape.replace(f"e{consts['num_experts']}_", f"e{local_experts}_", 1)
+        extra += f"_ep{consts['num_experts'] // local_experts}"
+        template = "ds_routing_ep"
     dtypes = "".join(f"_{what}_{SHORT_DTYPES.get(d, d.value)}" for what, d in (("logits", logits_dtype), ("bias", bias_dtype))
                      if d is not DType.float32)
     return definition_for(
-        TEMPLATES["ds_routing_shared" if shared_experts else "ds_routing"],
+        TEMPLATES[template],
         f"moe_{SHORT_DTYPES[dtype]}_ds_routing_topk{top_k}_ng{routing.n_group}_kg{routing.topk_group}_{shape}{extra}{dtypes}",
         consts, dtype,
         {"N_GROUP": routing.n_group, "TOPK_GROUP": routing.topk_group,
@@ -104,14 +132,16 @@ def problems(*, router: Optional[str] = None, scoring: Any = "softmax", grouped_
              fused_shared_recorded: bool = False,
              routed_scaling: Optional[float] = None, quantization: Optional[str] = None, activation: Optional[str] = None,
              gated: bool = True, expert_bias: bool = False, router_weight_on_input: bool = False,
-             expert_parallel: bool = False, deepseek_routing: bool = False) -> list[str]:
+             expert_parallel: bool = False, expert_parallel_recorded: bool = False,
+             deepseek_routing: bool = False) -> list[str]:
     """What a MoE layer does that no MoE Definition computes, in words; each engine passes what
     its layer says (an argument it does not pass is a feature its layers do not have):
     ``router``: the class of a router that is not a softmax top-k one; ``quantization``: the
     experts' method class; ``activation`` and ``gated``: the experts' activation;
     ``deepseek_routing``: the engine records this layer's DeepSeek routing (sigmoid scores, grouped
     top-k with the correction bias, routed scaling), which is then no problem; likewise
-    ``fused_shared_recorded`` for its fused shared experts."""
+    ``fused_shared_recorded`` for its fused shared experts and ``expert_parallel_recorded`` for its
+    rank's share of the experts (the engine knows which, beside DeepSeek's routing)."""
     deepseek = deepseek_routing and scoring == "sigmoid" and grouped_topk and correction_bias
     features = {
         f"router {router}": router is not None,
@@ -125,7 +155,7 @@ def problems(*, router: Optional[str] = None, scoring: Any = "softmax", grouped_
         f"activation {activation}": activation is not None and (str(activation) != "silu" or not gated),
         "expert bias": expert_bias,
         "router weight on input": router_weight_on_input,
-        "expert parallelism": expert_parallel,
+        "expert parallelism": expert_parallel and not (expert_parallel_recorded and deepseek),
     }
     return [what for what, applies in features.items() if applies]
 
@@ -137,14 +167,15 @@ def layer_problem(layer: Any, found: list[str]) -> Optional[str]:
 
 def layer_calls(hidden_states: torch.Tensor, router_logits: torch.Tensor, found: list[str], *, num_experts: int,
                 top_k: int, intermediate_size: int, renormalize: bool, deepseek: Optional[DeepSeekRouting] = None,
-                routing_bias: Optional[torch.Tensor] = None, shared_experts: int = 0) -> list:
+                routing_bias: Optional[torch.Tensor] = None, shared_experts: int = 0,
+                local: Optional[LocalExperts] = None) -> list:
     """A MoE layer (routing + SwiGLU experts) as one fused call; raises where it has ``found``
     :func:`problems` (so the hook error says which)."""
     if found:
         raise NotImplementedError(f"MoE layer without a Definition: {', '.join(found)}")
     return [call(hidden_states, router_logits, num_experts=num_experts, top_k=top_k,
                  intermediate_size=intermediate_size, renormalize=renormalize, deepseek=deepseek,
-                 routing_bias=routing_bias, shared_experts=shared_experts)]
+                 routing_bias=routing_bias, shared_experts=shared_experts, local=local)]
 
 
 CONSTANTS = ("top_k", "RENORMALIZE")
@@ -161,13 +192,18 @@ def _flops(definition: Definition, axes: Mapping[str, int]) -> Optional[float]:
     return 2.0 * axes["seq_len"] * experts * 3 * axes["hidden_size"] * axes["intermediate_size"]
 
 
+#: the compiled module that registers ``torch.ops._moe_C``: its name in vLLM's CPU builds, and in its
+#: CUDA builds since they moved to the stable ABI (0.2x)
+_VLLM_MOE_OPS = ("vllm._moe_C", "vllm._moe_C_stable_libtorch")
+
+
 def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
     """vLLM's fused MoE (its router kernel, then fused_experts), for the Definitions a baseline
     computes (softmax top-k, or DeepSeek's routing), where vLLM has its MoE kernels."""
     if fitted == "torch_moe.py":
-        return [Native("vllm", "vllm_moe.py", CONSTANTS, requires="vllm._moe_C")]
+        return [Native("vllm", "vllm_moe.py", CONSTANTS, requires=_VLLM_MOE_OPS)]
     if fitted == "torch_moe_ds.py" and "num_shared_experts" not in definition.const_axes:  # vLLM never fuses it
-        return [Native("vllm", "vllm_moe_ds.py", DEEPSEEK_CONSTANTS, requires="vllm._moe_C")]
+        return [Native("vllm", "vllm_moe_ds.py", DEEPSEEK_CONSTANTS, requires=_VLLM_MOE_OPS)]
     return []
 
 

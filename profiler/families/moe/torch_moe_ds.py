@@ -8,9 +8,11 @@ RENORMALIZE = True
 ROUTED_SCALING_FACTOR = 2.5
 
 
-def run(hidden_states, routing_logits, routing_bias, gemm1_weights, gemm2_weights):
+def run(hidden_states, routing_logits, routing_bias, gemm1_weights, gemm2_weights, local_expert_offset=0):
     """DeepSeek routing (sigmoid, bias-chosen grouped top-k), then one pass per expert that got tokens;
-    the experts whose weights follow the routed ones are shared ones fused in: every token, weight 1."""
+    the experts whose weights follow the routed ones are shared ones fused in: every token, weight 1.
+    Under expert parallelism the weights are the rank's experts from ``local_expert_offset`` on, and
+    the output is their part of the sum."""
     scores = routing_logits.float().sigmoid()
     biased = scores + routing_bias.float()
     groups = biased.unflatten(-1, (N_GROUP, -1))
@@ -23,13 +25,17 @@ def run(hidden_states, routing_logits, routing_bias, gemm1_weights, gemm2_weight
     weights = weights * ROUTED_SCALING_FACTOR
     output = torch.zeros(hidden_states.shape, dtype=torch.float32, device=hidden_states.device)
     intermediate = gemm2_weights.shape[-1]
+    routed, first = routing_logits.shape[-1], int(local_expert_offset)
+    local = min(gemm1_weights.shape[0], routed)  # the routed experts whose weights are here
     for e in experts.unique().tolist():
+        if not first <= e < first + local:
+            continue
         tokens, slots = (experts == e).nonzero(as_tuple=True)
-        gate_up = hidden_states[tokens] @ gemm1_weights[e].T
+        gate_up = hidden_states[tokens] @ gemm1_weights[e - first].T
         act = F.silu(gate_up[:, :intermediate]) * gate_up[:, intermediate:]
-        out = (act @ gemm2_weights[e].T).float() * weights[tokens, slots, None]
+        out = (act @ gemm2_weights[e - first].T).float() * weights[tokens, slots, None]
         output.index_add_(0, tokens, out)
-    for e in range(routing_logits.shape[-1], gemm1_weights.shape[0]):
+    for e in range(routed, gemm1_weights.shape[0]):
         gate_up = hidden_states @ gemm1_weights[e].T
         output += (F.silu(gate_up[:, :intermediate]) * gate_up[:, intermediate:]) @ gemm2_weights[e].T
     return output.to(hidden_states.dtype)

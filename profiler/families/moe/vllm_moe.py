@@ -1,4 +1,7 @@
-import vllm._moe_C  # noqa: F401  registers torch.ops._moe_C (top-k softmax, block alignment)
+try:
+    import vllm._moe_C  # noqa: F401  registers torch.ops._moe_C (top-k, block alignment): CPU builds
+except ImportError:
+    import vllm._moe_C_stable_libtorch  # noqa: F401  the same ops in CUDA builds on the stable ABI
 from vllm.model_executor.layers.fused_moe import fused_experts, fused_topk
 
 top_k = 2

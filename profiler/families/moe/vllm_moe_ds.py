@@ -1,4 +1,9 @@
-import vllm._moe_C  # noqa: F401  registers torch.ops._moe_C (grouped top-k, block alignment)
+import torch
+
+try:
+    import vllm._moe_C  # noqa: F401  registers torch.ops._moe_C (top-k, block alignment): CPU builds
+except ImportError:
+    import vllm._moe_C_stable_libtorch  # noqa: F401  the same ops in CUDA builds on the stable ABI
 from vllm.model_executor.layers.fused_moe import fused_experts
 from vllm.model_executor.layers.fused_moe.router.grouped_topk_router import grouped_topk
 
@@ -9,11 +14,30 @@ RENORMALIZE = True
 ROUTED_SCALING_FACTOR = 2.5
 
 
-def run(hidden_states, routing_logits, routing_bias, gemm1_weights, gemm2_weights):
+def run(hidden_states, routing_logits, routing_bias, gemm1_weights, gemm2_weights, local_expert_offset=0):
     """vLLM's DeepSeek MoE for unquantized experts: its grouped top-k router (the fused CUDA kernel
     on GPUs, sigmoid scores chosen by the correction bias), the routed scaling on the weights, then
-    the fused Triton experts, as its GroupedTopKRouter and FusedMoE run them."""
+    the fused Triton experts, as its GroupedTopKRouter and FusedMoE run them; under expert
+    parallelism with the expert map of vLLM's linear placement (the rank's experts from
+    ``local_expert_offset`` on)."""
     weights, ids = grouped_topk(hidden_states, routing_logits, top_k, RENORMALIZE, num_expert_group=N_GROUP,
                                 topk_group=TOPK_GROUP, scoring_func="sigmoid",
                                 routed_scaling_factor=ROUTED_SCALING_FACTOR, e_score_correction_bias=routing_bias)
-    return fused_experts(hidden_states, gemm1_weights, gemm2_weights, weights, ids)
+    experts, local = routing_logits.shape[-1], gemm1_weights.shape[0]
+    if local == experts:
+        return fused_experts(hidden_states, gemm1_weights, gemm2_weights, weights, ids)
+    return fused_experts(hidden_states, gemm1_weights, gemm2_weights, weights, ids, global_num_experts=experts,
+                         expert_map=_expert_map(experts, int(local_expert_offset), local, hidden_states.device))
+
+
+_EXPERT_MAPS = {}
+
+
+def _expert_map(experts, first, local, device):
+    """Global expert -> local index (-1 elsewhere), built once as vLLM's layer holds it, never in a timed call."""
+    key = (experts, first, local, str(device))
+    if key not in _EXPERT_MAPS:
+        expert_map = torch.full((experts,), -1, dtype=torch.int32, device=device)
+        expert_map[first:first + local] = torch.arange(local, dtype=torch.int32, device=device)
+        _EXPERT_MAPS[key] = expert_map
+    return _EXPERT_MAPS[key]
