@@ -325,6 +325,20 @@ def test_a_profiler_that_does_not_start_is_said_and_recording_goes_on(tmp_path, 
     RECORDER.reset()
 
 
+def _aligned_trace(file: str):
+    """A graph's calls and kernels as ``FI_PROFILE_ACCOUNTING_TRACE`` wrote them on a GPU
+    (``fixtures/kernel_traces``), aligned again: the trace, its units (name, ns), the result."""
+    import json
+    from pathlib import Path
+
+    trace = json.loads((Path(__file__).parent / "fixtures" / "kernel_traces" / file).read_text())
+    profile = GpuProfile()
+    units = [(name, max(1, round(us * 1000))) for name, us in trace["units"]]
+    profile.range(f"{GRAPH_RANGE}0", lambda: profile.launch(*units, graph=True))
+    calls = tuple((op, tuple(definitions)) for op, definitions in trace["calls"])
+    return trace, units, attribute(profile.events, [GraphCalls(calls)], KERNEL_WORDS, trace["op_types"])
+
+
 def test_a_real_deepseek_v3_decode_graph_is_aligned_layer_by_layer():
     """A decode step's full CUDA graph of DeepSeek-V3 in vLLM 0.26 on an H100, as the accounting saw
     it (``fixtures/kernel_traces``): MLA's decode between its two batched GEMMs, whose kernels are
@@ -333,15 +347,7 @@ def test_a_real_deepseek_v3_decode_graph_is_aligned_layer_by_layer():
     Inductor fused. Every layer's kernels go to that layer's calls; what stays unattributed is
     Inductor's RoPE kernel (named after no family, between two calls without kernels: the fused
     kv norm and the RoPE) and a copy."""
-    import json
-    from pathlib import Path
-
-    trace = json.loads((Path(__file__).parent / "fixtures" / "kernel_traces" / "vllm_deepseek_v3_decode_graph.json").read_text())
-    profile = GpuProfile()
-    units = [(name, max(1, round(us * 1000))) for name, us in trace["units"]]
-    profile.range(f"{GRAPH_RANGE}0", lambda: profile.launch(*units, graph=True))
-    calls = tuple((op, tuple(definitions)) for op, definitions in trace["calls"])
-    result = attribute(profile.events, [GraphCalls(calls)], KERNEL_WORDS, trace["op_types"])
+    trace, units, result = _aligned_trace("vllm_deepseek_v3_decode_graph.json")
     found = by_definition(result)
     total = sum(ns for _, ns in units)
     assert sum(found.values()) / total > 0.98
@@ -354,3 +360,35 @@ def test_a_real_deepseek_v3_decode_graph_is_aligned_layer_by_layer():
     assert found["bmm_bf16_b128_n128_k512"] == sum(ns for name, ns in units if name.startswith("nvjet_sm90_tst_128x16_64x11"))
     # the shared experts' down GEMM (on its own stream, after the routed experts began) is theirs
     assert found["gemm_bf16_n7168_k2048"] >= sum(ns for name, ns in units if name.startswith("nvjet_sm90_tst_64x16_64x16_4x1"))
+
+
+def test_sglangs_deepseek_v3_decode_graph_keeps_its_mla_glue_and_fused_moe_activation():
+    """SGLang 0.5.16's DeepSeek-V3 decode graph on an H200 (``fixtures/kernel_traces``): its MLA
+    layer's query concatenation and latent write (``torch.cat``, ``index_put``) run between the RoPE
+    and the decode kernel while the layer's W_UK and latent-write calls have no kernel of their own
+    there: they go to its decode. Its fused MoE runs SGLang's SwiGLU between its two expert GEMMs,
+    with no SwiGLU call in the layer: it stays the MoE's. Left unattributed: split-K memsets
+    between two layers' GEMMs, the MoE's Inductor-compiled sum of the top-k outputs, a fill and the
+    logits' copy at the graph's edges."""
+    trace, units, result = _aligned_trace("sglang_deepseek_v3_decode_graph.json")
+    found = by_definition(result)
+    total = sum(ns for _, ns in units)
+    assert sum(found.values()) / total > 0.98
+    decode = "mla_paged_decode_h128_ckv512_kpe64_ps1"
+    assert found[decode] == sum(ns for name, ns in units if "_fwd_" in name or "CatArrayBatchedCopy" in name
+                                or "index_put" in name)
+    moe = next(d for d in trace["op_types"] if d.startswith("moe_"))
+    layers, start = [], None  # each MoE layer's kernels: its routing's top-k to its second expert GEMM
+    for i, (name, _) in enumerate(units):
+        if "deepseek_v3_topk_kernel" in name:
+            start, gemms = i, 0
+        elif name == "fused_moe_kernel" and start is not None:
+            gemms += 1
+            if gemms == 2:
+                layers.append(units[start:i + 1])
+                start = None
+    assert len(layers) == 2 and all(sum("act_and_mul" in name for name, _ in layer) == 1 for layer in layers)
+    assert found[moe] == sum(ns for layer in layers for _, ns in layer)
+    assert {n.split("<")[0] for n in result.unattributed} == {
+        "Memset (Device)", "triton_per_fused_copy__mul_sum_0", "void at::native::vectorized_elementwise_kernel",
+        "void at::native::unrolled_elementwise_kernel"}

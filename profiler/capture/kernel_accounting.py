@@ -627,9 +627,11 @@ def _align(units: list[tuple[int, str, int]], calls: Sequence[tuple[str, tuple[s
                 and not (position < len(calls) and calls[position][0] in types):
             # a kernel not of the current call's family, nor of the next call's
             own = [c for c in invocation_calls[calls[current][2]] if calls[c][0] in types]
-            if own and within(i, calls[current][0]):
-                assigned[i] = current  # inside the current call, of a type its invocation also has
-                continue  # (the routed experts' SwiGLU between a fused MoE's two expert GEMMs)
+            if (own or nxt is None) and within(i, calls[current][0]):
+                # inside the current call, of a type its invocation also has or no later call has
+                # (the routed experts' SwiGLU between a fused MoE's two expert GEMMs)
+                assigned[i] = current
+                continue
             empty = [c for c in own if c not in filled]
             if own and (nxt is None or calls[nxt][2] != calls[current][2]) and (empty or interleaved):
                 # the current invocation's, whose kernels interleave (a MoE layer's shared experts
@@ -665,6 +667,11 @@ def _align(units: list[tuple[int, str, int]], calls: Sequence[tuple[str, tuple[s
             between = [before] if before == after else [c for c in range(before + 1, after) if c not in has_units]
             if not between and after == before + 1 and calls[before][2] == calls[after][2]:
                 between = [after]  # one invocation's calls back to back: what the next one runs on
+            if len(between) > 1 and {calls[c][2] for c in between} == {calls[after][2]}:
+                # calls of the next one's invocation without kernels of their own: what its named
+                # kernel runs on (SGLang's MLA: the query concatenation and the latent write, then
+                # its decode)
+                between = [after]
             if len(between) == 1:
                 for k in range(i, j):
                     assigned[k] = between[0]
