@@ -162,3 +162,67 @@ def test_scaled_fp8_definitions_replay_with_their_baselines_on_cpu(tmp_path):
     assert {r.kernel_id for r in results} == {c.definition.name for c in calls}
     assert {r.status.value for r in results} == {"passed"}, [(r.source, r.error) for r in results if r.error]
     assert {r.source.rsplit("__", 1)[-1] for r in results} >= {"torch"}
+
+
+def test_sglangs_block_scale_fp8_layers_are_recorded_and_other_fp8_paths_listed():
+    """SGLang's ``Fp8LinearMethod.apply`` with 128x128 block-scale weights is the activations'
+    per-token-group quantization, then the block-scale GEMM, sized by the layer's logical sizes
+    (never by its FP8 weight). Marlin, MXFP8, the AMX kernel, per-tensor/per-channel weight scales, a
+    bias or an input quantized by the layer before are other computations: listed, or a hook error
+    naming them."""
+    from types import SimpleNamespace
+
+    from fi_profile.hooks.sglang import fp8_linear as sglang_fp8
+
+    Fp8LinearMethod = type("Fp8LinearMethod", (SimpleNamespace,), {})
+
+    def layer(**method):
+        options = {"block_quant": True, "weight_block_size": [128, 128], "use_marlin": False, "use_mxfp8": False,
+                   **method}
+        # an FP8 weight SGLang may store transposed or packed: its shape must not matter
+        return SimpleNamespace(output_size_per_partition=2112, input_size_per_partition=7168, bias=None,
+                               weight=torch.zeros(1, dtype=torch.float8_e4m3fn),
+                               quant_method=Fp8LinearMethod(**options))
+
+    fp8 = layer()
+    assert sglang_fp8.layer_problem(fp8) is None
+    x = torch.zeros(5, 7168, dtype=torch.bfloat16)
+    calls = sglang_fp8.linear_calls(fp8.quant_method, fp8, x)
+    assert [(c.definition.name, c.axes) for c in calls] == [
+        ("quant_fp8_per_token_group_k7168_g128", {"M": 5}), ("gemm_fp8_block_scale_n2112_k7168", {"M": 5})]
+    assert calls[1].definition.const_axes["num_k_blocks"] == 56
+    other = layer(weight_block_size=[64, 128])
+    (_, gemm_call) = sglang_fp8.linear_calls(other.quant_method, other, x)
+    assert gemm_call.definition.name == "gemm_fp8_block_scale_n2112_k7168_b64x128"
+    for options, words in (({"use_marlin": True}, "Marlin"), ({"use_mxfp8": True}, "MXFP8"),
+                           ({"block_quant": False, "weight_block_size": None}, "per-channel weight scales")):
+        listed = layer(**options)
+        assert words in sglang_fp8.layer_problem(listed)
+        with pytest.raises(NotImplementedError, match=words):
+            sglang_fp8.linear_calls(listed.quant_method, listed, x)
+    with pytest.raises(NotImplementedError, match="the layer before quantized"):
+        sglang_fp8.linear_calls(fp8.quant_method, fp8, (x.to(torch.float8_e4m3fn), torch.ones(5, 56)))
+    with pytest.raises(NotImplementedError, match="bias"):
+        sglang_fp8.linear_calls(fp8.quant_method, fp8, x, bias=torch.zeros(2112))
+
+
+class QuantMethodForTest:
+    """A quantization method a test rule judges (as SGLang's hook judges ``Fp8LinearMethod``)."""
+
+
+def test_a_quantization_method_with_a_rule_is_judged_by_it_and_others_stay_listed():
+    """A layer whose ``quant_method`` has a rule (the methods a hook records) is judged by that rule,
+    and marked as one its hook sees; a quantized layer without one stays listed by its method."""
+    from fi_profile.capture.layers import LayerRule, uncovered_layers, unseen_layers
+
+    Other = type("AWQLinearMethod", (), {})
+    model = torch.nn.Module()
+    for name, method in (("a", QuantMethodForTest()), ("b", QuantMethodForTest()), ("c", Other())):
+        child = torch.nn.Module()
+        child.quant_method = method
+        child.broken = name == "b"
+        model.add_module(name, child)
+    rule = LayerRule(f"{__name__}:QuantMethodForTest", lambda layer: "broken" if layer.broken else None)
+    assert uncovered_layers(model, [rule]) == {"broken": 1, "Module with AWQLinearMethod": 1}
+    assert uncovered_layers(model, []) == {"Module with QuantMethodForTest": 2, "Module with AWQLinearMethod": 1}
+    assert sum(unseen_layers(model, [rule]).values()) == 1  # the judged one without a problem, never called

@@ -12,8 +12,9 @@ import torch
 from fi_profile.capture.layers import LayerRule, covered, require, seen, seen_weights
 from fi_profile.capture.patching import HookPoint
 from fi_profile.families import attention as attention_family
-from fi_profile.families import embedding, gemm, mla, moe, qk_rmsnorm, rmsnorm, rope, sampling, silu_and_mul
+from fi_profile.families import embedding, fp8_linear, gemm, mla, moe, qk_rmsnorm, rmsnorm, rope, sampling, silu_and_mul
 from fi_profile.hooks.sglang import attention, steps
+from fi_profile.hooks.sglang import fp8_linear as sglang_fp8
 from fi_profile.hooks.sglang import mla as sglang_mla
 from fi_profile.hooks.sglang import moe as sglang_moe
 
@@ -52,6 +53,8 @@ POINTS = [
     HookPoint(f"{_LAYERS}.activation", "SiluAndMul", ("forward",), silu_and_mul.KEY, silu_and_mul.layer_calls),
     HookPoint(f"{_LAYERS}.rotary_embedding.base", "RotaryEmbedding", ("forward",), rope.KEY, rope.layer_calls),
     HookPoint(f"{_LAYERS}.quantization.unquant", "UnquantizedLinearMethod", ("apply",), gemm.KEY, gemm.linear_calls),
+    # block-scale FP8 linear layers: the activations' quantization, then the GEMM
+    HookPoint(f"{_LAYERS}.quantization.fp8", "Fp8LinearMethod", ("apply",), fp8_linear.KEY, sglang_fp8.linear_calls),
     # lm_head: the logits projection, and the method it may apply (nested calls count once)
     HookPoint(f"{_LAYERS}.logits_processor", "LogitsProcessor", ("_compute_lm_head",), gemm.KEY, gemm.lm_head_calls),
     HookPoint(f"{_LAYERS}.quantization.unquant", "UnquantizedEmbeddingMethod", ("apply",), gemm.KEY, gemm.linear_calls),
@@ -112,6 +115,7 @@ LAYER_RULES = [
     LayerRule(f"{_LAYERS}.moe.topk:TopK", sglang_moe.routing_problem),
     LayerRule("sglang.srt.models.deepseek_v2:MoEGate", sglang_moe.gate_problem),
     LayerRule(f"{_LAYERS}.logits_processor:LogitsProcessor", covered),
+    sglang_fp8.LAYER_RULE,
 ]
 KERNEL_LAYERS = [
     "sglang.kernels.fused_op:BaseFusedOp",

@@ -66,8 +66,9 @@ def require(problem: Optional[str]) -> None:
 
 @dataclass(frozen=True)
 class LayerRule:
-    """Layers of ``base`` (``module:Class``, or every instance of its subclasses) are judged by
-    ``problem``: why one is not covered, or None."""
+    """Layers of ``base`` (``module:Class``, or every instance of its subclasses; or layers whose
+    ``quant_method`` is one: a quantization method a hook records) are judged by ``problem``: why
+    one is not covered, or None."""
 
     base: str
     problem: Callable[[Any], Optional[str]]
@@ -100,6 +101,10 @@ def _judged_layers(model: Any, rules: Iterable[LayerRule],
         method = getattr(module, "quant_method", None)
         if method is not None:
             name = type(method).__name__
+            rule = next((rule for cls, rule in judged if isinstance(method, cls)), None)
+            if rule is not None:  # a quantization method a hook records (judged by the rule for it)
+                yield module, rule.problem(module), True
+                continue
             problem = None if name.startswith("Unquantized") else f"{type(module).__name__} with {name}"
             yield module, problem, name in ("UnquantizedLinearMethod", "UnquantizedEmbeddingMethod")
             continue
@@ -120,8 +125,8 @@ def uncovered_layers(model: Any, rules: Iterable[LayerRule] = (), kernel_layers:
     """Layers whose kernels no hook records, by kind, read once from the built model, so the record
     says what it misses instead of dropping it:
 
-    - a layer with a quantization method other than the unquantized ones (the hooks see those
-      only; quantized weights have no Definition here);
+    - a layer with a quantization method other than the unquantized ones and those ``rules``
+      judge (the methods a hook records, e.g. SGLang's block-scale FP8);
     - a layer that one of ``rules`` judges not covered (a RoPE, norm or attention class or
       configuration no Definition computes);
     - a layer of a kernel-layer base (``kernel_layers``: the engine's custom-op and attention
