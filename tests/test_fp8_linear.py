@@ -226,3 +226,51 @@ def test_a_quantization_method_with_a_rule_is_judged_by_it_and_others_stay_liste
     assert uncovered_layers(model, [rule]) == {"broken": 1, "Module with AWQLinearMethod": 1}
     assert uncovered_layers(model, []) == {"Module with QuantMethodForTest": 2, "Module with AWQLinearMethod": 1}
     assert sum(unseen_layers(model, [rule]).values()) == 1  # the judged one without a problem, never called
+
+
+def test_vllms_block_scale_fp8_layers_are_recorded_through_its_block_scaled_kernels():
+    """vLLM's ``Fp8LinearMethod.apply`` hands a block-scale layer to one of its block-scaled kernels
+    (vLLM's own classes here): one whose ``apply_weights`` is the base's (quantization, then the
+    GEMM: Triton's, DeepGEMM's, CUTLASS's) is recorded as those two calls; one that takes the bf16
+    input itself (vLLM's CPU kernel, FlashInfer's) or quantizes to power-of-two scales, Marlin, a
+    bias, per-tensor/per-channel scales are listed by what they are."""
+    import os
+    from types import SimpleNamespace
+
+    if os.environ.get("CI") != "true":
+        pytest.importorskip("vllm")
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.kernels.linear import FP8ScaledMMLinearLayerConfig
+    from vllm.model_executor.kernels.linear.scaled_mm.cpu import CPUFp8BlockScaledMMKernel
+    from vllm.model_executor.kernels.linear.scaled_mm.triton import TritonFp8BlockScaledMMKernel
+    from vllm.model_executor.layers.quantization.utils.quant_utils import kFp8Dynamic128Sym, kFp8Static128BlockSym
+
+    from fi_profile.hooks.vllm import fp8_linear as vllm_fp8
+
+    config = FP8ScaledMMLinearLayerConfig(weight_quant_key=kFp8Static128BlockSym, activation_quant_key=kFp8Dynamic128Sym,
+                                          input_dtype=torch.bfloat16, out_dtype=torch.bfloat16, weight_shape=(1536, 7168))
+    with set_current_vllm_config(VllmConfig()):
+        triton, cpu = TritonFp8BlockScaledMMKernel(config), CPUFp8BlockScaledMMKernel(config)
+    Fp8LinearMethod = type("Fp8LinearMethod", (SimpleNamespace,), {})
+
+    def layer(kernel, bias=None, **method):
+        options = {"block_quant": True, "weight_block_size": [128, 128], "use_marlin": False, "fp8_linear": kernel,
+                   **method}
+        return SimpleNamespace(output_size_per_partition=1536, input_size_per_partition=7168, bias=bias,
+                               weight=torch.empty(0), quant_method=Fp8LinearMethod(**options))
+
+    recorded = layer(triton)
+    assert vllm_fp8.layer_problem(recorded) is None
+    x = torch.zeros(3, 7168, dtype=torch.bfloat16)
+    calls = vllm_fp8.linear_calls(recorded.quant_method, recorded, x)
+    assert [(c.definition.name, c.axes) for c in calls] == [
+        ("quant_fp8_per_token_group_k7168_g128", {"M": 3}), ("gemm_fp8_block_scale_n1536_k7168", {"M": 3})]
+    assert "CPUFp8BlockScaledMMKernel" in vllm_fp8.layer_problem(layer(cpu))
+    triton.quant_fp8.use_ue8m0 = True
+    assert "UE8M0" in vllm_fp8.layer_problem(layer(triton))
+    triton.quant_fp8.use_ue8m0 = False
+    for listed, words in ((layer(triton, use_marlin=True), "Marlin"), (layer(triton, bias=torch.zeros(1536)), "bias"),
+                          (layer(None, block_quant=False, weight_block_size=None), "per-channel weight scales")):
+        assert words in vllm_fp8.layer_problem(listed)
+        with pytest.raises(NotImplementedError, match=words):
+            vllm_fp8.linear_calls(listed.quant_method, listed, x)

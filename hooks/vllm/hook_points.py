@@ -16,8 +16,9 @@ import torch
 from fi_profile.capture.layers import LayerRule, covered, seen
 from fi_profile.capture.patching import HookPoint
 from fi_profile.families import attention as attention_family
-from fi_profile.families import embedding, gemm, mla, moe, rmsnorm, rope, sampling, silu_and_mul
+from fi_profile.families import embedding, fp8_linear, gemm, mla, moe, rmsnorm, rope, sampling, silu_and_mul
 from fi_profile.hooks.vllm import attention, steps
+from fi_profile.hooks.vllm import fp8_linear as vllm_fp8
 from fi_profile.hooks.vllm import mla as vllm_mla
 from fi_profile.hooks.vllm import moe as vllm_moe
 
@@ -66,6 +67,8 @@ POINTS = [
     HookPoint(f"{_LAYERS}.rotary_embedding.deepseek_scaling_rope", "DeepseekScalingRotaryEmbedding", ("forward",),
               rope.KEY, rope.layer_calls),
     HookPoint(f"{_LAYERS}.linear", "UnquantizedLinearMethod", ("apply",), gemm.KEY, gemm.linear_calls),
+    # block-scale FP8 linear layers: the activations' quantization, then the GEMM
+    HookPoint(f"{_LAYERS}.quantization.fp8", "Fp8LinearMethod", ("apply",), fp8_linear.KEY, vllm_fp8.linear_calls),
     # an op of its own: where it runs its linear method instead, that method's GEMM is not nested in it
     HookPoint("vllm.model_executor.models.deepseek_v2", "DeepSeekV2FusedQkvAProjLinear", ("forward",),
               "fused_qkv_a_gemm", _fused_qkv_a_proj, optional=True),
@@ -126,6 +129,7 @@ LAYER_RULES = [
     LayerRule(f"{_LAYERS}.attention_layer_base:AttentionLayerBase", attention.layer_problem),
     LayerRule(f"{_LAYERS}.fused_moe.runner.moe_runner:MoERunner", vllm_moe.layer_problem),
     LayerRule(f"{_LAYERS}.logits_processor:LogitsProcessor", covered),
+    vllm_fp8.LAYER_RULE,
 ]
 KERNEL_LAYERS = [
     "vllm.model_executor.custom_op:CustomOp",
