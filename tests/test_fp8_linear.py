@@ -164,12 +164,13 @@ def test_scaled_fp8_definitions_replay_with_their_baselines_on_cpu(tmp_path):
     assert {r.source.rsplit("__", 1)[-1] for r in results} >= {"torch"}
 
 
-def test_sglangs_block_scale_fp8_layers_are_recorded_and_other_fp8_paths_listed():
+def test_sglangs_block_scale_fp8_layers_are_recorded_and_other_fp8_paths_listed(monkeypatch):
     """SGLang's ``Fp8LinearMethod.apply`` with 128x128 block-scale weights is the activations'
     per-token-group quantization, then the block-scale GEMM, sized by the layer's logical sizes
-    (never by its FP8 weight). Marlin, MXFP8, the AMX kernel, per-tensor/per-channel weight scales, a
-    bias or an input quantized by the layer before are other computations: listed, or a hook error
-    naming them."""
+    (never by its FP8 weight); with per-channel weight scales on CUDA, the per-token quantization,
+    then the per-token / per-channel GEMM. Marlin, MXFP8, the AMX kernel, per-tensor weight scales,
+    static activation scales, a bias or an input quantized by the layer before are other
+    computations: listed, or a hook error naming them."""
     from types import SimpleNamespace
 
     from fi_profile.hooks.sglang import fp8_linear as sglang_fp8
@@ -194,12 +195,28 @@ def test_sglangs_block_scale_fp8_layers_are_recorded_and_other_fp8_paths_listed(
     other = layer(weight_block_size=[64, 128])
     (_, gemm_call) = sglang_fp8.linear_calls(other.quant_method, other, x)
     assert gemm_call.definition.name == "gemm_fp8_block_scale_n2112_k7168_b64x128"
-    for options, words in (({"use_marlin": True}, "Marlin"), ({"use_mxfp8": True}, "MXFP8"),
-                           ({"block_quant": False, "weight_block_size": None}, "per-channel weight scales")):
+    for options, words in (({"use_marlin": True}, "Marlin"), ({"use_mxfp8": True}, "MXFP8")):
         listed = layer(**options)
         assert words in sglang_fp8.layer_problem(listed)
         with pytest.raises(NotImplementedError, match=words):
             sglang_fp8.linear_calls(listed.quant_method, listed, x)
+    # without blocks (``quant_method: fp8``): per-channel weight scales with dynamic activations are
+    # SGLang's per-token quantization, then the per-token / per-channel GEMM, on CUDA
+    channel = layer(block_quant=False, weight_block_size=None)
+    channel.weight_scale = torch.ones(2112, 1)
+    assert sglang_fp8.layer_problem(channel) is None
+    with pytest.raises(NotImplementedError, match="without blocks on cpu"):
+        sglang_fp8.linear_calls(channel.quant_method, channel, x)
+    monkeypatch.setattr(sglang_fp8, "_on_cuda", lambda tensor: True)
+    calls = sglang_fp8.linear_calls(channel.quant_method, channel, x)
+    assert [(c.definition.name, c.axes) for c in calls] == [
+        ("quant_fp8_per_token_k7168", {"M": 5}), ("gemm_fp8_per_token_channel_scale_n2112_k7168", {"M": 5})]
+    tensor = layer(block_quant=False, weight_block_size=None)
+    tensor.weight_scale = torch.ones(1)
+    assert "per-tensor weight scales beside per-token activations" in sglang_fp8.layer_problem(tensor)
+    static = layer(block_quant=False, weight_block_size=None)
+    static.weight_scale, static.input_scale = torch.ones(2112), torch.ones(1)
+    assert "static activation scales" in sglang_fp8.layer_problem(static)
     with pytest.raises(NotImplementedError, match="the layer before quantized"):
         sglang_fp8.linear_calls(fp8.quant_method, fp8, (x.to(torch.float8_e4m3fn), torch.ones(5, 56)))
     with pytest.raises(NotImplementedError, match="bias"):

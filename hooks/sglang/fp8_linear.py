@@ -1,12 +1,18 @@
-"""SGLang's FP8 linear layers (``Fp8LinearMethod``) as the ``fp8_linear`` family's calls.
+"""SGLang's FP8 linear layers (``Fp8LinearMethod``) as the ``fp8_linear`` family's calls: two per
+layer and step, the activations' quantization, then the FP8 GEMM.
 
-With 128x128 block-scale weights (DeepSeek-V3/R1, Qwen3-FP8 checkpoints: ``weight_block_size``)
-SGLang's ``apply`` quantizes the activations per token and group of ``block_k`` columns and runs the
-block-scale GEMM, whichever backend it dispatched to (DeepGEMM, Triton, CUTLASS, FlashInfer, AITER:
-the same computation): two calls per layer and step. What it runs otherwise is another computation
-and the layer is listed by what it is: Marlin's weight-only FP8, MXFP8, the AMX CPU kernel,
-DeepGEMM's power-of-two (UE8M0) scales, a bias, per-tensor or per-channel weight scales (no hook
-yet), an input the layer before quantized (a tuple).
+- 128x128 block-scale weights (DeepSeek-V3/R1, Qwen3-FP8 checkpoints: ``weight_block_size``):
+  SGLang quantizes the activations per token and group of ``block_k`` columns and runs the
+  block-scale GEMM, whichever backend it dispatched to (DeepGEMM, Triton, CUTLASS, FlashInfer,
+  AITER: the same computation);
+- per-channel weight scales with dynamic activations on CUDA (``quant_method: fp8`` without
+  blocks, as SGLang keeps them for CUTLASS): ``apply_fp8_linear`` quantizes per token, then the
+  per-token / per-channel GEMM.
+
+What it runs otherwise is another computation and the layer is listed by what it is (or, where
+only the call tells, the hook error names it): Marlin's weight-only FP8, MXFP8, the AMX CPU kernel,
+DeepGEMM's power-of-two (UE8M0) scales, a bias, static activation scales, per-tensor weight scales
+beside per-token activations, an FP8 GEMM off CUDA, an input the layer before quantized (a tuple).
 """
 
 from __future__ import annotations
@@ -31,17 +37,30 @@ def _ue8m0_scales() -> bool:
     return bool(getattr(wrapper, "ENABLE_JIT_DEEPGEMM", False) and getattr(wrapper, "DEEPGEMM_SCALE_UE8M0", False))
 
 
+def _weight_scales(layer: Any) -> str:
+    """A layer's weight scales without blocks, as ``apply_fp8_linear`` tells them apart: one per
+    output channel, or one for the tensor."""
+    scale = getattr(layer, "weight_scale", None)
+    n, _ = gemm.layer_size(layer)
+    return "channel" if scale is not None and scale.numel() == n else "tensor"
+
+
+def _on_cuda(x: torch.Tensor) -> bool:
+    return x.is_cuda and torch.version.hip is None
+
+
 def layer_problem(layer: Any) -> Optional[str]:
-    """Why an FP8 linear layer is not the two block-scale calls, or None."""
+    """Why an FP8 linear layer is not the two calls, or None."""
     method = layer.quant_method
     block = getattr(method, "weight_block_size", None) if getattr(method, "block_quant", False) else None
     found = [what for what, applies in {
         "Marlin (weight-only FP8)": bool(getattr(method, "use_marlin", False)),
         "MXFP8": bool(getattr(method, "use_mxfp8", False)),
         "the AMX CPU kernel": bool(getattr(layer, "use_intel_amx_backend", False)),
-        "per-tensor or per-channel weight scales (no hook yet)": block is None,
         "DeepGEMM's power-of-two (UE8M0) scales": block is not None and _ue8m0_scales(),
         "a bias": getattr(layer, "bias", None) is not None,
+        "static activation scales": block is None and getattr(layer, "input_scale", None) is not None,
+        "per-tensor weight scales beside per-token activations": block is None and _weight_scales(layer) == "tensor",
     }.items() if applies]
     if found:
         return f"{type(layer).__name__} with {type(method).__name__}: {', '.join(found)} (no Definition computes it)"
@@ -49,9 +68,9 @@ def layer_problem(layer: Any) -> Optional[str]:
 
 
 def linear_calls(self: Any, layer: Any, x: Any, bias: Optional[torch.Tensor] = None) -> list:
-    """``Fp8LinearMethod.apply(layer, x, bias)`` with block-scale weights: the per-token-group
-    quantization of ``x``, then the block-scale GEMM (the layer's logical sizes, never its packed
-    weight's)."""
+    """``Fp8LinearMethod.apply(layer, x, bias)``: the quantization of ``x`` (per token and group
+    with block-scale weights, per token with per-channel ones), then the FP8 GEMM (the layer's
+    logical sizes, never its packed weight's)."""
     seen(layer)
     require(layer_problem(layer))
     if isinstance(x, tuple):
@@ -62,7 +81,12 @@ def linear_calls(self: Any, layer: Any, x: Any, bias: Optional[torch.Tensor] = N
     if recorded_elsewhere(layer):
         return []
     n, k = gemm.layer_size(layer)
-    return fp8_linear.block_linear_calls(x, n, k, self.weight_block_size)
+    if getattr(self, "block_quant", False):
+        return fp8_linear.block_linear_calls(x, n, k, self.weight_block_size)
+    if not _on_cuda(x):  # elsewhere SGLang quantizes per tensor (HIP) or per token-group of all columns
+        raise NotImplementedError(f"an FP8 linear layer without blocks on {x.device.type} (no Definition computes "
+                                  "its quantization there)")
+    return fp8_linear.scaled_linear_calls(x, n, k, "token", _weight_scales(layer))
 
 
 LAYER_RULE = LayerRule(BASE, layer_problem)
