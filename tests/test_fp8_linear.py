@@ -123,31 +123,35 @@ def test_dynamic_per_tensor_and_per_token_quantization_map_the_largest_magnitude
 
 
 def test_scaled_fp8_gemm_references_dequantize_by_tensor_or_by_token_and_channel():
-    """The scaled GEMM's reference is one formula for both scale layouts: against float64 dequantized
-    operands; a mix of layouts (per-tensor activations, per-channel weights) is refused by name."""
-    for activation, weight in (("tensor", "tensor"), ("token", "channel")):
+    """The scaled GEMM's reference is one formula for every scale layout (activations per tensor or
+    per token, weights per tensor or per channel, the mixed ones vLLM and compressed-tensors run
+    too): against float64 dequantized operands; ``torch._scaled_mm`` is offered where both scales
+    are of one kind; another layout is refused by name."""
+    for activation, weight, name in (("tensor", "tensor", "per_tensor"), ("token", "channel", "per_token_channel"),
+                                     ("token", "tensor", "per_token_tensor"), ("tensor", "channel", "per_tensor_channel")):
         (quant, gemm_call) = fp8_linear.scaled_linear_calls(torch.zeros(5, 256, dtype=torch.bfloat16), 384, 256,
                                                              activation, weight)
         assert quant.definition.op_type == f"quant_fp8_per_{activation}"
         definition = gemm_call.definition
-        assert definition.name == ("gemm_fp8_per_tensor_scale_n384_k256" if activation == "tensor"
-                                   else "gemm_fp8_per_token_channel_scale_n384_k256")
+        assert definition.name == f"gemm_fp8_{name}_scale_n384_k256"
+        assert [n.label for _, n in native_candidates(definition)] == (
+            ["torch_scaled_mm"] if (activation == "tensor") == (weight == "tensor") else [])
         inputs = synthesize_inputs(definition, {"M": 5}, seed=2)
         a = inputs["A"].double() * inputs["A_scale"].double().reshape(-1, 1)
         b = inputs["B"].double() * inputs["B_scale"].double().reshape(-1, 1)
         assert 0.3 < a.std() < 3 and 0.3 < b.std() * 256 ** 0.5 < 3  # model magnitudes after dequantization
         out = run_reference(definition, inputs)["C"]
         torch.testing.assert_close(out.double(), a @ b.T, atol=2e-2, rtol=1.6e-2)
-    with pytest.raises(NotImplementedError, match="activation scales per tensor and weight scales per channel"):
-        fp8_linear.scaled_gemm_call(5, 384, 256, "tensor", "channel", torch.bfloat16)
-    assert [n.label for _, n in native_candidates(definition)] == ["torch_scaled_mm"]
+    with pytest.raises(NotImplementedError, match="activation scales per group and weight scales per channel"):
+        fp8_linear.scaled_gemm_call(5, 384, 256, "group", "channel", torch.bfloat16)
 
 
 def test_scaled_fp8_definitions_replay_with_their_baselines_on_cpu(tmp_path):
     """The per-tensor and per-token quantizations and both scaled GEMMs pass with their PyTorch
     baselines on CPU at small shapes."""
     calls = [*fp8_linear.scaled_linear_calls(torch.zeros(1, 256, dtype=torch.bfloat16), 384, 256, "tensor", "tensor"),
-             *fp8_linear.scaled_linear_calls(torch.zeros(1, 256, dtype=torch.bfloat16), 384, 256, "token", "channel")]
+             *fp8_linear.scaled_linear_calls(torch.zeros(1, 256, dtype=torch.bfloat16), 384, 256, "token", "channel"),
+             fp8_linear.scaled_gemm_call(1, 384, 256, "token", "tensor", torch.bfloat16)]
     for definition in (c.definition for c in calls):
         folder = tmp_path / "definitions" / definition.op_type
         folder.mkdir(parents=True, exist_ok=True)
@@ -168,9 +172,9 @@ def test_sglangs_block_scale_fp8_layers_are_recorded_and_other_fp8_paths_listed(
     """SGLang's ``Fp8LinearMethod.apply`` with 128x128 block-scale weights is the activations'
     per-token-group quantization, then the block-scale GEMM, sized by the layer's logical sizes
     (never by its FP8 weight); with per-channel weight scales on CUDA, the per-token quantization,
-    then the per-token / per-channel GEMM. Marlin, MXFP8, the AMX kernel, per-tensor weight scales,
-    static activation scales, a bias or an input quantized by the layer before are other
-    computations: listed, or a hook error naming them."""
+    then the per-token / per-channel GEMM (per-token / per-tensor with one weight scale). Marlin,
+    MXFP8, the AMX kernel, static activation scales, a bias or an input quantized by the layer
+    before are other computations: listed, or a hook error naming them."""
     from types import SimpleNamespace
 
     from fi_profile.hooks.sglang import fp8_linear as sglang_fp8
@@ -212,8 +216,10 @@ def test_sglangs_block_scale_fp8_layers_are_recorded_and_other_fp8_paths_listed(
     assert [(c.definition.name, c.axes) for c in calls] == [
         ("quant_fp8_per_token_k7168", {"M": 5}), ("gemm_fp8_per_token_channel_scale_n2112_k7168", {"M": 5})]
     tensor = layer(block_quant=False, weight_block_size=None)
-    tensor.weight_scale = torch.ones(1)
-    assert "per-tensor weight scales beside per-token activations" in sglang_fp8.layer_problem(tensor)
+    tensor.weight_scale = torch.ones(1)  # one weight scale for the tensor: the mixed layout's GEMM
+    assert sglang_fp8.layer_problem(tensor) is None
+    assert sglang_fp8.linear_calls(tensor.quant_method, tensor, x)[1].definition.name == \
+        "gemm_fp8_per_token_tensor_scale_n2112_k7168"
     static = layer(block_quant=False, weight_block_size=None)
     static.weight_scale, static.input_scale = torch.ones(2112), torch.ones(1)
     assert "static activation scales" in sglang_fp8.layer_problem(static)

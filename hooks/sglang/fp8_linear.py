@@ -5,14 +5,14 @@ layer and step, the activations' quantization, then the FP8 GEMM.
   SGLang quantizes the activations per token and group of ``block_k`` columns and runs the
   block-scale GEMM, whichever backend it dispatched to (DeepGEMM, Triton, CUTLASS, FlashInfer,
   AITER: the same computation);
-- per-channel weight scales with dynamic activations on CUDA (``quant_method: fp8`` without
-  blocks, as SGLang keeps them for CUTLASS): ``apply_fp8_linear`` quantizes per token, then the
-  per-token / per-channel GEMM.
+- without blocks (``quant_method: fp8``), dynamic activations on CUDA: ``apply_fp8_linear``
+  quantizes per token, then the FP8 GEMM with the layer's weight scales, one per output channel
+  (as SGLang keeps them for CUTLASS) or one for the tensor.
 
 What it runs otherwise is another computation and the layer is listed by what it is (or, where
 only the call tells, the hook error names it): Marlin's weight-only FP8, MXFP8, the AMX CPU kernel,
-DeepGEMM's power-of-two (UE8M0) scales, a bias, static activation scales, per-tensor weight scales
-beside per-token activations, an FP8 GEMM off CUDA, an input the layer before quantized (a tuple).
+DeepGEMM's power-of-two (UE8M0) scales, a bias, static activation scales, an FP8 GEMM without
+blocks off CUDA, an input the layer before quantized (a tuple).
 """
 
 from __future__ import annotations
@@ -60,7 +60,6 @@ def layer_problem(layer: Any) -> Optional[str]:
         "DeepGEMM's power-of-two (UE8M0) scales": block is not None and _ue8m0_scales(),
         "a bias": getattr(layer, "bias", None) is not None,
         "static activation scales": block is None and getattr(layer, "input_scale", None) is not None,
-        "per-tensor weight scales beside per-token activations": block is None and _weight_scales(layer) == "tensor",
     }.items() if applies]
     if found:
         return f"{type(layer).__name__} with {type(method).__name__}: {', '.join(found)} (no Definition computes it)"
@@ -69,8 +68,8 @@ def layer_problem(layer: Any) -> Optional[str]:
 
 def linear_calls(self: Any, layer: Any, x: Any, bias: Optional[torch.Tensor] = None) -> list:
     """``Fp8LinearMethod.apply(layer, x, bias)``: the quantization of ``x`` (per token and group
-    with block-scale weights, per token with per-channel ones), then the FP8 GEMM (the layer's
-    logical sizes, never its packed weight's)."""
+    with block-scale weights, per token without blocks), then the FP8 GEMM (the layer's logical
+    sizes, never its packed weight's)."""
     seen(layer)
     require(layer_problem(layer))
     if isinstance(x, tuple):

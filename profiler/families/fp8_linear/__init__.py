@@ -6,8 +6,8 @@ weight, each operand dequantized by its scales (bfloat16 result). Two kinds of c
   of ``block_k`` columns (op type ``quant_fp8_per_token_group``), GEMM ``gemm_fp8_block_scale``;
 - per-tensor or per-channel weight scales (``quant_method: fp8``, compressed-tensors W8A8 FP8:
   Llama-3.1-8B-FP8): activations dynamic per tensor or per token (``quant_fp8_per_tensor``,
-  ``quant_fp8_per_token``), GEMM ``gemm_fp8_scaled`` (per-tensor A and B, or per-token A and
-  per-channel B: the scales' shapes say which; a mix of the two is not yet a Definition).
+  ``quant_fp8_per_token``), GEMM ``gemm_fp8_scaled`` (A per tensor or per token, B per tensor or
+  per channel: the scales' shapes say which, the name too).
 
 The scales are inputs of the Definitions, so a Solution sees exactly what the engine's kernel sees.
 
@@ -35,7 +35,9 @@ QUANT_TEMPLATE = "quant_fp8_per_token_group_k7168_g128"
 BLOCK = (128, 128)
 #: (activation scales per, weight scales per) -> the scaled GEMM's template
 SCALED_TEMPLATES = {("tensor", "tensor"): "gemm_fp8_per_tensor_scale_n4096_k4096",
-                    ("token", "channel"): "gemm_fp8_per_token_channel_scale_n4096_k4096"}
+                    ("token", "channel"): "gemm_fp8_per_token_channel_scale_n4096_k4096",
+                    ("token", "tensor"): "gemm_fp8_per_token_tensor_scale_n4096_k4096",
+                    ("tensor", "channel"): "gemm_fp8_per_tensor_channel_scale_n4096_k4096"}
 #: dynamic activation scales per -> the quantization's template
 DYNAMIC_QUANT_TEMPLATES = {"tensor": "quant_fp8_per_tensor_k4096", "token": "quant_fp8_per_token_k4096"}
 
@@ -132,8 +134,11 @@ def scaled_linear_calls(x: torch.Tensor, n: int, k: int, activation: str, weight
 
 
 def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
-    """``torch._scaled_mm`` (cuBLASLt's FP8 GEMM, per-tensor or row-wise scales) for the scaled GEMM."""
-    if definition.op_type == "gemm_fp8_scaled":
+    """``torch._scaled_mm`` (cuBLASLt's FP8 GEMM, per-tensor or row-wise scales on both operands)
+    for the scaled GEMM whose two scales are of one kind (a mixed layout would need one expanded in
+    the timed call, which is not what the engines run)."""
+    if definition.op_type == "gemm_fp8_scaled" and \
+            len(definition.inputs["A_scale"].shape or ()) == len(definition.inputs["B_scale"].shape or ()):
         return [Native("torch", "torch_scaled_mm.py", must_fit=True, label="torch_scaled_mm")]
     return []
 
