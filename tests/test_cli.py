@@ -52,12 +52,14 @@ def test_shipped_set_covers_llama_31_8b_and_the_moe_templates():
         "mla_ragged_prefill_causal_h16_qk192_vo128", "mla_kv_cache_write_ckv512_kpe64_ps64", "bmm_bf16_b128_n512_k128",
         "moe_bf16_ds_routing_topk8_ng8_kg4_e256_h7168_i2048",  # DeepSeek-V3's routed experts, bf16, TP 1
         "moe_bf16_ds_routing_topk8_ng8_kg4_e256_h7168_i2048_shared1",  # the same, its shared expert fused (SGLang)
+        "moe_bf16_ds_routing_topk8_ng8_kg4_e32_h7168_i2048_ep8",  # one rank of eight under expert parallelism
         "gemm_bf16_n256_k7168_out_fp32",  # DeepSeek-V3's router GEMM as SGLang runs it: float32 logits
         # FP8 block-scale linear layers (DeepSeek-V3's checkpoints): the activation quantization, the GEMM
         "quant_fp8_per_token_group_k7168_g128", "gemm_fp8_block_scale_n7168_k2048",
         # FP8 per-tensor / per-channel linear layers (Llama-3.1-8B-FP8): dynamic quantizations, scaled GEMMs
         "quant_fp8_per_tensor_k4096", "quant_fp8_per_token_k4096", "gemm_fp8_per_tensor_scale_n4096_k4096",
-        "gemm_fp8_per_token_channel_scale_n4096_k4096",
+        "gemm_fp8_per_token_channel_scale_n4096_k4096", "gemm_fp8_per_token_tensor_scale_n4096_k4096",
+        "gemm_fp8_per_tensor_channel_scale_n4096_k4096",
     } == names
     # templates are bfloat16 where their computation has a model dtype (instantiated per dtype); FP8 data is FP8
     assert all(d.inputs[next(iter(d.inputs))].dtype.value in ("bfloat16", "float32", "int32", "float8_e4m3fn")
