@@ -72,7 +72,7 @@ def test_moe_outputs_are_checked_at_the_rounding_of_their_largest_terms():
     assert moe.FAMILY.atol_of_largest
 
 
-def test_shared_experts_inside_vllms_opaque_moe_op_are_recorded_by_the_moe_hook():
+def test_shared_experts_inside_vllms_opaque_moe_op_are_recorded_by_the_moe_hook(monkeypatch):
     """On GPUs vLLM runs DeepSeek's shared experts inside its opaque ``moe_forward_shared`` op, which
     no CUDA-graph step shows to their own hooks: the MoE hook records their GEMMs and SwiGLU (before
     the routed experts), and their own hooks then leave them to it."""
@@ -99,6 +99,27 @@ def test_shared_experts_inside_vllms_opaque_moe_op_are_recorded_by_the_moe_hook(
     # where the experts run in Python (vLLM on CPU), their own hooks see them
     eager = SimpleNamespace(_forward_entry=lambda: None, _shared_experts=SimpleNamespace(_layer=mlp))
     assert vllm_moe._shared_expert_calls(eager, hidden) == []
+    # an FP8 checkpoint's block-scale shared expert: its quantizations and GEMMs, as its own hook
+    # records them (that hook leaves them to this one); a method no hook records: none (listed)
+    from fi_profile.hooks.vllm import fp8_linear as vllm_fp8
+
+    Fp8LinearMethod = type("Fp8LinearMethod", (SimpleNamespace,), {})
+
+    def fp8(n, k):
+        return SimpleNamespace(output_size_per_partition=n, input_size_per_partition=k, bias=None,
+                               quant_method=Fp8LinearMethod(block_quant=True, weight_block_size=[128, 128],
+                                                            use_marlin=False, fp8_linear=None))
+
+    mlp = SimpleNamespace(gate_up_proj=fp8(4096, 7168), act_fn=SiluAndMul(), down_proj=fp8(7168, 2048))
+    runner = SimpleNamespace(_forward_entry=OpOverload(), _shared_experts=SimpleNamespace(_layer=mlp))
+    monkeypatch.setattr(vllm_fp8, "_block_kernel_problem", lambda kernel: None)  # as with vLLM's Triton kernel
+    calls = vllm_moe._shared_expert_calls(runner, hidden)
+    assert [c.definition.name for c in calls] == [
+        "quant_fp8_per_token_group_k7168_g128", "gemm_fp8_block_scale_n4096_k7168", "silu_and_mul_i2048",
+        "quant_fp8_per_token_group_k2048_g128", "gemm_fp8_block_scale_n7168_k2048"]
+    assert vllm_fp8.linear_calls(mlp.gate_up_proj.quant_method, mlp.gate_up_proj, hidden) == []
+    mlp.down_proj.quant_method = type("AWQLinearMethod", (), {})()
+    assert [c.definition.name for c in vllm_moe._shared_expert_calls(runner, hidden)][-1] == "silu_and_mul_i2048"
 
 
 def test_sglang_router_gemm_is_recorded_from_the_logits_topk_sees():

@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 import torch
 
+from fi_profile.capture.kernel_call import rows
 from fi_profile.capture.layers import LayerRule, recorded_elsewhere, require, seen
 from fi_profile.families import fp8_linear, gemm
 
@@ -78,8 +79,15 @@ def linear_calls(self: Any, layer: Any, x: torch.Tensor, bias: Optional[torch.Te
         raise NotImplementedError("an FP8 block-scale linear layer with a bias (no Definition computes it)")
     if recorded_elsewhere(layer):
         return []
+    return sized_calls(layer, rows(x, gemm.layer_size(layer)[1]), x.dtype)
+
+
+def sized_calls(layer: Any, m: int, dtype: torch.dtype) -> list:
+    """A block-scale FP8 layer's two calls on ``m`` tokens of ``dtype`` (where another hook records
+    the layer: vLLM's MoE, for shared experts inside its opaque op)."""
     n, k = gemm.layer_size(layer)
-    return fp8_linear.block_linear_calls(x, n, k, self.weight_block_size)
+    block = layer.quant_method.weight_block_size
+    return [fp8_linear.quant_call(m, k, int(block[1]), dtype), fp8_linear.block_gemm_call(m, n, k, block, dtype)]
 
 
 LAYER_RULE = LayerRule(BASE, layer_problem)

@@ -12,6 +12,7 @@ import torch
 from fi_profile.capture.kernel_call import rows
 from fi_profile.capture.layers import record_by, seen
 from fi_profile.families import gemm, moe, silu_and_mul
+from fi_profile.hooks.vllm import fp8_linear as vllm_fp8
 
 #: routers whose selection is softmax -> top-k (-> renormalize), as the MoE Definitions compute it
 SOFTMAX_TOPK_ROUTERS = ("FusedTopKRouter", "CPURouter")
@@ -135,8 +136,8 @@ def _shared_mlp(runner: Any) -> Optional[tuple[Any, Any, Any]]:
 def _shared_expert_calls(runner: Any, hidden_states: torch.Tensor) -> list:
     """Shared experts that run inside the opaque ``moe_forward_shared`` op (vLLM on GPUs), which no
     CUDA-graph step shows to their own hooks: recorded here, before the routed experts as vLLM runs
-    them, and left to this hook by theirs. A quantized projection is not recorded (its layer is
-    listed by its method)."""
+    them, and left to this hook by theirs. A projection of a quantization method no hook records is
+    not recorded (its layer is listed by its method)."""
     mlp = _shared_mlp(runner)
     if mlp is None or not _opaque(runner):
         return []
@@ -144,17 +145,21 @@ def _shared_expert_calls(runner: Any, hidden_states: torch.Tensor) -> list:
     record_by("moe", *mlp)
     seen(*mlp)
     n, k = gemm.layer_size(gate_up)
-    n_down, k_down = gemm.layer_size(down)
     tokens = rows(hidden_states, k)
-    calls = [gemm.sized_call(tokens, n, k, hidden_states.dtype)] if _unquantized(gate_up) else []
-    calls.append(silu_and_mul.sized_call(tokens, n // 2, hidden_states.dtype))
-    if _unquantized(down):
-        calls.append(gemm.sized_call(tokens, n_down, k_down, hidden_states.dtype))
-    return calls
+    dtype = hidden_states.dtype
+    return [*_projection_calls(gate_up, tokens, dtype), silu_and_mul.sized_call(tokens, n // 2, dtype),
+            *_projection_calls(down, tokens, dtype)]
 
 
-def _unquantized(layer: Any) -> bool:
-    return type(getattr(layer, "quant_method", None)).__name__ == "UnquantizedLinearMethod"
+def _projection_calls(layer: Any, tokens: int, dtype: torch.dtype) -> list:
+    """A shared expert's projection as its own hook would record it: a GEMM, or a block-scale FP8
+    layer's quantization and GEMM; none for a layer of another method (listed by its method)."""
+    method = type(getattr(layer, "quant_method", None)).__name__
+    if method == "UnquantizedLinearMethod":
+        return [gemm.sized_call(tokens, *gemm.layer_size(layer), dtype)]
+    if method == "Fp8LinearMethod" and vllm_fp8.layer_problem(layer) is None:
+        return vllm_fp8.sized_calls(layer, tokens, dtype)
+    return []
 
 
 def layer_calls(self: Any, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> list:
