@@ -208,10 +208,11 @@ def test_sglangs_block_scale_fp8_layers_are_recorded_and_other_fp8_paths_listed(
     # SGLang's per-token quantization, then the per-token / per-channel GEMM, on CUDA
     channel = layer(block_quant=False, weight_block_size=None)
     channel.weight_scale = torch.ones(2112, 1)
-    assert sglang_fp8.layer_problem(channel) is None
-    with pytest.raises(NotImplementedError, match="without blocks on cpu"):
+    assert "no blocks, off CUDA" in sglang_fp8.layer_problem(channel)  # this CPU: listed
+    with pytest.raises(NotImplementedError, match="off CUDA"):
         sglang_fp8.linear_calls(channel.quant_method, channel, x)
     monkeypatch.setattr(sglang_fp8, "_on_cuda", lambda tensor: True)
+    assert sglang_fp8.layer_problem(channel) is None
     calls = sglang_fp8.linear_calls(channel.quant_method, channel, x)
     assert [(c.definition.name, c.axes) for c in calls] == [
         ("quant_fp8_per_token_k7168", {"M": 5}), ("gemm_fp8_per_token_channel_scale_n2112_k7168", {"M": 5})]

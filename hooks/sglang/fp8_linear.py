@@ -49,6 +49,12 @@ def _on_cuda(x: torch.Tensor) -> bool:
     return x.is_cuda and torch.version.hip is None
 
 
+def _cuda_weight(layer: Any) -> bool:
+    """Whether the layer's weight lives on a CUDA device (its device, never its packed shape)."""
+    weight = getattr(layer, "weight", None)
+    return weight is None or _on_cuda(weight)
+
+
 def layer_problem(layer: Any) -> Optional[str]:
     """Why an FP8 linear layer is not the two calls, or None."""
     method = layer.quant_method
@@ -60,6 +66,8 @@ def layer_problem(layer: Any) -> Optional[str]:
         "DeepGEMM's power-of-two (UE8M0) scales": block is not None and _ue8m0_scales(),
         "a bias": getattr(layer, "bias", None) is not None,
         "static activation scales": block is None and getattr(layer, "input_scale", None) is not None,
+        # elsewhere SGLang quantizes per tensor (HIP) or per token-group of all columns
+        "no blocks, off CUDA": block is None and not _cuda_weight(layer),
     }.items() if applies]
     if found:
         return f"{type(layer).__name__} with {type(method).__name__}: {', '.join(found)} (no Definition computes it)"
@@ -76,13 +84,13 @@ def linear_calls(self: Any, layer: Any, x: Any, bias: Optional[torch.Tensor] = N
         raise NotImplementedError("an FP8 linear layer handed an input the layer before quantized (no Definition "
                                   "computes that layer's quantization)")
     if bias is not None:
-        raise NotImplementedError("an FP8 block-scale linear layer with a bias (no Definition computes it)")
+        raise NotImplementedError("an FP8 linear layer with a bias (no Definition computes it)")
     if recorded_elsewhere(layer):
         return []
     n, k = gemm.layer_size(layer)
     if getattr(self, "block_quant", False):
         return fp8_linear.block_linear_calls(x, n, k, self.weight_block_size)
-    if not _on_cuda(x):  # elsewhere SGLang quantizes per tensor (HIP) or per token-group of all columns
+    if not _on_cuda(x):
         raise NotImplementedError(f"an FP8 linear layer without blocks on {x.device.type} (no Definition computes "
                                   "its quantization there)")
     return fp8_linear.scaled_linear_calls(x, n, k, "token", _weight_scales(layer))
