@@ -17,6 +17,7 @@ blocks off CUDA, an input the layer before quantized (a tuple).
 
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import Any, Optional
 
@@ -28,6 +29,7 @@ from fi_profile.families import fp8_linear, gemm
 BASE = "sglang.srt.layers.quantization.fp8:Fp8LinearMethod"
 
 
+@functools.lru_cache(maxsize=None)  # a process constant: read once, not on every hooked call
 def _ue8m0_scales() -> bool:
     """Whether SGLang's DeepGEMM quantizes with power-of-two (UE8M0) scales (Blackwell)."""
     try:

@@ -12,6 +12,7 @@ batch-invariant mode are another computation: the layer is listed by what it is.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Optional
 
 import torch
@@ -43,6 +44,7 @@ def _block_kernel_problem(kernel: Any) -> Optional[str]:
     return None
 
 
+@functools.lru_cache(maxsize=None)  # a process constant: read once, not on every hooked call
 def _batch_invariant() -> bool:
     try:
         import vllm.envs as envs
