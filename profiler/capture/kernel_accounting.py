@@ -60,6 +60,8 @@ TRACE_ENV = "FI_PROFILE_ACCOUNTING_TRACE"
 NAMES_KEPT = 8
 #: kernels not attributed kept in the record, the largest first
 UNATTRIBUTED_KEPT = 40
+#: how Inductor names a pointwise kernel (a reduction's is ``triton_red_`` or ``triton_per_``)
+POINTWISE = "triton_poi_"
 
 
 @dataclass
@@ -186,11 +188,10 @@ class Accounting:
             self.graphs.append(GraphCalls(tuple(calls())))
         return index
 
-    def stop(self, kernel_words: Mapping[str, Sequence[str]], known: Mapping[str, str],
-             steps: int) -> Optional[Attributed]:
+    def stop(self, known: Mapping[str, str], steps: int, **naming: Any) -> Optional[Attributed]:
         """Stop the profiler and attribute what it saw over ``steps`` engine steps to the
-        Definitions ``known`` to the record (name -> op type; ``kernel_words``: op type -> the
-        words its kernels are named with). None: it was not running."""
+        Definitions ``known`` to the record (name -> op type), by ``naming`` (:func:`attribute`'s
+        ``kernel_words``, ``tail_words``, ``reducing``). None: it was not running."""
         if not self.active:
             return None
         self.active = False
@@ -205,8 +206,8 @@ class Accounting:
         began = time.perf_counter()
         events = profiler.profiler.kineto_results.events()
         trace = os.environ.get(TRACE_ENV)
-        attributed = attribute(events, self.graphs, kernel_words, known, self.on_gpu, trace=bool(trace),
-                               clock=clock, clock_marked_ns=self.clock_marked_ns)
+        attributed = attribute(events, self.graphs, naming.pop("kernel_words", {}), known, self.on_gpu,
+                               trace=bool(trace), clock=clock, clock_marked_ns=self.clock_marked_ns, **naming)
         attributed.steps = steps
         attributed.processing_s = time.perf_counter() - began
         if trace:
@@ -341,17 +342,23 @@ def _device_kind(event: Any) -> str:
 
 def attribute(events: Sequence[Any], graphs: Sequence[GraphCalls], kernel_words: Mapping[str, Sequence[str]],
               op_types: Mapping[str, str], on_gpu: Optional[bool] = None, trace: bool = False,
-              clock: Optional[ClockTrace] = None, clock_marked_ns: Optional[int] = None) -> Attributed:
+              clock: Optional[ClockTrace] = None, clock_marked_ns: Optional[int] = None,
+              tail_words: Optional[Mapping[str, Sequence[str]]] = None,
+              head_words: Optional[Mapping[str, Sequence[str]]] = None, reducing: frozenset[str] = frozenset()
+              ) -> Attributed:
     """Attribute the profiler's ``events`` (Kineto's) to the hooked calls' and graphs' ranges. A
     call range names Definitions of the record (``op_types``: name -> op type; a range naming none
-    is a hook that failed: not attributed); ``kernel_words``: op type -> its kernels' words.
+    is a hook that failed: not attributed); ``kernel_words``: op type -> its kernels' words;
+    ``tail_words`` / ``head_words``: op type -> the words of an unnamed kernel that may end / begin
+    its calls; ``reducing``:
+    the op types whose calls always reduce (:class:`fi_profile.families.family.Family`).
     ``on_gpu``: whether the GPU's kernels were profiled (None: whether any is among the events); a
     GPU run whose profile holds no kernel then says it measured nothing, rather than its CPU time.
     ``clock``: the GPU's SM clock sampled over the run (:mod:`fi_profile.capture.gpu_clock`), put on
     the profiler's timeline by the sync range opened at ``clock_marked_ns``: each kernel's time is
     then weighed by the clock it ran at, per Definition and in total."""
     known = frozenset(op_types)
-    fits = _Fits(kernel_words, op_types)
+    fits = _Fits(kernel_words, op_types, tail_words or {}, head_words or {}, reducing)
     cpu_events, device_events, spans = [], [], []
     for e in events:
         if _device_kind(e) == "cpu":
@@ -511,8 +518,11 @@ def _strength(name: str, words: Sequence[str]) -> int:
 class _Fits:
     """Which op types a kernel's name fits, remembered per name."""
 
-    def __init__(self, kernel_words: Mapping[str, Sequence[str]], op_types: Mapping[str, str]) -> None:
+    def __init__(self, kernel_words: Mapping[str, Sequence[str]], op_types: Mapping[str, str],
+                 tail_words: Mapping[str, Sequence[str]], head_words: Mapping[str, Sequence[str]],
+                 reducing: frozenset[str]) -> None:
         self.kernel_words, self.op_types = kernel_words, op_types
+        self.tail_words, self.head_words, self.reducing = tail_words, head_words, reducing
         self._fits: dict[str, frozenset[str]] = {}
 
     def __call__(self, name: str) -> frozenset[str]:
@@ -530,6 +540,12 @@ class _Fits:
     def single(self, types: frozenset[str]) -> bool:
         """Whether ``types`` are one family's (they share its words)."""
         return len({tuple(self.kernel_words.get(t, ())) for t in types}) == 1
+
+    def ends(self, op_type: str, names: Sequence[str], begins: bool = False) -> bool:
+        """Whether kernels named ``names`` (named after no family) are ones that end (``begins``:
+        begin) a call of ``op_type``: its family's tail (head) words fit each."""
+        words = (self.head_words if begins else self.tail_words).get(op_type)
+        return bool(words) and all(words_fit(name, words) for name in names)
 
     def narrowed(self, definitions: tuple[str, ...], name: str) -> tuple[str, ...]:
         """Of one call's Definitions (a layer whose kernels compute several: the KV-cache write and
@@ -572,8 +588,11 @@ def _align(units: list[tuple[int, str, int]], calls: Sequence[tuple[str, tuple[s
     next call is of that type too); a unit between the current call's units (the next named unit
     fits only its op type) whose own type is not the next call's, to it; else to the next call of a
     type it fits; then the units whose
-    name fits none, each run of them between two placed units to the one call left without units
-    between those units' calls (or to their call, when both are one call's). What is left (a name
+    name fits none: a run of them right after a call's units that its family's tail words fit (a
+    fused MoE's top-k sum) to that call, or right before them that its head words fit (a split-K
+    GEMM's memset), else each run between two placed units to the one call
+    left without units between those units' calls (or to their call, when both are one call's; a
+    norm's call left out for a run of Inductor's pointwise kernels, as a norm reduces). What is left (a name
     of a family with no call of it left, a run of unknown names at an edge or where the calls
     between are not one) is not attributed."""
     assigned: list[Optional[int]] = [None] * len(units)
@@ -663,8 +682,18 @@ def _align(units: list[tuple[int, str, int]], calls: Sequence[tuple[str, tuple[s
             j += 1
         before = assigned[i - 1] if i > 0 else None
         after = assigned[j] if j < len(units) else None
-        if before is not None and after is not None:
+        run = [units[k][1] for k in range(i, j)]
+        if before is not None and fits.ends(calls[before][0], run):
+            for k in range(i, j):  # the call's own last step (a fused MoE's top-k sum)
+                assigned[k] = before
+        elif after is not None and fits.ends(calls[after][0], run, begins=True):
+            for k in range(i, j):  # the call's own first step (a split-K GEMM's memset)
+                assigned[k] = after
+        elif before is not None and after is not None:
             between = [before] if before == after else [c for c in range(before + 1, after) if c not in has_units]
+            if len(between) > 1 and all(name.startswith(POINTWISE) for _, name, _ in units[i:j]):
+                # Inductor's pointwise kernels: not a norm's (which reduces) among calls without kernels
+                between = [c for c in between if calls[c][0] not in fits.reducing]
             if not between and after == before + 1 and calls[before][2] == calls[after][2]:
                 between = [after]  # one invocation's calls back to back: what the next one runs on
             if len(between) > 1 and {calls[c][2] for c in between} == {calls[after][2]}:

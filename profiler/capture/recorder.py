@@ -26,7 +26,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Hashable, Iterable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Hashable, Iterable, Iterator, Mapping, Optional
 
 import torch
 from safetensors.torch import save_file
@@ -353,15 +353,16 @@ def start_recording(*, count_only: bool, out_dir: Optional[str], autosave_s: flo
 
 
 def stop_recording(out_dir: str, unseen_layers: Optional[dict[str, int]] = None,
-                   kernel_words: Optional[Mapping[str, Sequence[str]]] = None) -> Path:
+                   kernel_naming: Optional[Mapping[str, Any]] = None) -> Path:
     """Stop recording and write this process's part; returns the part file. ``unseen_layers``: the
     model's covered layers whose hook never saw a call, by kind (``run.not_covered``);
-    ``kernel_words``: op type -> the words its kernels are named with (the kernel accounting's)."""
+    ``kernel_naming``: what the kernel accounting reads of the families' kernel names
+    (:data:`fi_profile.families.KERNEL_NAMING`)."""
     RECORDER.active = False
     RECORDER.unseen_layers = dict(unseen_layers or {})
     try:
         op_types = {name: d.op_type for name, d in RECORDER.definitions.items()}
-        accounted = ACCOUNTING.stop(kernel_words or {}, op_types, RECORDER.engine_steps)
+        accounted = ACCOUNTING.stop(op_types, RECORDER.engine_steps, **(kernel_naming or {}))
         RECORDER.engine_kernels = accounted.part() if accounted is not None else None
     except Exception as exc:  # noqa: BLE001 - the accounting must never cost the record
         RECORDER.error("kernel accounting", exc)

@@ -51,6 +51,14 @@ _BY_OP_TYPE = {op_type: family for family in FAMILIES for op_type in family.op_t
 KERNEL_WORDS: dict[str, tuple[str, ...]] = {op_type: family.kernel_words for family in FAMILIES
                                             for op_type in family.op_types}
 
+#: what the kernel accounting reads of the families' kernel names (its ``attribute``'s keywords)
+KERNEL_NAMING: dict[str, object] = {
+    "kernel_words": KERNEL_WORDS,
+    "tail_words": {op_type: family.tail_words for family in FAMILIES for op_type in family.op_types if family.tail_words},
+    "head_words": {op_type: family.head_words for family in FAMILIES for op_type in family.op_types if family.head_words},
+    "reducing": frozenset(op_type for family in FAMILIES if family.reduces for op_type in family.op_types),
+}
+
 
 def family_of(op_type: str) -> Optional[Family]:
     """The family that owns Definitions of ``op_type`` (None: one no family knows, a dataset's)."""

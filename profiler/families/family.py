@@ -125,6 +125,16 @@ class Family:
     #: of 4 letters or more also matches inside a name (``ApplyRotaryPosIds``), a shorter one only
     #: as a word of it (``aten::mm``)
     kernel_words: tuple[str, ...] = ()
+    #: words of a kernel named after no family that ends the family's call with its final reduction
+    #: (SGLang's fused MoE sums its top-k outputs in an Inductor kernel, ``triton_per_fused_copy__mul_sum_0``):
+    #: fitted only to unnamed kernels right after the call's own, never to find a call
+    tail_words: tuple[str, ...] = ()
+    #: the same for a kernel that begins the family's call (cuBLAS's split-K GEMMs clear their
+    #: workspace first: ``Memset (Device)``), fitted only to unnamed kernels right before the call's own
+    head_words: tuple[str, ...] = ()
+    #: every call of the family reduces (a norm): Inductor's pointwise kernels (``triton_poi_*``)
+    #: alone never compute one
+    reduces: bool = False
     #: (Definition, a workload's axis values, constants included) -> the floating-point operations
     #: one call does (None: not compute-bound work, or not known from the axes alone)
     flops: Callable[[Definition, Mapping[str, int]], Optional[float]] = no_flops

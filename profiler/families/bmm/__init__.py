@@ -45,4 +45,5 @@ FAMILY = Family(
     # accounting takes the two families' kernels as one family's (a GEMM's split-K reduction stays
     # with its GEMM whichever of the two it is)
     kernel_words=gemm.FAMILY.kernel_words,
+    head_words=gemm.FAMILY.head_words,
 )

@@ -108,4 +108,5 @@ FAMILY = Family(
     flops=matmul_flops,
     kernel_words=("gemm", "gemv", "nvjet", "cutlass", "cublas", "cublaslt", "splitkreduce", "xmma", "wgmma", "mm", "addmm", "bmm",
                   "linear", "matmul", "onednn"),
+    head_words=("memset",),  # cuBLAS's split-K GEMMs clear their workspace first
 )

@@ -34,4 +34,5 @@ FAMILY = Family(
     templates=("qk_rmsnorm_h32_kv4_d128",),
     baselines=(Baseline("torch_qk_rmsnorm.py", ("EPS",)),),
     kernel_words=("rms", "rmsnorm", "rms_norm", "rsqrt", "qknorm"),
+    reduces=True,
 )

@@ -76,4 +76,5 @@ FAMILY = Family(
     natives=_natives,
     engine_kernel=engine_kernels.custom_op,
     kernel_words=("rms", "rmsnorm", "rms_norm", "rsqrt"),
+    reduces=True,
 )
