@@ -127,6 +127,33 @@ def test_a_layer_computing_several_definitions_splits_its_kernels_by_their_names
     assert "kv_cache_write_kv2" not in result.shared
 
 
+FP8_OP_TYPES = {**OP_TYPES, "quant_fp8_per_token_k64": "quant_fp8_per_token",
+                "gemm_fp8_per_token_channel_scale_n192_k64": "gemm_fp8_scaled"}
+FP8_KERNELS = [("void per_token_quant_fp8_small_batch_kernel<__nv_bfloat16, __nv_fp8_e4m3, 16>", 3),
+               ("void cutlass::device_kernel<cutlass_3x_gemm_sm90_fp8<cutlass::float_e4m3_t", 20)]
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_an_fp8_layers_quantization_and_gemm_kernels_are_each_their_own(graph):
+    """SGLang's FP8 linear layer (H200): one call records the activations' quantization, then the
+    GEMM; the quantization kernel is named after it, the GEMM's like any GEMM's. Eagerly (one range
+    naming both) and in a CUDA graph, each kernel goes to its own Definition: the GEMM's time is
+    never the quantization's."""
+    quant, gemm_fp8 = "quant_fp8_per_token_k64", "gemm_fp8_per_token_channel_scale_n192_k64"
+    profile = GpuProfile()
+    if graph:
+        calls = [("rmsnorm", ("rmsnorm_h64",)), ("fp8_linear", (quant, gemm_fp8)), ("rope", ("rope_h4",))]
+        kernels = [("FusedAddRMSNormKernel", 2), *FP8_KERNELS, ("fused_rope_kernel", 4)]
+        profile.range(f"{GRAPH_RANGE}0", lambda: profile.launch(*kernels, graph=True))
+        result = attribute(profile.events, [GraphCalls(tuple(calls))], KERNEL_WORDS, FP8_OP_TYPES)
+    else:
+        profile.range(CALL_RANGE + JOIN.join([quant, gemm_fp8]), lambda: profile.launch(*FP8_KERNELS))
+        result = attribute(profile.events, [], KERNEL_WORDS, FP8_OP_TYPES)
+    found = by_definition(result)
+    assert (found[quant], found[gemm_fp8]) == (3, 20) and result.unattributed == {}
+    assert quant not in result.shared
+
+
 LAYER = [("rmsnorm", ("rmsnorm_h64",)), ("gemm", ("gemm_qkv",)), ("rope", ("rope_h4",)),
          ("attention", ("kv_cache_write_kv2", "gqa_paged_decode_h4")), ("gemm", ("gemm_o",)),
          ("rmsnorm", ("fused_add_rmsnorm_inplace_h64",))]

@@ -48,8 +48,8 @@ FAMILIES: tuple[Family, ...] = (
 _BY_OP_TYPE = {op_type: family for family in FAMILIES for op_type in family.op_types}
 
 #: op type -> the words its engine kernels are named with (the capture's kernel accounting)
-KERNEL_WORDS: dict[str, tuple[str, ...]] = {op_type: family.kernel_words for family in FAMILIES
-                                            for op_type in family.op_types}
+KERNEL_WORDS: dict[str, tuple[str, ...]] = {op_type: family.op_kernel_words.get(op_type, family.kernel_words)
+                                            for family in FAMILIES for op_type in family.op_types}
 
 #: what the kernel accounting reads of the families' kernel names (its ``attribute``'s keywords)
 KERNEL_NAMING: dict[str, object] = {

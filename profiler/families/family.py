@@ -125,6 +125,9 @@ class Family:
     #: of 4 letters or more also matches inside a name (``ApplyRotaryPosIds``), a shorter one only
     #: as a word of it (``aten::mm``)
     kernel_words: tuple[str, ...] = ()
+    #: op type -> its kernels' words, where they are not ``kernel_words`` (an FP8 linear layer's
+    #: activation quantization beside its GEMM)
+    op_kernel_words: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     #: words of a kernel named after no family that ends the family's call with its final reduction
     #: (SGLang's fused MoE sums its top-k outputs in an Inductor kernel, ``triton_per_fused_copy__mul_sum_0``):
     #: fitted only to unnamed kernels right after the call's own, never to find a call

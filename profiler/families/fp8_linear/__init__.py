@@ -160,7 +160,12 @@ FAMILY = Family(
     flops=lambda definition, axes: matmul_flops(definition, axes) if definition.op_type.startswith("gemm") else None,
     atol_of_largest=("gemm_fp8_block_scale", "gemm_fp8_scaled"),
     # the GEMM family's words, exactly, so that the kernel accounting takes their kernels as one
-    # family's (FP8 GEMM kernels are named as GEMMs are); the quantization kernel's own words come
-    # with the hooks that record it (none yet), with the accounting telling it from the GEMM
+    # family's (FP8 GEMM kernels are named as GEMMs are); the activation quantization's kernels are
+    # named after it (SGLang's ``per_token_quant_fp8_small_batch_kernel`` and
+    # ``per_token_group_quant_8bit_v2_kernel``, vLLM's ``dynamic_per_token_scaled_fp8_quant_kernel``
+    # and the per-tensor scale's ``segmented_max_reduction``), never a GEMM's: a GEMM kernel in a
+    # layer's range or graph is its GEMM's, not shared with the quantization before it
     kernel_words=gemm.FAMILY.kernel_words,
+    op_kernel_words={op_type: ("quant", "max_reduction") for op_type in
+                     ("quant_fp8_per_token_group", "quant_fp8_per_tensor", "quant_fp8_per_token")},
 )
