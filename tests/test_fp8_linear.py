@@ -252,6 +252,50 @@ def test_a_quantization_method_with_a_rule_is_judged_by_it_and_others_stay_liste
     assert sum(unseen_layers(model, [rule]).values()) == 1  # the judged one without a problem, never called
 
 
+class KVCacheMethodForTest:
+    """An FP8 checkpoint's KV-cache scales method on an attention layer (both engines' ``BaseKVCacheMethod``)."""
+
+
+class AttentionForTest(torch.nn.Module):
+    def __init__(self, kv_cache_dtype: str) -> None:
+        super().__init__()
+        self.quant_method = KVCacheMethodForTest()
+        self.kv_cache_dtype = kv_cache_dtype
+
+
+def test_an_attention_layer_holding_kv_cache_scales_is_judged_by_its_class_and_its_cache():
+    """An FP8 checkpoint gives its attention layers a KV-cache method holding the cache's scales
+    (H200, SGLang 0.5.16, Llama-3.1-8B with ``quant_method: fp8``: 32 ``RadixAttention with
+    Fp8KVCacheMethod`` were listed while their bf16 attention was recorded). The layer is judged
+    by its class's rule, which reads the cache's dtype: a bf16 cache is covered, an FP8 one listed."""
+    from fi_profile.capture.layers import LayerRule, by_layer_class, uncovered_layers
+
+    model = torch.nn.Module()
+    model.add_module("plain", AttentionForTest("auto"))
+    model.add_module("fp8", AttentionForTest("fp8_e4m3"))
+    rules = [LayerRule(f"{__name__}:KVCacheMethodForTest", by_layer_class),
+             LayerRule(f"{__name__}:AttentionForTest",
+                       lambda layer: None if layer.kv_cache_dtype == "auto" else f"KV cache {layer.kv_cache_dtype}")]
+    assert uncovered_layers(model, rules) == {"KV cache fp8_e4m3": 1}
+    assert uncovered_layers(model, rules[1:]) == {"AttentionForTest with KVCacheMethodForTest": 2}
+
+
+def test_sglangs_gqa_hook_lists_an_fp8_kv_cache_by_the_runners_pool():
+    """SGLang's ``RadixAttention`` does not say its cache's dtype; the model runner's KV pool does.
+    A cache of the queries' dtype is recorded; an FP8 one (``kv_cache_dtype=fp8_e4m3``) is a hook
+    error naming it, never a bf16 attention call."""
+    from types import SimpleNamespace
+
+    from fi_profile.hooks.sglang.attention import STEP, cache_problem
+
+    for cached, expected in ((torch.bfloat16, None), (torch.float8_e4m3fn, "KV cache of float8_e4m3fn")):
+        STEP.begin(runner=SimpleNamespace(token_to_kv_pool=SimpleNamespace(dtype=cached)))
+        problem = cache_problem(DType.bfloat16)
+        assert problem is None if expected is None else expected in problem
+    STEP.begin()
+    assert cache_problem(DType.bfloat16) is None  # no runner known (a graph's capture): judged at its replays
+
+
 def test_vllms_block_scale_fp8_layers_are_recorded_through_its_block_scaled_kernels():
     """vLLM's ``Fp8LinearMethod.apply`` hands a block-scale layer to one of its block-scaled kernels
     (vLLM's own classes here): one whose ``apply_weights`` is the base's (quantization, then the

@@ -70,6 +70,18 @@ def layer_problem(layer: Any) -> Optional[str]:
     })
 
 
+def cache_problem(dtype: Any) -> Optional[str]:
+    """Why the step's KV cache is not of the queries' ``dtype`` (an FP8 cache, ``kv_cache_dtype``:
+    another computation, with its scales), or None. The pool is the model runner's."""
+    pool = getattr(STEP.context.get("runner"), "token_to_kv_pool", None)
+    cached = getattr(pool, "dtype", None)
+    if cached is None or schema_dtype(cached) == dtype:
+        return None
+    found = schema_dtype(cached)
+    return (f"RadixAttention with a KV cache of {getattr(found, 'value', found)} for {getattr(dtype, 'value', dtype)} "
+            "queries (no Definition computes it)")
+
+
 def cache_slots(batch: Any) -> torch.Tensor:
     """The cache slots of the step's new tokens (``out_cache_loc``; page size 1)."""
     slots = getattr(batch, "out_cache_loc", None)
@@ -90,9 +102,9 @@ def layer_calls(self: Any, q: torch.Tensor, forward_batch: Any, k: Optional[torc
     """``RadixAttention.forward``: the KV-cache write (where the layer saves its new keys and
     values), then the attention, as they run."""
     seen(self)
-    require(layer_problem(self))
-    STEP.batches(forward_batch, step_batches)
     dtype = schema_dtype(q.dtype)
+    require(layer_problem(self) or cache_problem(dtype))
+    STEP.batches(forward_batch, step_batches)
     writes = _cache_write(forward_batch, self.tp_k_head_num, self.head_dim, dtype) if k is not None and save_kv_cache else []
     return writes + STEP.calls((self.tp_q_head_num, self.tp_k_head_num, self.head_dim, 1, RECORDER.num_pages or 0,
                                 dtype, float(self.scaling)))
@@ -115,5 +127,6 @@ def _calls_in_graph(layer: tuple, writes: bool = False) -> list[KernelCall]:
         raise RuntimeError("a CUDA graph replayed outside a model step: its attention layout is unknown")
     STEP.batches(batch, step_batches)
     heads, kv_heads, head_dim, dtype, scale = layer
+    require(cache_problem(dtype))
     written = _cache_write(batch, kv_heads, head_dim, dtype) if writes else []
     return written + STEP.calls((heads, kv_heads, head_dim, 1, RECORDER.num_pages or 0, dtype, scale))

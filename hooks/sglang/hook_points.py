@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from fi_profile.capture.layers import LayerRule, covered, require, seen, seen_weights
+from fi_profile.capture.layers import LayerRule, by_layer_class, covered, require, seen, seen_weights
 from fi_profile.capture.patching import HookPoint
 from fi_profile.families import attention as attention_family
 from fi_profile.families import embedding, fp8_linear, gemm, mla, moe, qk_rmsnorm, rmsnorm, rope, sampling, silu_and_mul
@@ -116,6 +116,9 @@ LAYER_RULES = [
     LayerRule("sglang.srt.models.deepseek_v2:MoEGate", sglang_moe.gate_problem),
     LayerRule(f"{_LAYERS}.logits_processor:LogitsProcessor", covered),
     sglang_fp8.LAYER_RULE,
+    # an FP8 checkpoint's attention layers hold their KV-cache scales in a quantization method; the
+    # cache's dtype is the engine's (the attention hooks judge it at each call)
+    LayerRule(f"{_LAYERS}.quantization.kv_cache:BaseKVCacheMethod", by_layer_class),
 ]
 KERNEL_LAYERS = [
     "sglang.kernels.fused_op:BaseFusedOp",

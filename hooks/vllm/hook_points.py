@@ -13,7 +13,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from fi_profile.capture.layers import LayerRule, covered, seen
+from fi_profile.capture.layers import LayerRule, by_layer_class, covered, seen
 from fi_profile.capture.patching import HookPoint
 from fi_profile.families import attention as attention_family
 from fi_profile.families import embedding, fp8_linear, gemm, mla, moe, rmsnorm, rope, sampling, silu_and_mul
@@ -129,6 +129,9 @@ LAYER_RULES = [
     LayerRule(f"{_LAYERS}.attention_layer_base:AttentionLayerBase", attention.layer_problem),
     LayerRule(f"{_LAYERS}.fused_moe.runner.moe_runner:MoERunner", vllm_moe.layer_problem),
     LayerRule(f"{_LAYERS}.logits_processor:LogitsProcessor", covered),
+    # an FP8 checkpoint's attention layers hold their KV-cache scales in a quantization method; the
+    # cache's dtype is the layer's ``kv_cache_dtype``, judged by the attention rules
+    LayerRule(f"{_LAYERS}.quantization.kv_cache:BaseKVCacheMethod", by_layer_class),
     vllm_fp8.LAYER_RULE,
 ]
 KERNEL_LAYERS = [

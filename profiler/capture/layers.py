@@ -80,6 +80,13 @@ class LayerRule:
     records: Optional[Callable[[Any], Iterable[Any]]] = None
 
 
+def by_layer_class(layer: Any) -> Optional[str]:
+    """The problem of a quantization method that holds only scales for a computation the layer's
+    class decides (a KV cache's: the cache's dtype is the engine's): its layer is judged by the
+    rule for its class, never by the method's name."""
+    return None
+
+
 def _resolve(path: str) -> Optional[type]:
     module, _, name = path.partition(":")
     try:
@@ -99,9 +106,9 @@ def _judged_layers(model: Any, rules: Iterable[LayerRule],
     while pending:
         module = pending.pop()
         method = getattr(module, "quant_method", None)
-        if method is not None:
+        rule = next((rule for cls, rule in judged if isinstance(method, cls)), None) if method is not None else None
+        if method is not None and (rule is None or rule.problem is not by_layer_class):
             name = type(method).__name__
-            rule = next((rule for cls, rule in judged if isinstance(method, cls)), None)
             if rule is not None:  # a quantization method a hook records (judged by the rule for it)
                 yield module, rule.problem(module), True
                 continue
