@@ -531,6 +531,12 @@ class _Fits:
             found = self._fits[name] = frozenset(t for t, words in self.kernel_words.items() if words_fit(name, words))
         return found
 
+    def best(self, name: str) -> frozenset[str]:
+        """Of the op types ``name`` fits, those it fits best (by the longest word that fits: vLLM's
+        ``count_and_sort_expert_tokens_kernel`` is more a MoE's, by ``expert``, than sampling's, by ``sort``)."""
+        strength = {t: _strength(name, self.kernel_words[t]) for t in self(name)}
+        return frozenset(t for t, s in strength.items() if s == max(strength.values()))
+
     def only(self, types: frozenset[str], op_type: str) -> bool:
         """Whether a name that fits ``types`` fits no other family's kernels than ``op_type``'s
         (a family's op types share its words: ``gqa_paged`` and ``gqa_ragged``)."""
@@ -632,9 +638,12 @@ def _align(units: list[tuple[int, str, int]], calls: Sequence[tuple[str, tuple[s
     for i, types in enumerate(names):
         if not types:
             continue
-        if (current is not None and i > 0 and assigned[i - 1] == current and fits.only(types, calls[current][0])
+        if (current is not None and i > 0 and assigned[i - 1] == current
+                and (fits.only(types, calls[current][0]) or fits.only(fits.best(units[i][1]), calls[current][0]))
                 and not (position < len(calls) and calls[position][0] in types)):
-            assigned[i] = current  # more of the current call, right after it (split-K's reduction)
+            # more of the current call, right after it (split-K's reduction), its family's name the
+            # best fit (a MoE's ``count_and_sort_expert_tokens``, named like sampling's sort too)
+            assigned[i] = current
             interleaved = False
             continue
         # a name that fits several families: the current call's (``cpu_attn_reshape_and_cache`` after
@@ -682,16 +691,16 @@ def _align(units: list[tuple[int, str, int]], calls: Sequence[tuple[str, tuple[s
             j += 1
         before = assigned[i - 1] if i > 0 else None
         after = assigned[j] if j < len(units) else None
-        run = [units[k][1] for k in range(i, j)]
-        if before is not None and fits.ends(calls[before][0], run):
-            for k in range(i, j):  # the call's own last step (a fused MoE's top-k sum)
-                assigned[k] = before
-        elif after is not None and fits.ends(calls[after][0], run, begins=True):
-            for k in range(i, j):  # the call's own first step (a split-K GEMM's memset)
-                assigned[k] = after
-        elif before is not None and after is not None:
+        lo, hi = i, j  # the run, less what ends the call before it and what begins the call after it
+        while lo < hi and before is not None and fits.ends(calls[before][0], [units[lo][1]]):
+            assigned[lo] = before  # the call's own last step (a fused MoE's top-k sum)
+            lo += 1
+        while lo < hi and after is not None and fits.ends(calls[after][0], [units[hi - 1][1]], begins=True):
+            assigned[hi - 1] = after  # the next call's own first step (a split-K GEMM's memset)
+            hi -= 1
+        if lo < hi and before is not None and after is not None:
             between = [before] if before == after else [c for c in range(before + 1, after) if c not in has_units]
-            if len(between) > 1 and all(name.startswith(POINTWISE) for _, name, _ in units[i:j]):
+            if len(between) > 1 and all(name.startswith(POINTWISE) for _, name, _ in units[lo:hi]):
                 # Inductor's pointwise kernels: not a norm's (which reduces) among calls without kernels
                 between = [c for c in between if calls[c][0] not in fits.reducing]
             if not between and after == before + 1 and calls[before][2] == calls[after][2]:
@@ -702,7 +711,7 @@ def _align(units: list[tuple[int, str, int]], calls: Sequence[tuple[str, tuple[s
                 # its decode)
                 between = [after]
             if len(between) == 1:
-                for k in range(i, j):
+                for k in range(lo, hi):
                     assigned[k] = between[0]
         i = j
     for (start, name, ns), call in zip(units, assigned):

@@ -92,7 +92,8 @@ def observe(op: str, make_calls: Callable[[], Sequence[Optional[KernelCall]]], l
     """One hooked invocation of ``op`` (``times``: that many of the same, such as a compiled
     step's layers of one shape): recorded in a step being learned (or live), only counted in a
     replayed step; returns its NVTX label. ``make_calls`` raising is counted as lost, never passed
-    on. ``where`` the calls ran: ``eager``, or ``compiled`` (from a trace template)."""
+    on. ``where`` the calls ran: ``eager``, or ``compiled`` (from a trace template). The label is
+    empty where the invocation recorded nothing of its own (:meth:`~fi_profile.capture.recorder.Recorder.record`)."""
     replay = RECORDER.replay
     learned = not (live and not RECORDER.count_only)  # part of the learned step, or recorded live
     if replay is not None and learned:  # a known step: count only (the hot path, a few operations)
@@ -139,8 +140,8 @@ def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls, live: bool = False,
         for m in nested:
             setattr(_depth, m, 1)
         if _push is not None:
-            _push(label)
-        accounted = call_range(label) if ACCOUNTING.active else None
+            _push(label or op)
+        accounted = call_range(label) if ACCOUNTING.active and label else None
         if accounted is not None:
             accounted.__enter__()
         try:

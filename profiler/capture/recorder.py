@@ -181,10 +181,12 @@ class Recorder:
         self.replay, self._learning, self._signature = None, None, None
 
     def record(self, calls: Iterable[Optional[KernelCall]], op: str, learned: bool = True, where: str = "eager",
-               times: int = 1) -> str:
+               times: int = 1, empty_label: str = "") -> str:
         """Record one hooked invocation's calls; returns its label (its Definitions, joined by
-        :data:`~fi_profile.capture.kernel_accounting.JOIN`, or ``op`` when it has none): the name
-        of its NVTX range and of its range in the engine kernel accounting.
+        :data:`~fi_profile.capture.kernel_accounting.JOIN`; ``empty_label`` when it has none): the
+        name of its range in the engine kernel accounting. An invocation that records nothing of
+        its own (a MoE's shared expert, which its MoE call records) opens no range there: its
+        kernels are the enclosing range's.
         ``learned=False``: a live invocation, recorded in every step, not part of the step's list.
         ``where``: how the calls ran (``eager``, ``compiled`` or ``cuda_graph``: see ``execution``).
         ``times``: the same invocation that many times (layers of one shape in a compiled step)."""
@@ -211,7 +213,7 @@ class Recorder:
                     # (a tensor, or a callable that makes it: page ids are gathered only for kept samples)
                     call.tensors = {k: _host_copy(v() if callable(v) else v) for k, v in call.tensors.items()}
                     self.samples[key] = call
-            label = JOIN.join(names) if names else op
+            label = JOIN.join(names) if names else empty_label
             if self._learning is not None and learned:
                 self._learning.labels.extend([label] * times)
         return label
@@ -249,7 +251,8 @@ class Recorder:
             self.lost_calls[op] += times
             if self._learning is not None and learned:
                 self._learning.lost[op] += times
-        return self.record((), op, learned, times=times)  # keeps the step's invocation count right
+        # keeps the step's invocation count right; its range names no Definition: its kernels are nobody's
+        return self.record((), op, learned, times=times, empty_label=op)
 
     def flush(self, directory: Path) -> Path:
         """End the current step and write this process's part atomically; returns the part file."""

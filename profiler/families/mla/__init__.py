@@ -179,4 +179,5 @@ FAMILY = Family(
     natives=_natives,
     engine_kernel=_engine_kernel,
     kernel_words=attention.KERNEL_WORDS,
+    tail_words=("memcpy",),  # vLLM's MLA op copies its output into the layer's output buffer
 )
