@@ -94,6 +94,8 @@ class Attributed:
     #: graph -> its first run that launched kernels (a CUDA graph's capture launches none), its units
     #: as attributed: [name, µs, the call's op type or None] (kept only where :data:`TRACE_ENV` asks)
     graph_traces: Optional[dict[int, list[list[Any]]]] = None
+    #: graph -> its later run with the most time not attributed, where one has any (as ``graph_traces``)
+    worst_traces: dict[int, list[list[Any]]] = field(default_factory=dict)
 
     def part(self) -> dict[str, Any]:
         return {
@@ -214,8 +216,10 @@ class Accounting:
             import json
 
             with open(f"{trace}.{os.getpid()}.json", "w") as f:
-                json.dump({str(g): {"calls": [list(c) for c in self.graphs[g].calls], "units": units}
-                           for g, units in (attributed.graph_traces or {}).items()}, f, indent=0)
+                runs = [(str(g), g, units) for g, units in (attributed.graph_traces or {}).items()]
+                runs += [(f"{g}:worst", g, units) for g, units in attributed.worst_traces.items()]
+                json.dump({key: {"calls": [list(c) for c in self.graphs[g].calls], "units": units}
+                           for key, g, units in runs}, f, indent=0)
         return attributed
 
 
@@ -436,14 +440,26 @@ def attribute(events: Sequence[Any], graphs: Sequence[GraphCalls], kernel_words:
             where.units.append((start, name, ns))
     for graph_run in _graph_runs([*innermost.values(), *spans]):
         if 0 <= graph_run.graph < len(graphs):
-            traced = None
-            if result.graph_traces is not None and graph_run.graph not in result.graph_traces and graph_run.units:
-                traced = result.graph_traces[graph_run.graph] = []
+            traced: Optional[list[list[Any]]] = [] if result.graph_traces is not None and graph_run.units else None
             _align(graph_run.units, fits.split(graphs[graph_run.graph].calls, known), fits, result, traced)
+            if traced is not None:
+                _keep_trace(result, graph_run.graph, traced)
         else:
             for _, name, ns in graph_run.units:
                 result.miss(name, ns)
     return result
+
+
+def _keep_trace(result: Attributed, graph: int, traced: list[list[Any]]) -> None:
+    """Keep a graph run's attribution: its first, and its later one with the most time left over."""
+    assert result.graph_traces is not None
+    if graph not in result.graph_traces:
+        result.graph_traces[graph] = traced
+        return
+    missed = sum(us for _, us, call in traced if call is None)
+    worst = result.worst_traces.get(graph)
+    if missed and (worst is None or missed > sum(us for _, us, call in worst if call is None)):
+        result.worst_traces[graph] = traced
 
 
 def is_cuda_launch(event: Any) -> bool:
