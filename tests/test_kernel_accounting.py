@@ -488,6 +488,22 @@ def test_vllms_compiled_deepseek_v3_prefill_is_attributed_kernel_by_kernel():
     assert sum(ns for d, ns in found.items() if d.startswith("gemm_")) == gemms + memsets
 
 
+def test_a_small_batch_decode_graph_keeps_its_fused_moe_kernels_past_an_unnamed_fill():
+    """vLLM 0.26's 5-layer DeepSeek-V3 decode graph at 8 or fewer sequences (H200): its fused MoE
+    runs an unnamed fill between its routing's top-k and its first expert GEMM (no align/sort
+    kernels at this size), with the shared experts interleaved. The expert GEMM still belongs to
+    the MoE call the top-k went to (the last named kernel of an invocation of several calls), not
+    to the next layer's MoE: before, every layer from there on shifted by one and the last layer's
+    kernels (23% of the graph) went unattributed."""
+    trace, units, result = _aligned_trace("vllm_deepseek_v3_5layers_small_batch_decode_graph.json")
+    found = by_definition(result)
+    assert result.unattributed == {} and sum(found.values()) == sum(ns for _, ns in units)
+    moe = next(d for d in trace["op_types"] if d.startswith("moe_"))
+    assert found[moe] > sum(ns for name, ns in units if name == "fused_moe_kernel")
+    decode = next(d for d in trace["op_types"] if d.startswith("mla_paged_decode"))
+    assert found[decode] >= sum(ns for name, ns in units if "_fwd_" in name)
+
+
 @pytest.mark.parametrize("trace_file", ["vllm_deepseek_v3_decode_graph.json", "sglang_deepseek_v3_decode_graph.json"])
 def test_a_deeper_moe_model_stays_aligned_layer_by_layer(trace_file):
     """The same decode graphs with their MoE layer repeated (a 5- and an 8-layer model): every

@@ -651,14 +651,20 @@ def _align(units: list[tuple[int, str, int]], calls: Sequence[tuple[str, tuple[s
         return j is not None and fits.only(names[j], op_type)
 
     position, current = 0, None
+    last = -1  # the last unit with a family's name
     for i, types in enumerate(names):
         if not types:
             continue
-        if (current is not None and i > 0 and assigned[i - 1] == current
+        # the unit before, or (inside an invocation of several calls, whose kernels interleave) its
+        # last named one: the unnamed ones between are placed afterwards
+        previous = last if current is not None and len(invocation_calls[calls[current][2]]) > 1 else i - 1
+        last = i
+        if (current is not None and previous >= 0 and assigned[previous] == current
                 and (fits.only(types, calls[current][0]) or fits.only(fits.best(units[i][1]), calls[current][0]))
                 and not (position < len(calls) and calls[position][0] in types)):
-            # more of the current call, right after it (split-K's reduction), its family's name the
-            # best fit (a MoE's ``count_and_sort_expert_tokens``, named like sampling's sort too)
+            # more of the current call, right after it (split-K's reduction; a fused MoE's expert
+            # GEMM after its unnamed fill), its family's name the best fit (a MoE's
+            # ``count_and_sort_expert_tokens``, named like sampling's sort too)
             assigned[i] = current
             interleaved = False
             continue
