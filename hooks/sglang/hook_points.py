@@ -72,6 +72,8 @@ POINTS = [
               nested=(attention_family.KEY,)),
     HookPoint(f"{_MLA}.forward_mha", "DeepseekMHAForwardMixin", ("_set_mla_kv_buffer",), mla.KEY,
               sglang_mla.latent_write_calls, live=True, traced=sglang_mla.captured_latent_write_calls),
+    HookPoint(f"{_MLA}.forward_mha", "DeepseekMHAForwardMixin", ("_concat_and_cast_mha_k",), mla.KEY,
+              sglang_mla.ragged_prologue_calls, prologue=True),
     HookPoint("sglang.srt.models.deepseek_v2", "MoEGate", ("forward",), "moe_routing", sglang_moe.gate_calls),
     # a function DeepSeek's attention calls with its bf16 down-projection (looked up in the model's module)
     HookPoint("sglang.srt.models.deepseek_v2", "", ("linear_with_fused_a_gemm",), "fused_a_gemm", _fused_a_gemm,

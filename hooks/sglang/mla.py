@@ -156,6 +156,14 @@ def captured_ragged_calls(self: Any, q: torch.Tensor) -> Callable[[], list[Kerne
     return functools.partial(_in_graph, _ragged, _shape(self, q.dtype))
 
 
+def ragged_prologue_calls(self: Any, k_nope: torch.Tensor, forward_batch: Any) -> list[KernelCall]:
+    """``_concat_and_cast_mha_k``, before the up-projected prefill and outside its hooked call: the
+    keys' concatenation of ``k_nope`` and the rotary keys SGLang launches for it (``concat_mla_k``),
+    accounted to that prefill, as vLLM's, inside its MLA call, is (nothing recorded here)."""
+    require(layer_problem(self))
+    return _ragged(forward_batch, _shape(self, k_nope.dtype))
+
+
 def latent_write_calls(self: Any, kv_a: torch.Tensor, forward_batch: Any) -> list[KernelCall]:
     """``_set_mla_kv_buffer`` (before the up-projected prefill): the new tokens' latents and rotary
     keys written to the latent cache."""

@@ -22,7 +22,7 @@ from torch._dynamo.comptime import comptime
 from fi_profile.capture import traced as traced_calls
 from fi_profile.capture.arguments import SignatureMismatch, argument_reader
 from fi_profile.capture.graph_capture import CAPTURING, observe_captured
-from fi_profile.capture.kernel_accounting import ACCOUNTING, call_range, graph_range
+from fi_profile.capture.kernel_accounting import ACCOUNTING, JOIN, call_range, graph_range
 from fi_profile.capture.kernel_call import KernelCall
 from fi_profile.capture.recorder import RECORDER
 
@@ -85,6 +85,10 @@ class HookPoint:
     #: runs outside the model's forward (vLLM's lm_head, sampling): its call alone does not show
     #: that a step's forward was seen (:meth:`~fi_profile.capture.recorder.Recorder.engine_step`)
     outside_forward: bool = False
+    #: not recorded: the engine prepares the inputs of its op's next call here, outside that call's
+    #: hooked method (SGLang's MLA key concatenation before its ragged prefill); its kernels are
+    #: accounted to the Definitions ``to_calls`` names (the next call's own hook records them)
+    prologue: bool = False
 
 
 def observe(op: str, make_calls: Callable[[], Sequence[Optional[KernelCall]]], live: bool = False,
@@ -154,6 +158,29 @@ def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls, live: bool = False,
             setattr(_depth, op, 0)
             for m, was in zip(nested, outer):
                 setattr(_depth, m, was)
+
+    hooked.__fi_profile_original__ = fn  # type: ignore[attr-defined]
+    return hooked
+
+
+def wrap_prologue(fn: Callable[..., Any], to_calls: ToCalls, cls: Optional[type] = None) -> Callable[..., Any]:
+    """``fn`` run, while the engine's kernels are accounted for, in the range of the Definitions
+    ``to_calls`` names (recording nothing: the call they prepare records them); no range where it
+    names none or raises (the call's own hook says why)."""
+    read = argument_reader(fn, to_calls, cls)
+
+    @functools.wraps(fn)
+    def hooked(*args: Any, **kwargs: Any) -> Any:
+        if not (ACCOUNTING.active and RECORDER.active) or _is_compiling() or CAPTURING.trace is not None:
+            return fn(*args, **kwargs)
+        try:
+            names = dict.fromkeys(c.definition.name for c in to_calls(**read(args, kwargs)) if c is not None)
+        except Exception:  # noqa: BLE001 - a hook must never break the engine
+            names = {}
+        if not names:
+            return fn(*args, **kwargs)
+        with call_range(JOIN.join(names)):
+            return fn(*args, **kwargs)
 
     hooked.__fi_profile_original__ = fn  # type: ignore[attr-defined]
     return hooked
@@ -272,6 +299,8 @@ def install(points: Sequence[HookPoint]) -> tuple[list[str], list[str]]:
             try:
                 if point.around:
                     hooked = wrap_around(raw, point.op, point.to_calls, cls)
+                elif point.prologue:
+                    hooked = wrap_prologue(raw, point.to_calls, cls)
                 elif point.boundary:
                     hooked = wrap_boundary(raw, point.op, point.to_calls, cls, point.raw)
                 else:
