@@ -540,6 +540,7 @@ class _Fits:
         self.kernel_words, self.op_types = kernel_words, op_types
         self.tail_words, self.head_words, self.reducing = tail_words, head_words, reducing
         self._fits: dict[str, frozenset[str]] = {}
+        self._best: dict[str, frozenset[str]] = {}
 
     def __call__(self, name: str) -> frozenset[str]:
         found = self._fits.get(name)
@@ -550,8 +551,11 @@ class _Fits:
     def best(self, name: str) -> frozenset[str]:
         """Of the op types ``name`` fits, those it fits best (by the longest word that fits: vLLM's
         ``count_and_sort_expert_tokens_kernel`` is more a MoE's, by ``expert``, than sampling's, by ``sort``)."""
-        strength = {t: _strength(name, self.kernel_words[t]) for t in self(name)}
-        return frozenset(t for t, s in strength.items() if s == max(strength.values()))
+        found = self._best.get(name)
+        if found is None:
+            strength = {t: _strength(name, self.kernel_words[t]) for t in self(name)}
+            found = self._best[name] = frozenset(t for t, s in strength.items() if s == max(strength.values()))
+        return found
 
     def only(self, types: frozenset[str], op_type: str) -> bool:
         """Whether a name that fits ``types`` fits no other family's kernels than ``op_type``'s
