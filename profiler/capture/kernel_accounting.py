@@ -193,7 +193,7 @@ class Accounting:
     def stop(self, known: Mapping[str, str], steps: int, **naming: Any) -> Optional[Attributed]:
         """Stop the profiler and attribute what it saw over ``steps`` engine steps to the
         Definitions ``known`` to the record (name -> op type), by ``naming`` (:func:`attribute`'s
-        ``kernel_words``, ``tail_words``, ``reducing``). None: it was not running."""
+        ``kernel_words``, ``tail_words``, ``head_words``, ``reducing``). None: it was not running."""
         if not self.active:
             return None
         self.active = False
