@@ -292,6 +292,8 @@ def test_sglangs_gqa_hook_lists_an_fp8_kv_cache_by_the_runners_pool():
         STEP.begin(runner=SimpleNamespace(token_to_kv_pool=SimpleNamespace(dtype=cached)))
         problem = cache_problem(DType.bfloat16)
         assert problem is None if expected is None else expected in problem
+    STEP.begin(runner=SimpleNamespace())  # a runner that does not say its pool's dtype: never assumed plain
+    assert "does not say" in cache_problem(DType.bfloat16)
     STEP.begin()
     assert cache_problem(DType.bfloat16) is None  # no runner known (a graph's capture): judged at its replays
 

@@ -72,10 +72,16 @@ def layer_problem(layer: Any) -> Optional[str]:
 
 def cache_problem(dtype: Any) -> Optional[str]:
     """Why the step's KV cache is not of the queries' ``dtype`` (an FP8 cache, ``kv_cache_dtype``:
-    another computation, with its scales), or None. The pool is the model runner's."""
-    pool = getattr(STEP.context.get("runner"), "token_to_kv_pool", None)
-    cached = getattr(pool, "dtype", None)
-    if cached is None or schema_dtype(cached) == dtype:
+    another computation, with its scales), or None. The pool is the model runner's; where no
+    runner is known (a CUDA graph's capture) each replay judges it; where the runner does not say
+    (another SGLang), that is the problem: an FP8 cache must never pass for the queries' dtype."""
+    runner = STEP.context.get("runner")
+    if runner is None:
+        return None
+    cached = getattr(getattr(runner, "token_to_kv_pool", None), "dtype", None)
+    if cached is None:
+        return "RadixAttention whose KV cache's dtype this SGLang's model runner does not say (token_to_kv_pool.dtype)"
+    if schema_dtype(cached) == dtype:
         return None
     found = schema_dtype(cached)
     return (f"RadixAttention with a KV cache of {getattr(found, 'value', found)} for {getattr(dtype, 'value', dtype)} "
