@@ -9,7 +9,7 @@ the family's own package beside this description; see :mod:`fi_profile.families`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from fi_profile.schema.definition import Definition
 
@@ -89,6 +89,10 @@ def matmul_flops(definition: Definition, axes: Mapping[str, int]) -> Optional[fl
     return 2.0 * axes.get("batch", 1) * axes["M"] * axes["N"] * axes["K"]
 
 
+def no_rounding(definition: Definition) -> None:
+    return None
+
+
 def unknown_engine_kernel(run: EngineRun, definition: Definition) -> Optional[EngineKernel]:
     return None
 
@@ -113,6 +117,11 @@ class Family:
     #: GEMM's products): the elementwise check's atol is taken relative to the reference output's
     #: largest magnitude; True for all its op types, or the op types it applies to
     atol_of_largest: Union[bool, tuple[str, ...]] = False
+
+    #: the narrower format the engines' kernels round an intermediate of a Definition's computation
+    #: to, where its reference keeps it exact (an FP8 MoE quantizes its activations again between
+    #: its two GEMMs): its check's atol is that format's precision (:func:`fi_profile.replay.check.compare`)
+    rounds_through: Callable[[Definition], Optional[Any]] = no_rounding
 
     def checks_atol_of_largest(self, op_type: str) -> bool:
         return self.atol_of_largest is True or (isinstance(self.atol_of_largest, tuple) and op_type in self.atol_of_largest)

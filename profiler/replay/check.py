@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -15,6 +16,8 @@ TOLERANCES: dict[torch.dtype, tuple[float, float, float]] = {
     torch.float8_e4m3fn: (1e-1, 1e-1, 0.95),
     torch.float8_e5m2: (1e-1, 1e-1, 0.95),
 }
+#: a narrow format -> its relative precision (half its spacing at 1): the error a value rounded to it carries
+PRECISION: dict[torch.dtype, float] = {torch.float8_e4m3fn: 2.0 ** -4, torch.float8_e5m2: 2.0 ** -3}
 
 
 @dataclass
@@ -47,12 +50,18 @@ class Diff:
         )
 
 
-def compare(out: torch.Tensor, ref: torch.Tensor, atol_of_largest: bool = False) -> Diff:
+def compare(out: torch.Tensor, ref: torch.Tensor, atol_of_largest: bool = False,
+            rounded_through: Optional[torch.dtype] = None) -> Diff:
     """Element-wise |out - ref| <= atol + rtol |ref|; NaN never matches, equal infinities do.
     ``atol_of_largest``: the dtype's atol is taken relative to the reference's largest finite
     magnitude (above 1), for outputs that are sums of rounded terms larger than themselves (a MoE
-    layer's experts: each one's output rounds at its own magnitude before they are added)."""
+    layer's experts: each one's output rounds at its own magnitude before they are added).
+    ``rounded_through``: the engines' kernels round an intermediate to this narrower format that the
+    reference keeps exact (an FP8 MoE's activations between its GEMMs): that atol is the format's
+    relative precision instead."""
     atol, rtol, required = TOLERANCES.get(ref.dtype, (0.0, 0.0, 1.0))
+    if rounded_through is not None:
+        atol = max(atol, PRECISION[rounded_through])
     if atol_of_largest and ref.dtype.is_floating_point and ref.numel():
         finite = ref[torch.isfinite(ref)]
         if finite.numel():

@@ -492,8 +492,9 @@ def _diff_all(definition: Definition, outputs: dict[str, Any], reference: dict[s
     total: Optional[Diff] = None
     family = family_of(definition.op_type)
     atol_of_largest = family is not None and family.checks_atol_of_largest(definition.op_type)
+    rounded_through = family.rounds_through(definition) if family is not None else None
     for name, ref in reference.items():
-        diff = compare(outputs[name], ref, atol_of_largest)
+        diff = compare(outputs[name], ref, atol_of_largest, rounded_through)
         total = diff if total is None else total.merge(diff)
     assert total is not None
     return total
