@@ -118,6 +118,7 @@ LAYER_RULES = [
     LayerRule("sglang.srt.models.deepseek_v2:MoEGate", sglang_moe.gate_problem),
     LayerRule(f"{_LAYERS}.logits_processor:LogitsProcessor", covered),
     sglang_fp8.LAYER_RULE,
+    LayerRule(f"{_LAYERS}.quantization.fp8:Fp8MoEMethod", sglang_moe.fp8_block_problem),
     # an FP8 checkpoint's attention layers hold their KV-cache scales in a quantization method; the
     # cache's dtype is the engine's (the attention hooks judge it at each call)
     LayerRule(f"{_LAYERS}.quantization.kv_cache:BaseKVCacheMethod", by_layer_class),

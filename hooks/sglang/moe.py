@@ -144,8 +144,29 @@ def _expert_parallel_problems(layer: Any) -> list[str]:
     return found
 
 
+def fp8_block_problem(layer: Any) -> Optional[str]:
+    """Why the experts' quantization method is not FP8 block-scale experts in 128 x 128 blocks with
+    dynamic per-token-group activations (what the ``moe_fp8_block_scale_*`` Definitions compute:
+    SGLang's Triton, DeepGEMM, CUTLASS and FlashInfer TRT-LLM runners all quantize so), or None."""
+    method = layer.quant_method
+    name = type(method).__name__
+    if name != "Fp8MoEMethod" or not getattr(method, "block_quant", False):
+        return f"quantization {name}" + ("" if name != "Fp8MoEMethod" else " without weight blocks (no hook yet)")
+    config = getattr(method, "quant_config", None)
+    found = [what for what, applies in {
+        f"{list(getattr(method, 'weight_block_size', None) or [])} blocks (the Definitions dequantize 128 x 128 ones)":
+            list(getattr(method, "weight_block_size", None) or []) != [128, 128],
+        "MXFP8 weights": bool(getattr(method, "use_mxfp8", False)),
+        "FP4 experts": bool(getattr(method, "is_fp4_expert", False)),
+        "static activation scales": getattr(config, "activation_scheme", "dynamic") != "dynamic",
+        "SGLang's CPU (AMX) kernels": bool(getattr(layer, "use_intel_amx_backend", False)),
+    }.items() if applies]
+    return f"{name} with {', '.join(found)}" if found else None
+
+
 def layer_calls(self: Any, hidden_states: torch.Tensor) -> list:
     """``FusedMoE``: routing (from the ``TopK`` call before it) and SwiGLU experts as one call."""
+    seen(self)
     routing = STEP.context.pop("moe_routing", None)
     if routing is None:
         raise RuntimeError("MoE experts called without a TopK call before them: routing unknown")
@@ -153,14 +174,17 @@ def layer_calls(self: Any, hidden_states: torch.Tensor) -> list:
     runner = self.moe_runner_config
     shared = _fused_shared_experts(config)
     routed = int(router_logits.shape[-1])
+    fp8_block = type(self.quant_method).__name__ == "Fp8MoEMethod"
     found = _routing_found(
         config, runner,
-        quantization=type(self.quant_method).__name__,
+        quantization=type(self.quant_method).__name__, quantization_recorded=fp8_block,
         activation=runner.activation, gated=bool(getattr(runner, "is_gated", True)),
         router_weight_on_input=bool(getattr(runner, "apply_router_weight_on_input", False)),
         expert_parallel=self.num_local_experts != self.num_experts,
         expert_parallel_recorded=local_experts(self) is not None,
     ) + _expert_parallel_problems(self)
+    if fp8_block and fp8_block_problem(self) is not None:
+        found.append(fp8_block_problem(self))
     if self.num_experts != routed + shared:  # redundant experts, or shared slots per rank (expert parallelism)
         found.append(f"{self.num_experts} experts' weights for {routed} routed and {shared} fused shared")
     deepseek = deepseek_routing(config)
@@ -169,4 +193,4 @@ def layer_calls(self: Any, hidden_states: torch.Tensor) -> list:
                            top_k=config.top_k - _shared_slots(config),
                            intermediate_size=self.intermediate_size_per_partition, renormalize=bool(config.renormalize),
                            deepseek=deepseek, routing_bias=config.correction_bias if deepseek is not None else None,
-                           shared_experts=shared, local=local_experts(self))
+                           shared_experts=shared, local=local_experts(self), fp8_block_scale=fp8_block)

@@ -83,11 +83,38 @@ def _expert_parallel_problems(runner: Any) -> list[str]:
     return found
 
 
+#: vLLM's FP8 MoE backends that quantize the layer's input per token and group of 128 columns,
+#: then run the block-scale experts on it (Marlin's weight-only FP8 and the CPU backends, which keep
+#: bf16 activations, are another computation)
+FP8_BLOCK_BACKENDS = ("TRITON", "DEEPGEMM", "FLASHINFER_TRTLLM", "FLASHINFER_CUTLASS", "VLLM_CUTLASS", "AITER")
+
+
+def fp8_block_problem(method: Any) -> Optional[str]:
+    """Why the experts' quantization method is not FP8 block-scale experts in 128 x 128 blocks with
+    dynamic per-token-group activations (what the ``moe_fp8_block_scale_*`` Definitions compute),
+    or None."""
+    name = type(method).__name__
+    if name != "Fp8MoEMethod" or not getattr(method, "block_quant", False):
+        return f"quantization {name}" + ("" if name != "Fp8MoEMethod" else " without weight blocks (no hook yet)")
+    backend = getattr(getattr(method, "fp8_backend", None), "name", None)
+    # the checkpoint's blocks, and (vLLM 0.3x) the blocks its kernels use after tensor parallelism
+    blocks = [[int(size) for size in block] for attr in ("weight_block_size", "moe_block_shape")
+              if (block := getattr(method, attr, None)) is not None]
+    if not blocks or any(block != [128, 128] for block in blocks):
+        said = " and ".join(map(str, blocks)) or "unknown"
+        return f"{name} in {said} blocks (the FP8 MoE Definitions dequantize 128 x 128 ones)"
+    if backend not in FP8_BLOCK_BACKENDS:
+        return f"{name} on vLLM's {backend} backend (not per-token-group FP8 activations)"
+    return None
+
+
 def problems(runner: Any) -> list[str]:
     """What a MoE layer (``MoERunner``) has that no MoE Definition computes."""
     router, config, experts = runner.router, runner.moe_config, runner.routed_experts
     activation = getattr(getattr(experts, "activation", None), "value", getattr(experts, "activation", "silu"))
     deepseek = deepseek_routing(runner)
+    method = experts.quant_method
+    fp8_block = type(method).__name__ == "Fp8MoEMethod"
     found = moe.problems(
         router=None if type(router).__name__ in SOFTMAX_TOPK_ROUTERS or deepseek else type(router).__name__,
         scoring=getattr(router, "scoring_func", None),
@@ -96,12 +123,14 @@ def problems(runner: Any) -> list[str]:
         fused_shared_experts=bool(getattr(router, "num_fused_shared_experts", 0)),
         routed_scaling=_scaling(runner) * _scaling(router),
         deepseek_routing=deepseek is not None,
-        quantization=type(experts.quant_method).__name__,
+        quantization=type(method).__name__, quantization_recorded=fp8_block,
         activation=str(activation), gated=bool(getattr(config, "is_act_and_mul", True)),
         expert_bias=bool(getattr(config, "has_bias", False)),
         expert_parallel=config.num_local_experts != router.global_num_experts,
         expert_parallel_recorded=local_experts(runner) is not None,
     )
+    if fp8_block and fp8_block_problem(method) is not None:
+        found.append(fp8_block_problem(method))
     if config.num_local_experts != router.global_num_experts:
         found += _expert_parallel_problems(runner)
     opaque = _opaque(runner)
@@ -176,7 +205,7 @@ def layer_calls(self: Any, hidden_states: torch.Tensor, router_logits: torch.Ten
                             top_k=router.top_k, intermediate_size=config.intermediate_size_per_partition,
                             renormalize=bool(router.renormalize), deepseek=deepseek,
                             routing_bias=router.e_score_correction_bias if deepseek is not None else None,
-                            local=local)
+                            local=local, fp8_block_scale=type(self.routed_experts.quant_method).__name__ == "Fp8MoEMethod")
     calls = _shared_expert_calls(self, hidden_states) + calls
     gate, fused = getattr(self, "gate", None), bool(getattr(self, "_fse_fuse_gate", False))
     if gate is None or not (_opaque(self) or fused):  # the gate's own hook sees it (traced or eager)
@@ -188,5 +217,10 @@ def layer_calls(self: Any, hidden_states: torch.Tensor, router_logits: torch.Ten
         layers.append(self.shared_expert_gate)
     record_by("moe", gate)
     seen(*layers)
+    method = getattr(gate, "quant_method", None)
+    if not fused and method is not None and type(method).__name__ != "UnquantizedLinearMethod":
+        # a quantized router (an FP8 checkpoint that does not exempt it): its quantization and GEMM
+        # as its own hook records them, or nothing where no hook records its method (then listed)
+        return [*_projection_calls(gate, rows(hidden_states, k), hidden_states.dtype), *calls]
     bias = any(getattr(layer, "bias", None) is not None for layer in layers)
     return [gemm.call(hidden_states, n, k, bias=bias), *calls]

@@ -14,8 +14,10 @@ import torch
 from fi_profile.capture.definition_factory import definition_for
 from fi_profile.capture.kernel_call import SHORT_DTYPES, KernelCall, cached_definition, rows
 from fi_profile.families.family import Baseline, EngineKernel, EngineRun, Family, Native
+from fi_profile.families.moe import fp8_block
 from fi_profile.schema.definition import Definition
 from fi_profile.schema.dtype import DType, schema_dtype
+from fi_profile.schema.reference import reference_constant
 
 KEY = "moe"
 
@@ -133,15 +135,16 @@ def problems(*, router: Optional[str] = None, scoring: Any = "softmax", grouped_
              routed_scaling: Optional[float] = None, quantization: Optional[str] = None, activation: Optional[str] = None,
              gated: bool = True, expert_bias: bool = False, router_weight_on_input: bool = False,
              expert_parallel: bool = False, expert_parallel_recorded: bool = False,
-             deepseek_routing: bool = False) -> list[str]:
+             deepseek_routing: bool = False, quantization_recorded: bool = False) -> list[str]:
     """What a MoE layer does that no MoE Definition computes, in words; each engine passes what
     its layer says (an argument it does not pass is a feature its layers do not have):
     ``router``: the class of a router that is not a softmax top-k one; ``quantization``: the
     experts' method class; ``activation`` and ``gated``: the experts' activation;
     ``deepseek_routing``: the engine records this layer's DeepSeek routing (sigmoid scores, grouped
     top-k with the correction bias, routed scaling), which is then no problem; likewise
-    ``fused_shared_recorded`` for its fused shared experts and ``expert_parallel_recorded`` for its
-    rank's share of the experts (the engine knows which, beside DeepSeek's routing)."""
+    ``fused_shared_recorded`` for its fused shared experts, ``expert_parallel_recorded`` for its
+    rank's share of the experts (the engine knows which, beside DeepSeek's routing) and
+    ``quantization_recorded`` for FP8 block-scale experts (:mod:`.fp8_block`)."""
     deepseek = deepseek_routing and scoring == "sigmoid" and grouped_topk and correction_bias
     features = {
         f"router {router}": router is not None,
@@ -151,7 +154,7 @@ def problems(*, router: Optional[str] = None, scoring: Any = "softmax", grouped_
         "correction bias": correction_bias and not deepseek,
         "fused shared experts": fused_shared_experts and not fused_shared_recorded,
         "routed scaling": routed_scaling not in (None, 1.0) and not deepseek,
-        f"quantization {quantization}": quantization not in (None, "UnquantizedFusedMoEMethod"),
+        f"quantization {quantization}": quantization not in (None, "UnquantizedFusedMoEMethod") and not quantization_recorded,
         f"activation {activation}": activation is not None and (str(activation) != "silu" or not gated),
         "expert bias": expert_bias,
         "router weight on input": router_weight_on_input,
@@ -168,11 +171,24 @@ def layer_problem(layer: Any, found: list[str]) -> Optional[str]:
 def layer_calls(hidden_states: torch.Tensor, router_logits: torch.Tensor, found: list[str], *, num_experts: int,
                 top_k: int, intermediate_size: int, renormalize: bool, deepseek: Optional[DeepSeekRouting] = None,
                 routing_bias: Optional[torch.Tensor] = None, shared_experts: int = 0,
-                local: Optional[LocalExperts] = None) -> list:
-    """A MoE layer (routing + SwiGLU experts) as one fused call; raises where it has ``found``
-    :func:`problems` (so the hook error says which)."""
+                local: Optional[LocalExperts] = None, fp8_block_scale: bool = False) -> list:
+    """A MoE layer (routing + SwiGLU experts) as one fused call, or with FP8 block-scale experts
+    (``fp8_block_scale``) as its input's quantization and the MoE (:mod:`.fp8_block`); raises where
+    it has ``found`` :func:`problems` (so the hook error says which)."""
+    if fp8_block_scale:
+        found = found + fp8_block.problems(hidden_states.shape[-1], intermediate_size, hidden_states.dtype,
+                                           deepseek=deepseek is not None, renormalize=renormalize,
+                                           shared_experts=shared_experts, expert_parallel=local is not None)
     if found:
         raise NotImplementedError(f"MoE layer without a Definition: {', '.join(found)}")
+    if fp8_block_scale:
+        return fp8_block.calls(hidden_states, router_logits, num_experts=num_experts, top_k=top_k,
+                               intermediate_size=intermediate_size,
+                               n_group=None if deepseek is None else deepseek.n_group,
+                               topk_group=None if deepseek is None else deepseek.topk_group, routing_bias=routing_bias,
+                               routed_scaling_factor=1.0 if deepseek is None else deepseek.routed_scaling_factor,
+                               shared_experts=shared_experts, local_offset=0 if local is None else local.offset,
+                               local_count=None if local is None else local.count)
     return [call(hidden_states, router_logits, num_experts=num_experts, top_k=top_k,
                  intermediate_size=intermediate_size, renormalize=renormalize, deepseek=deepseek,
                  routing_bias=routing_bias, shared_experts=shared_experts, local=local)]
@@ -185,11 +201,19 @@ DEEPSEEK_CONSTANTS = ("top_k", "N_GROUP", "TOPK_GROUP", "RENORMALIZE", "ROUTED_S
 def _flops(definition: Definition, axes: Mapping[str, int]) -> Optional[float]:
     """Each token's top-k experts and its fused shared ones: a gate/up GEMM (2I x H) and a down GEMM
     (H x I) each. Unknown where the Definition holds a part of the experts (expert parallelism: how
-    many of a token's picks are local depends on the routing) or says no top-k."""
-    if "top_k" not in axes or "num_local_experts" in axes:
+    many of a token's picks are local depends on the routing) or says no top-k (flashinfer-trace's
+    FP8 DeepSeek Definitions say it as the reference's ``TOP_K``)."""
+    top_k = axes.get("top_k") or _reference_top_k(definition)
+    split = axes.get("num_local_experts", axes.get("num_experts")) != axes.get("num_experts", axes.get("num_local_experts"))
+    if top_k is None or split:
         return None
-    experts = axes["top_k"] + axes.get("num_shared_experts", 0)
+    experts = top_k + axes.get("num_shared_experts", 0)
     return 2.0 * axes["seq_len"] * experts * 3 * axes["hidden_size"] * axes["intermediate_size"]
+
+
+def _reference_top_k(definition: Definition) -> Optional[int]:
+    literal = reference_constant(definition.reference, "TOP_K")
+    return int(literal) if literal is not None and literal.isdigit() else None
 
 
 #: the compiled module that registers ``torch.ops._moe_C``: its name in vLLM's CPU builds, and in its
@@ -204,6 +228,12 @@ def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
         return [Native("vllm", "vllm_moe.py", CONSTANTS, requires=_VLLM_MOE_OPS)]
     if fitted == "torch_moe_ds.py" and "num_shared_experts" not in definition.const_axes:  # vLLM never fuses it
         return [Native("vllm", "vllm_moe_ds.py", DEEPSEEK_CONSTANTS, requires=_VLLM_MOE_OPS)]
+    layout = {"vllm_fp8_experts.py": "vllm_fp8_experts.py"}
+    if fitted == "torch_moe_fp8_ds.py" and "num_shared_experts" not in definition.const_axes:
+        return [Native("vllm", "vllm_moe_fp8_ds.py", ("TOP_K", "N_GROUP", "TOPK_GROUP"), siblings=layout,
+                       requires=_VLLM_MOE_OPS)]
+    if fitted == "torch_moe_fp8_renorm.py":
+        return [Native("vllm", "vllm_moe_fp8_renorm.py", ("TOP_K",), siblings=layout, requires=_VLLM_MOE_OPS)]
     return []
 
 
@@ -217,9 +247,11 @@ FAMILY = Family(
     key=KEY,
     package=__name__,
     op_types=("moe",),
-    templates=tuple(TEMPLATES.values()),
+    templates=tuple(TEMPLATES.values()) + tuple(fp8_block.TEMPLATES.values()),
     baselines=(Baseline("torch_moe.py", CONSTANTS, compiled=False),
-               Baseline("torch_moe_ds.py", DEEPSEEK_CONSTANTS, compiled=False)),
+               Baseline("torch_moe_ds.py", DEEPSEEK_CONSTANTS, compiled=False),
+               Baseline("torch_moe_fp8_ds.py", ("TOP_K", "N_GROUP", "TOPK_GROUP"), compiled=False),
+               Baseline("torch_moe_fp8_renorm.py", ("TOP_K",), compiled=False)),
     natives=_natives,
     engine_kernel=_engine_kernel,
     flops=_flops,
@@ -227,7 +259,10 @@ FAMILY = Family(
     # top-k are summed: one rounding step of the largest term, not of the sum (DeepSeek-V3's bf16
     # baseline misses by 0.031, one step at 4-8, where outputs reach 6 and sum to 0.04)
     atol_of_largest=True,
-    kernel_words=("moe", "expert", "experts", "topk", "topk_softmax", "grouped_topk", "align_block"),
+    # the engines' FP8 experts quantize the SwiGLU output again (per token group) for gemm2
+    rounds_through=fp8_block.rounds_through,
+    # SGLang's routing kernel (softmax or sigmoid top-k), ``_router_triton_kernel``
+    kernel_words=("moe", "expert", "experts", "topk", "topk_softmax", "grouped_topk", "align_block", "router"),
     # the top-k outputs' sum, compiled by Inductor (SGLang up to 32 tokens); vLLM's MoE op copying
     # its output into the layer's output buffer
     tail_words=("sum", "memcpy"),
