@@ -605,3 +605,53 @@ def test_a_prologue_hook_accounts_its_kernels_to_the_call_it_prepares_and_record
     assert opened == [gemm.call(x, 64, 32).definition.name]
     assert not RECORDER.calls
     RECORDER.reset()
+
+
+def test_fp8_block_decode_graphs_in_vllm_give_inductors_unnamed_norm_and_rope_kernels_to_them():
+    """vLLM 0.26 on an H200 with 128x128 block FP8 (DeepSeek-V3 and Qwen3-30B-A3B shapes): Inductor
+    fuses a norm with the FP8 quantization after it (``rms_norm_per_block_quant_kernel``, the norm's)
+    and names DeepSeek's kv norm and RoPE, and Qwen3's q/k norms and RoPE, after no op
+    (``triton_red_fused_2``, ``triton_poi_fused_1``): a run of Inductor kernels between two placed
+    units, with one norm Definition and one other call without kernels between, gives its
+    reductions to the norms and its pointwise kernels to the other. Each layer's kernels stay with
+    its calls (the fused q/kv-a GEMM no longer swallows the q norm and q_b GEMM after it)."""
+    import re
+
+    trace, units, result = _aligned_trace("vllm_deepseek_v3_fp8_block_decode_graph.json")
+    found = by_definition(result)
+    assert sum(found.values()) > 0.995 * sum(ns for _, ns in units)
+    assert found["rmsnorm_h512"] == sum(ns for name, ns in units if re.fullmatch(r"triton_red_fused_\d+", name))
+    assert found["rope_deepseek_yarn_h128_kv1_d64"] == sum(
+        ns for name, ns in units if name in ("triton_poi_fused_1", "triton_poi_fused_2") or "neg_slice" in name)
+    # without a residual: the first layer's input norm, then every layer's q norm
+    q_norms = [ns for name, ns in units if "rms_norm_per_block_quant" in name and "false, true" in name][1:]
+    assert found["rmsnorm_h1536"] == sum(q_norms)
+    q_b = [ns for name, ns in units if "cutlass_3x_gemm_fp8_blockwise" in name][1]
+    assert found["gemm_fp8_block_scale_n24576_k1536"] >= q_b
+
+    trace, units, result = _aligned_trace("vllm_qwen3_moe_fp8_block_decode_graph.json")
+    found = by_definition(result)
+    assert sum(found.values()) == sum(ns for _, ns in units) and result.unattributed == {}
+    assert found["rmsnorm_h128"] == sum(ns for name, ns in units if name == "triton_red_fused_1")
+    assert found["rope_neox_style_h32_kv4_d128_theta1000000"] == sum(ns for name, ns in units if name == "triton_poi_fused_2")
+    assert found["gemm_fp8_block_scale_n128_k2048"] > 0  # the FP8 router, before the routed experts
+
+
+def test_a_graphs_calls_leave_out_invocations_that_record_nothing_but_keep_failed_ones(monkeypatch):
+    """A hook that records nothing of its own (vLLM's fused q/kv-a GEMM op around an FP8 layer whose
+    own hook records it; SGLang's MoEGate, whose GEMM TopK records) opens no range in eager steps and
+    is no call of a graph's either: a kernel after it is not held back for it. A hook that failed is
+    a call (its kernels are nobody's)."""
+    import torch
+
+    from fi_profile.capture import graph_runs
+    from fi_profile.capture.traced import Template, Trace
+    from fi_profile.families import gemm
+
+    gemm_call = gemm.sized_call(4, 64, 32, torch.bfloat16)
+    trace = Trace(output_graph=0, symbols={}, templates=[
+        Template("fused_qkv_a_gemm"), Template("linear", [gemm_call]), Template("moe", error="RuntimeError: boom")])
+    seen = {}
+    monkeypatch.setattr(graph_runs.ACCOUNTING, "graph_index", lambda key, calls: seen.setdefault("calls", calls()))
+    graph_runs.graph_calls(trace, ())
+    assert seen["calls"] == [("linear", (gemm_call.definition.name,)), ("moe", ())]

@@ -56,9 +56,14 @@ def graph_calls(trace: Trace, live_labels: tuple[str, ...]) -> int:
         for template in trace.templates:
             if template.live is not None:
                 label = by_live.get(_live_key(template.live), "")
-                found.append((template.op, tuple(label.split(JOIN)) if label else ()))
+                names = tuple(label.split(JOIN)) if label else ()
             else:
-                found.append((template.op, tuple(dict.fromkeys(c.definition.name for c in template.calls))))
+                names = tuple(dict.fromkeys(c.definition.name for c in template.calls))
+            # an invocation that records nothing of its own (another hook records its kernels: an
+            # FP8 layer's GEMM under vLLM's fused q/kv-a op) is no call here, as it opens no range
+            # in eager steps; one that failed is (its kernels are nobody's)
+            if names or template.error is not None:
+                found.append((template.op, names))
         return found
 
     return ACCOUNTING.graph_index((id(trace), len(trace.templates), live_labels), calls)

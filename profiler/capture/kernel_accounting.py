@@ -62,6 +62,8 @@ NAMES_KEPT = 8
 UNATTRIBUTED_KEPT = 40
 #: how Inductor names a pointwise kernel (a reduction's is ``triton_red_`` or ``triton_per_``)
 POINTWISE = "triton_poi_"
+#: Inductor's reduction kernels (looped and persistent) named after no op (those of custom ops)
+ANONYMOUS_REDUCTION = re.compile(r"triton_(red|per)_fused_\d+")
 
 
 @dataclass
@@ -729,6 +731,18 @@ def _align(units: list[tuple[int, str, int]], calls: Sequence[tuple[str, tuple[s
             if len(between) > 1 and all(name.startswith(POINTWISE) for _, name, _ in units[lo:hi]):
                 # Inductor's pointwise kernels: not a norm's (which reduces) among calls without kernels
                 between = [c for c in between if calls[c][0] not in fits.reducing]
+            reducing = [c for c in between if calls[c][0] in fits.reducing]
+            if reducing and len(between) - len(reducing) == 1 and len({calls[c][1] for c in reducing}) == 1 \
+                    and all(name.startswith(POINTWISE) or ANONYMOUS_REDUCTION.fullmatch(name)
+                            for _, name, _ in units[lo:hi]):
+                # Inductor's kernels named after no op for norms of one Definition and one other call
+                # (vLLM's FP8 models: DeepSeek's kv norm and RoPE, Qwen3's q and k norms and RoPE):
+                # its reductions the norms', its pointwise kernels the other's. A reduction named
+                # after ops (``triton_red_fused_mul_neg_stack``) could be either's: left alone
+                other = next(c for c in between if c not in reducing)
+                for k in range(lo, hi):
+                    assigned[k] = reducing[0] if ANONYMOUS_REDUCTION.fullmatch(units[k][1]) else other
+                between = []
             if not between and after == before + 1 and calls[before][2] == calls[after][2]:
                 between = [after]  # one invocation's calls back to back: what the next one runs on
             if len(between) > 1 and {calls[c][2] for c in between} == {calls[after][2]}:
