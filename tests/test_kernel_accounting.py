@@ -655,3 +655,19 @@ def test_a_graphs_calls_leave_out_invocations_that_record_nothing_but_keep_faile
     monkeypatch.setattr(graph_runs.ACCOUNTING, "graph_index", lambda key, calls: seen.setdefault("calls", calls()))
     graph_runs.graph_calls(trace, ())
     assert seen["calls"] == [("linear", (gemm_call.definition.name,)), ("moe", ())]
+
+
+def test_sglangs_fp8_moe_keeps_its_swiglu_between_the_quantization_and_the_expert_gemms():
+    """SGLang 0.5.16 on an H200, Qwen3-30B-A3B shape in block FP8: its fused MoE quantizes the
+    SwiGLU output (``act_and_mul_kernel``) per token group before the second expert GEMM, so the
+    SwiGLU kernel sits between the first ``fused_moe_kernel`` and a quantization kernel of the
+    invocation's quantization call: it is the MoE's, as its routing kernel (``_router_triton_kernel``)
+    is. Every kernel of the graph but an input copy at its edge is attributed."""
+    trace, units, result = _aligned_trace("sglang_qwen3_moe_fp8_block_decode_graph.json")
+    found = by_definition(result)
+    moe = "moe_fp8_block_scale_renorm_topk8_e128_h2048_i768"
+    own = ("fused_moe_kernel", "act_and_mul_kernel", "_router_triton_kernel", "moe_align_block_size", "count_and_sort",
+           "triton_per_fused_copy__mul_sum")
+    assert found[moe] >= sum(ns for name, ns in units if any(word in name for word in own))
+    assert not any("act_and_mul" in name or "router" in name for name in result.unattributed)
+    assert sum(found.values()) > 0.99 * sum(ns for _, ns in units)

@@ -651,9 +651,18 @@ def _align(units: list[tuple[int, str, int]], calls: Sequence[tuple[str, tuple[s
     filled: set[int] = set()  # calls that have a unit
     interleaved = False  # the last unit with a family's name went back into the current invocation
 
-    def within(i: int, op_type: str) -> bool:
-        """Whether the next unit with a family's name after unit ``i`` fits only ``op_type``'s."""
-        j = next((j for j in range(i + 1, len(units)) if names[j]), None)
+    def within(i: int, call: int, past_others: bool = False) -> bool:
+        """Whether the next unit with a family's name after unit ``i`` fits only ``call``'s op type;
+        ``past_others``: or the one after it does where it is of another op type of the call's
+        invocation than unit ``i``'s (an FP8 MoE's quantization of its SwiGLU output, between that
+        and the second expert GEMM)."""
+        op_type = calls[call][0]
+        others = frozenset(calls[c][0] for c in invocation_calls[calls[call][2]]) - {op_type}
+        named = (j for j in range(i + 1, len(units)) if names[j])
+        j = next(named, None)
+        if (past_others and j is not None and not fits.only(names[j], op_type) and names[j] & others
+                and not names[j] & names[i]):
+            j = next(named, None)
         return j is not None and fits.only(names[j], op_type)
 
     position, current = 0, None
@@ -683,7 +692,7 @@ def _align(units: list[tuple[int, str, int]], calls: Sequence[tuple[str, tuple[s
                 and not (position < len(calls) and calls[position][0] in types):
             # a kernel not of the current call's family, nor of the next call's
             own = [c for c in invocation_calls[calls[current][2]] if calls[c][0] in types]
-            if (own or nxt is None) and within(i, calls[current][0]):
+            if (own or nxt is None) and within(i, current, past_others=not own):
                 # inside the current call, of a type its invocation also has or no later call has
                 # (the routed experts' SwiGLU between a fused MoE's two expert GEMMs)
                 assigned[i] = current
