@@ -340,7 +340,62 @@ def test_vllms_block_scale_fp8_layers_are_recorded_through_its_block_scaled_kern
     assert "UE8M0" in vllm_fp8.layer_problem(layer(triton))
     triton.quant_fp8.use_ue8m0 = False
     for listed, words in ((layer(triton, use_marlin=True), "Marlin"), (layer(triton, bias=torch.zeros(1536)), "bias"),
-                          (layer(None, block_quant=False, weight_block_size=None), "per-channel weight scales")):
+                          (layer(None, block_quant=False, weight_block_size=None), "not a scaled-mm kernel")):
         assert words in vllm_fp8.layer_problem(listed)
         with pytest.raises(NotImplementedError, match=words):
             vllm_fp8.linear_calls(listed.quant_method, listed, x)
+
+
+def test_vllms_fp8_layers_without_blocks_are_recorded_through_its_scaled_mm_kernels():
+    """Without weight blocks (Llama-3.1-8B-FP8) vLLM's method hands a layer to a scaled-mm kernel
+    (vLLM's own class here, as its CUDA build selects CUTLASS's): one whose ``apply_weights`` is the
+    base's is recorded as its dynamic activation quantization (per token or per tensor, as its
+    configuration's activation key says) then the scaled GEMM (weight scales per tensor or per
+    channel, as its weight key says). Static activation scales, or a kernel with its own
+    ``apply_weights`` (vLLM's CPU kernel), are listed."""
+    import os
+    from types import SimpleNamespace
+
+    if os.environ.get("CI") != "true":
+        pytest.importorskip("vllm")
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.kernels.linear import FP8ScaledMMLinearLayerConfig
+    from vllm.model_executor.kernels.linear.scaled_mm.cpu import CPUFp8PerTensorScaledMMLinearKernel
+    from vllm.model_executor.kernels.linear.scaled_mm.pytorch import ChannelWiseTorchFP8ScaledMMLinearKernel
+    from vllm.model_executor.layers.quantization.utils.quant_utils import (
+        kFp8DynamicTokenSym,
+        kFp8StaticChannelSym,
+        kFp8StaticTensorSym,
+    )
+
+    from fi_profile.hooks.vllm import fp8_linear as vllm_fp8
+
+    def kernel(weight_key):
+        config = FP8ScaledMMLinearLayerConfig(weight_quant_key=weight_key, activation_quant_key=kFp8DynamicTokenSym,
+                                              input_dtype=torch.bfloat16, out_dtype=torch.bfloat16,
+                                              weight_shape=(1024, 4096))
+        with set_current_vllm_config(VllmConfig()):
+            return ChannelWiseTorchFP8ScaledMMLinearKernel(config, ["weight", "weight_scale", "input_scale", "input_scale_ub"])
+
+    Fp8LinearMethod = type("Fp8LinearMethod", (SimpleNamespace,), {})
+
+    def layer(fp8_kernel):
+        return SimpleNamespace(output_size_per_partition=1024, input_size_per_partition=4096, bias=None,
+                               weight=torch.empty(0), quant_method=Fp8LinearMethod(
+                                   block_quant=False, weight_block_size=None, use_marlin=False, fp8_linear=fp8_kernel))
+
+    x = torch.zeros(5, 4096, dtype=torch.bfloat16)
+    for weight_key, expected in ((kFp8StaticTensorSym, ["quant_fp8_per_token_k4096", "gemm_fp8_per_token_tensor_scale_n1024_k4096"]),
+                                 (kFp8StaticChannelSym, ["quant_fp8_per_token_k4096",
+                                                         "gemm_fp8_per_token_channel_scale_n1024_k4096"])):
+        recorded = layer(kernel(weight_key))
+        assert vllm_fp8.layer_problem(recorded) is None
+        calls = vllm_fp8.linear_calls(recorded.quant_method, recorded, x)
+        assert [c.definition.name for c in calls] == expected and all(c.axes == {"M": 5} for c in calls)
+    static = kernel(kFp8StaticTensorSym)
+    static.quant_fp8.static = True
+    assert "static activation scales" in vllm_fp8.layer_problem(layer(static))
+    cpu = object.__new__(CPUFp8PerTensorScaledMMLinearKernel)  # its own apply_weights (built only on CPUs it supports)
+    assert "own apply_weights" in vllm_fp8.layer_problem(layer(cpu))
+    with pytest.raises(NotImplementedError, match="own apply_weights"):
+        vllm_fp8.linear_calls(layer(cpu).quant_method, layer(cpu), x)

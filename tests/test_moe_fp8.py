@@ -244,7 +244,7 @@ def test_vllms_router_held_by_the_runner_is_recorded_as_its_linear_method_runs_i
 
     def gate(method):
         return SimpleNamespace(output_size_per_partition=16, input_size_per_partition=256, bias=None,
-                               quant_method=type(method, (SimpleNamespace,), {})(weight_block_size=[128, 128]))
+                               quant_method=type(method, (SimpleNamespace,), {})(block_quant=True, weight_block_size=[128, 128]))
 
     x, logits = torch.zeros(5, 256, dtype=torch.bfloat16), torch.zeros(5, 16)
     names = [c.definition.name for c in vllm_moe.layer_calls(_vllm_runner(entry=OpOverload(), gate=gate("Fp8LinearMethod")),

@@ -3,11 +3,15 @@
 With block-scale weights (DeepSeek-V3/R1, Qwen3-FP8: ``weight_block_size``) vLLM's method hands
 the layer to a block-scaled kernel (``Fp8BlockScaledMMLinearKernel``: DeepGEMM, CUTLASS, Triton,
 ...) whose ``apply_weights`` quantizes the activations per token and group of ``block_k`` columns
-(``QuantFP8``), then runs the block-scale GEMM: two calls per layer and step, whichever kernel. A
-kernel that takes the bf16 input itself (FlashInfer's), runs its own ``apply_weights`` (vLLM's CPU
-kernels), or quantizes with power-of-two (UE8M0) scales, Marlin's weight-only FP8, per-tensor or
-per-channel scales (no hook yet), a bias (added by its own kernel after the GEMM) or vLLM's
-batch-invariant mode are another computation: the layer is listed by what it is.
+(``QuantFP8``), then runs the block-scale GEMM: two calls per layer and step, whichever kernel.
+Without blocks (Llama-3.1-8B-FP8: per-tensor or per-channel weight scales) it hands it to a scaled-mm
+kernel (``FP8ScaledMMLinearKernel``: CUTLASS, FlashInfer, PyTorch's ``_scaled_mm``) whose
+``apply_weights`` likewise quantizes the activations dynamically, per tensor or per token, then
+runs the scaled GEMM. A kernel that takes the bf16 input itself (FlashInfer's block kernel), runs
+its own ``apply_weights`` (vLLM's CPU kernels), or quantizes to power-of-two (UE8M0) scales or
+with the checkpoint's static activation scales, Marlin's weight-only FP8, a bias (added by its own
+kernel after the GEMM) or vLLM's batch-invariant mode are another computation: the layer is listed
+by what it is.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from fi_profile.families import fp8_linear, gemm
 BASE = "vllm.model_executor.layers.quantization.fp8:Fp8LinearMethod"
 #: the block-scaled kernels' base, whose ``apply_weights`` is the quantization, then the GEMM
 _BLOCK_KERNEL = "Fp8BlockScaledMMLinearKernel"
+#: the scaled-mm kernels' base (per-tensor or per-channel weight scales), likewise
+_SCALED_KERNEL = "FP8ScaledMMLinearKernel"
 
 
 def _block_kernel_problem(kernel: Any) -> Optional[str]:
@@ -53,43 +59,95 @@ def _batch_invariant() -> bool:
     return bool(getattr(envs, "VLLM_BATCH_INVARIANT", False))
 
 
+def _per(group_shape: Any, kinds: dict[tuple[int, int], str]) -> Optional[str]:
+    """A vLLM ``GroupShape`` (row, col) as the scale granularity ``kinds`` names, or None."""
+    try:
+        return kinds.get((int(group_shape[0]), int(group_shape[1])))
+    except (TypeError, IndexError, ValueError):
+        return None
+
+
+_ACTIVATION_SCALES = {(-1, -1): "tensor", (1, -1): "token"}
+_WEIGHT_SCALES = {(-1, -1): "tensor", (-1, 1): "channel"}
+
+
+def scaled_kinds(kernel: Any) -> Optional[tuple[str, str]]:
+    """A scaled-mm kernel's (activation scales per, weight scales per), from its configuration's
+    quantization keys (never from the weight's scale tensor, which a kernel may reshape), or None."""
+    config = getattr(kernel, "config", None)
+    activation = getattr(getattr(getattr(config, "activation_quant_key", None), "scale", None), "group_shape", None)
+    weight = getattr(getattr(getattr(config, "weight_quant_key", None), "scale", None), "group_shape", None)
+    kinds = (_per(activation, _ACTIVATION_SCALES), _per(weight, _WEIGHT_SCALES))
+    return kinds if None not in kinds else None
+
+
+def _scaled_kernel_problem(kernel: Any) -> Optional[str]:
+    """Why ``kernel`` (the method's ``fp8_linear``, without weight blocks) is not the base's dynamic
+    quantization then scaled GEMM, or None."""
+    bases = {cls.__name__: cls for cls in type(kernel).__mro__}
+    name = type(kernel).__name__
+    if _SCALED_KERNEL not in bases:
+        return f"{name} (not a scaled-mm kernel)"
+    if type(kernel).apply_weights is not bases[_SCALED_KERNEL].apply_weights:
+        return f"{name}'s own apply_weights"
+    quant = getattr(kernel, "quant_fp8", None)
+    if quant is None or getattr(quant, "static", False):
+        return f"{name} with static activation scales"
+    if scaled_kinds(kernel) is None:
+        return f"{name} with scales of another granularity than per tensor, token or channel"
+    return None
+
+
 def layer_problem(layer: Any) -> Optional[str]:
-    """Why an FP8 linear layer is not the two block-scale calls, or None."""
+    """Why an FP8 linear layer is not its activation quantization then its FP8 GEMM, or None."""
     method = layer.quant_method
     block = getattr(method, "weight_block_size", None) if getattr(method, "block_quant", False) else None
     found = [what for what, applies in {
         "Marlin (weight-only FP8)": bool(getattr(method, "use_marlin", False)),
-        "per-tensor or per-channel weight scales (no hook yet)": block is None,
         "a bias": getattr(layer, "bias", None) is not None,
         "vLLM's batch-invariant mode": _batch_invariant(),
     }.items() if applies]
-    if block is not None and not found:
-        kernel = _block_kernel_problem(getattr(method, "fp8_linear", None))
-        found += [kernel] if kernel else []
+    if not found:
+        kernel = getattr(method, "fp8_linear", None)
+        problem = _block_kernel_problem(kernel) if block is not None else _scaled_kernel_problem(kernel)
+        found += [problem] if problem else []
     if found:
         return f"{type(layer).__name__} with {type(method).__name__}: {', '.join(found)} (no Definition computes it)"
     return None
 
 
 def linear_calls(self: Any, layer: Any, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> list:
-    """``Fp8LinearMethod.apply(layer, x, bias)`` with block-scale weights: the per-token-group
-    quantization of ``x``, then the block-scale GEMM (the layer's logical sizes, never its weight's,
-    which the kernels repack)."""
+    """``Fp8LinearMethod.apply(layer, x, bias)``: the quantization of ``x`` (per token and group of
+    ``block_k`` columns with block-scale weights, else dynamically per tensor or per token), then
+    the FP8 GEMM (the layer's logical sizes, never its weight's, which the kernels repack). An input
+    an earlier op already quantized (vLLM's fusion of the quantization into the norm before it)
+    records the GEMM alone."""
     seen(layer)
     require(layer_problem(layer))
     if bias is not None:
-        raise NotImplementedError("an FP8 block-scale linear layer with a bias (no Definition computes it)")
+        raise NotImplementedError("an FP8 linear layer with a bias (no Definition computes it)")
     if recorded_elsewhere(layer):
         return []
-    return sized_calls(layer, rows(x, gemm.layer_size(layer)[1]), x.dtype)
+    k = gemm.layer_size(layer)[1]
+    if isinstance(x, torch.Tensor):
+        return sized_calls(layer, rows(x, k), x.dtype)
+    data, dtype = getattr(x, "data", None), getattr(x, "orig_dtype", None)
+    if not isinstance(data, torch.Tensor) or dtype is None:
+        raise NotImplementedError(f"an FP8 linear layer handed a {type(x).__name__} (no Definition computes it)")
+    return sized_calls(layer, rows(data, k), dtype)[1:]
 
 
 def sized_calls(layer: Any, m: int, dtype: torch.dtype) -> list:
-    """A block-scale FP8 layer's two calls on ``m`` tokens of ``dtype`` (where another hook records
-    the layer: vLLM's MoE, for shared experts inside its opaque op)."""
+    """An FP8 layer's two calls on ``m`` tokens of ``dtype`` (also where another hook records the
+    layer: vLLM's MoE, for shared experts inside its opaque op)."""
     n, k = gemm.layer_size(layer)
-    block = layer.quant_method.weight_block_size
-    return [fp8_linear.quant_call(m, k, int(block[1]), dtype), fp8_linear.block_gemm_call(m, n, k, block, dtype)]
+    method = layer.quant_method
+    if getattr(method, "block_quant", False):
+        block = method.weight_block_size
+        return [fp8_linear.quant_call(m, k, int(block[1]), dtype), fp8_linear.block_gemm_call(m, n, k, block, dtype)]
+    activation, weight = scaled_kinds(method.fp8_linear)
+    return [fp8_linear.dynamic_quant_call(m, k, activation, dtype),
+            fp8_linear.scaled_gemm_call(m, n, k, activation, weight, dtype)]
 
 
 LAYER_RULE = LayerRule(BASE, layer_problem)
