@@ -43,7 +43,7 @@ def test_a_layer_is_its_inputs_quantization_then_the_moe_named_as_flashinfer_tra
     assert renorm.name == "moe_fp8_block_scale_renorm_topk4_e16_h256_i128" and "E = 16" in renorm.reference
 
 
-def test_deepseek_v3_at_ep8_and_qwen3_30b_are_the_datasets_own_definitions():
+def test_deepseek_v3_at_ep8_and_qwen3_moe_layers_are_the_datasets_own_definitions():
     """DeepSeek-V3's layer on one of 8 expert-parallel ranks (with the dataset's bf16 bias) and
     Qwen3-30B-A3B's are flashinfer-trace's Definitions, as shipped; a layer that only shares the
     name's sizes (32 experts unsplit) is not."""
@@ -63,6 +63,11 @@ def test_deepseek_v3_at_ep8_and_qwen3_30b_are_the_datasets_own_definitions():
                                 [], num_experts=128, top_k=8, intermediate_size=768, renormalize=True,
                                 fp8_block_scale=True)
     assert qwen.definition is shipped_definition("moe_fp8_block_scale_renorm_topk8_e128_h2048_i768")
+    for hidden, intermediate, top_k in ((4096, 1536, 8), (2048, 512, 10)):  # Qwen3-235B-A22B, and the dataset's top-10 one
+        (_, layer) = moe.layer_calls(torch.zeros(1, hidden, dtype=torch.bfloat16), torch.zeros(1, 128, dtype=torch.bfloat16),
+                                     [], num_experts=128, top_k=top_k, intermediate_size=intermediate, renormalize=True,
+                                     fp8_block_scale=True)
+        assert "status:verified" in layer.definition.tags  # flashinfer-trace's own file, not one made from a template
 
 
 def _dequantized(inputs, swap):
