@@ -304,3 +304,40 @@ def test_deepseek_on_sglangs_default_cpu_path_stops_where_its_backend_cannot_run
             pytest.skip("SGLang's CPU attention (torch_native) cannot run MLA's up-projected prefill")
         raise
     assert counts(result)["mla_ragged_prefill_causal_h4_qk128_vo64"] == 3
+
+
+def test_an_engine_process_that_fails_to_start_is_said_with_its_log_not_a_silent_kill(tmp_path):
+    """SGLang's processes signal the launching process (SIGQUIT) when one fails, and SGLang's own
+    handler then kills it: fi-profile died with exit 137 and no word. Here the tiny Llama with FP8
+    layers without blocks, which the CPU test build of SGLang cannot load (its stub ``sgl_kernel``
+    has no per-tensor FP8 quantization): the capture exits 1 saying the engine failed and where its
+    output is, with the log's tail holding the real error, and leaves no engine process behind."""
+    import json
+    import subprocess
+    import time
+
+    import psutil
+
+    config = json.loads((Path(__file__).parents[1] / "profiler/model_configs/fi-profile/tiny-llama/config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+    model = tmp_path / "tiny-llama-fp8"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "cap"
+    proc = subprocess.Popen(
+        [str(SGLANG_PYTHON.with_name("fi-profile")), "--model", str(model), "--framework", "sglang", "--out", str(out),
+         "--num-prompts", "2", "--input-len", "16", "--output-len", "4"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    engine_processes = set()  # the capture's descendants, seen while it runs
+    while proc.poll() is None:
+        try:
+            engine_processes.update(psutil.Process(proc.pid).children(recursive=True))
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.5)
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 1, (proc.returncode, stderr[-3000:])
+    assert "the engine failed" in " ".join(stderr.split())
+    assert str(out / "engine.log") in "".join(stderr.split())  # where its output is (the path as printed, unwrapped)
+    assert "sgl_per_tensor_quant_fp8" in stderr  # the log's tail, with the engine's own error
+    assert engine_processes and not [p for p in engine_processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]

@@ -68,6 +68,12 @@ class SglangEngine:
                 max_total_tokens=max(4096, 2 * scenario.num_prompts * (scenario.input_len + scenario.output_len)),
                 disable_overlap_schedule=True,
             )
+        import inspect
+
+        from sglang.srt.server_args import ServerArgs  # a dataclass in 0.5.16, a msgspec Struct in 0.5.23
+
+        if "custom_sigquit_handler" in inspect.signature(ServerArgs).parameters:
+            kwargs["custom_sigquit_handler"] = engine_process_failed
         kwargs.update(options.engine_args)  # the user's own engine arguments, by name, last
         from sglang.srt.entrypoints.engine import Engine as engine_class  # sglang.Engine is a lazy proxy
 
@@ -113,6 +119,21 @@ class SglangEngine:
 
     def shutdown(self) -> None:
         self.engine.shutdown()
+
+
+class EngineProcessFailed(RuntimeError):
+    """An SGLang engine process failed and said so to fi-profile's (SIGQUIT)."""
+
+
+def engine_process_failed(signum: int, frame: Any) -> None:
+    """SGLang's processes send SIGQUIT to the one that launched them when one fails; SGLang's own
+    handler then kills that process too, fi-profile with it, without a word. This one stops the
+    engine's processes and raises here instead, so that the capture says the engine failed and
+    where its output is (``DIR/engine.log``)."""
+    from sglang.srt.utils import kill_process_tree
+
+    kill_process_tree(os.getpid(), include_parent=False)
+    raise EngineProcessFailed("an SGLang engine process failed (it signalled fi-profile with SIGQUIT)")
 
 
 #: this engine, as :data:`fi_profile.capture.options.ENGINE_RUNNERS` finds it
