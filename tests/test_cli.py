@@ -60,6 +60,12 @@ def test_shipped_set_covers_llama_31_8b_and_the_moe_templates():
         "quant_fp8_per_tensor_k4096", "quant_fp8_per_token_k4096", "gemm_fp8_per_tensor_scale_n4096_k4096",
         "gemm_fp8_per_token_channel_scale_n4096_k4096", "gemm_fp8_per_token_tensor_scale_n4096_k4096",
         "gemm_fp8_per_tensor_channel_scale_n4096_k4096",
+        # FP8 block-scale MoE in flashinfer-trace's interface: its Qwen3 and DeepSeek-V3 EP=8 files
+        # unchanged, our DeepSeek-V3 EP=1 templates (plain, and its shared expert fused)
+        "moe_fp8_block_scale_renorm_topk8_e128_h2048_i768", "moe_fp8_block_scale_renorm_topk8_e128_h4096_i1536",
+        "moe_fp8_block_scale_renorm_topk10_e128_h2048_i512", "moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048",
+        "moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e256_h7168_i2048",
+        "moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e256_h7168_i2048_shared1",
     } == names
     # templates are bfloat16 where their computation has a model dtype (instantiated per dtype); FP8 data is FP8
     assert all(d.inputs[next(iter(d.inputs))].dtype.value in ("bfloat16", "float32", "int32", "float8_e4m3fn")
