@@ -183,8 +183,9 @@ def layer_calls(self: Any, hidden_states: torch.Tensor) -> list:
         expert_parallel=self.num_local_experts != self.num_experts,
         expert_parallel_recorded=local_experts(self) is not None,
     ) + _expert_parallel_problems(self)
-    if fp8_block and fp8_block_problem(self) is not None:
-        found.append(fp8_block_problem(self))
+    fp8_problem = fp8_block_problem(self) if fp8_block else None
+    if fp8_problem is not None:
+        found.append(fp8_problem)
     if self.num_experts != routed + shared:  # redundant experts, or shared slots per rank (expert parallelism)
         found.append(f"{self.num_experts} experts' weights for {routed} routed and {shared} fused shared")
     deepseek = deepseek_routing(config)

@@ -32,22 +32,29 @@ _BLOCK_KERNEL = "Fp8BlockScaledMMLinearKernel"
 _SCALED_KERNEL = "FP8ScaledMMLinearKernel"
 
 
-def _block_kernel_problem(kernel: Any) -> Optional[str]:
-    """Why ``kernel`` (the method's ``fp8_linear``) is not the base's quantization then GEMM, or None."""
+def _base_problem(kernel: Any, base: str, kind: str) -> Optional[str]:
+    """Why ``kernel`` (the method's ``fp8_linear``) does not run ``base``'s ``apply_weights`` (the
+    dynamic activation quantization, then the GEMM), or None."""
     bases = {cls.__name__: cls for cls in type(kernel).__mro__}
     name = type(kernel).__name__
-    if _BLOCK_KERNEL not in bases:
-        return f"{name} (not a block-scaled kernel)"
-    if type(kernel).apply_weights is not bases[_BLOCK_KERNEL].apply_weights:
+    if base not in bases:
+        return f"{name} (not a {kind} kernel)"
+    if type(kernel).apply_weights is not bases[base].apply_weights:
         return f"{name}'s own apply_weights"
     if not getattr(kernel, "apply_input_quant", True):
         return f"{name}, which takes the bf16 input and quantizes it itself"
     quant = getattr(kernel, "quant_fp8", None)
     if quant is None or getattr(quant, "static", False):
         return f"{name} with static activation scales"
-    if getattr(quant, "use_ue8m0", False):
-        return f"{name} with power-of-two (UE8M0) scales"
     return None
+
+
+def _block_kernel_problem(kernel: Any) -> Optional[str]:
+    """Why ``kernel`` is not the base's per-token-group quantization then block-scale GEMM, or None."""
+    problem = _base_problem(kernel, _BLOCK_KERNEL, "block-scaled")
+    if problem is None and getattr(kernel.quant_fp8, "use_ue8m0", False):
+        return f"{type(kernel).__name__} with power-of-two (UE8M0) scales"
+    return problem
 
 
 @functools.lru_cache(maxsize=None)  # a process constant: read once, not on every hooked call
@@ -82,20 +89,12 @@ def scaled_kinds(kernel: Any) -> Optional[tuple[str, str]]:
 
 
 def _scaled_kernel_problem(kernel: Any) -> Optional[str]:
-    """Why ``kernel`` (the method's ``fp8_linear``, without weight blocks) is not the base's dynamic
-    quantization then scaled GEMM, or None."""
-    bases = {cls.__name__: cls for cls in type(kernel).__mro__}
-    name = type(kernel).__name__
-    if _SCALED_KERNEL not in bases:
-        return f"{name} (not a scaled-mm kernel)"
-    if type(kernel).apply_weights is not bases[_SCALED_KERNEL].apply_weights:
-        return f"{name}'s own apply_weights"
-    quant = getattr(kernel, "quant_fp8", None)
-    if quant is None or getattr(quant, "static", False):
-        return f"{name} with static activation scales"
-    if scaled_kinds(kernel) is None:
-        return f"{name} with scales of another granularity than per tensor, token or channel"
-    return None
+    """Why ``kernel`` (without weight blocks) is not the base's dynamic quantization per tensor or
+    token then scaled GEMM, or None."""
+    problem = _base_problem(kernel, _SCALED_KERNEL, "scaled-mm")
+    if problem is None and scaled_kinds(kernel) is None:
+        return f"{type(kernel).__name__} with scales of another granularity than per tensor, token or channel"
+    return problem
 
 
 def layer_problem(layer: Any) -> Optional[str]:

@@ -129,8 +129,9 @@ def problems(runner: Any) -> list[str]:
         expert_parallel=config.num_local_experts != router.global_num_experts,
         expert_parallel_recorded=local_experts(runner) is not None,
     )
-    if fp8_block and fp8_block_problem(method) is not None:
-        found.append(fp8_block_problem(method))
+    fp8_problem = fp8_block_problem(method) if fp8_block else None
+    if fp8_problem is not None:
+        found.append(fp8_problem)
     if config.num_local_experts != router.global_num_experts:
         found += _expert_parallel_problems(runner)
     opaque = _opaque(runner)
