@@ -38,6 +38,23 @@ def test_quantization_reference_scales_each_token_group_to_the_fp8_range():
     assert ((deq - groups).abs() <= groups.abs() / 16 + scale.unsqueeze(-1) * 2 ** -9).all()
 
 
+def test_power_of_two_quantization_rounds_each_scale_up_to_a_power_of_two():
+    """DeepGEMM's UE8M0 scales: each group's scale is the least power of two at or above its
+    magnitude / 448, so no value leaves e4m3's range and the largest lands within a factor 2 of 448."""
+    x = torch.randn(5, 512, dtype=torch.float32).mul(torch.rand(5, 1) * 10).to(torch.bfloat16)
+    call = fp8_linear.quant_call(5, 512, 128, torch.bfloat16, power_of_two=True)
+    assert call.definition.name == "quant_fp8_per_token_group_ue8m0_k512_g128"
+    out = run_reference(call.definition, {"x": x})
+    groups = x.float().view(5, 4, 128)
+    exact = groups.abs().amax(-1).clamp_min(1e-10) / FP8_MAX
+    assert torch.equal(out["x_scale"], torch.exp2(torch.ceil(torch.log2(exact))))
+    assert (out["x_scale"] >= exact).all() and (out["x_scale"] < 2 * exact).all()
+    largest = out["x_q"].float().view(5, 4, 128).abs().amax(-1)
+    assert (largest <= FP8_MAX).all() and (largest >= FP8_MAX / 2 - 16).all()
+    plain = run_reference(fp8_linear.quant_call(5, 512, 128, torch.bfloat16).definition, {"x": x})
+    assert not torch.equal(plain["x_scale"], out["x_scale"])
+
+
 def test_block_gemm_reference_is_the_product_of_the_dequantized_operands():
     """C = (A * its token-group scales) @ (B * its 128x128 block scales).T, computed here in float64
     from the block structure written out; a weight whose N and K are not multiples of the block
@@ -87,16 +104,18 @@ def test_a_layers_calls_are_its_quantization_then_its_gemm():
 
 
 def test_small_fp8_definitions_replay_with_their_baselines_on_cpu(tmp_path):
-    """The references and PyTorch baselines of both op types pass on CPU at small shapes, under the
+    """The references and PyTorch baselines of both op types (the quantization with float32 and
+    power-of-two scales) pass on CPU at small shapes, under the
     FP8 GEMM's tolerance (bfloat16's, its atol relative to the output's largest magnitude)."""
     definitions = [fp8_linear.quant_call(1, 512, 128, torch.bfloat16).definition,
+                   fp8_linear.quant_call(1, 512, 128, torch.bfloat16, power_of_two=True).definition,
                    fp8_linear.block_gemm_call(1, 384, 512, (128, 128), torch.bfloat16).definition]
     for definition in definitions:
         folder = tmp_path / "definitions" / definition.op_type
-        folder.mkdir(parents=True)
+        folder.mkdir(parents=True, exist_ok=True)
         (folder / f"{definition.name}.json").write_text(definition.to_json())
         workloads = tmp_path / "workloads" / definition.op_type
-        workloads.mkdir(parents=True)
+        workloads.mkdir(parents=True, exist_ok=True)
         lines = [json.dumps({"definition": definition.name, "workload": {
             "uuid": f"{definition.name}-{m}", "axes": {"M": m}, "inputs": {n: {"type": "random"} for n in definition.inputs}}})
             for m in (3, 17)]
@@ -301,9 +320,10 @@ def test_sglangs_gqa_hook_lists_an_fp8_kv_cache_by_the_runners_pool():
 def test_vllms_block_scale_fp8_layers_are_recorded_through_its_block_scaled_kernels():
     """vLLM's ``Fp8LinearMethod.apply`` hands a block-scale layer to one of its block-scaled kernels
     (vLLM's own classes here): one whose ``apply_weights`` is the base's (quantization, then the
-    GEMM: Triton's, DeepGEMM's, CUTLASS's) is recorded as those two calls; one that takes the bf16
-    input itself (vLLM's CPU kernel, FlashInfer's) or quantizes to power-of-two scales, Marlin, a
-    bias, per-tensor/per-channel scales are listed by what they are."""
+    GEMM: Triton's, DeepGEMM's, CUTLASS's) is recorded as those two calls (the quantization with
+    power-of-two scales where vLLM uses DeepGEMM's E8M0); one that takes the bf16 input itself
+    (vLLM's CPU kernel, FlashInfer's), Marlin, a bias, per-tensor/per-channel scales are listed by
+    what they are."""
     import os
     from types import SimpleNamespace
 
@@ -336,8 +356,12 @@ def test_vllms_block_scale_fp8_layers_are_recorded_through_its_block_scaled_kern
     assert [(c.definition.name, c.axes) for c in calls] == [
         ("quant_fp8_per_token_group_k7168_g128", {"M": 3}), ("gemm_fp8_block_scale_n1536_k7168", {"M": 3})]
     assert "CPUFp8BlockScaledMMKernel" in vllm_fp8.layer_problem(layer(cpu))
+    # DeepGEMM's E8M0 (vLLM's default on Hopper and Blackwell with DeepGEMM): the same GEMM after
+    # a quantization whose scales are powers of two, its own Definition
     triton.quant_fp8.use_ue8m0 = True
-    assert "UE8M0" in vllm_fp8.layer_problem(layer(triton))
+    assert vllm_fp8.layer_problem(layer(triton)) is None
+    assert [c.definition.name for c in vllm_fp8.linear_calls(recorded.quant_method, recorded, x)] == [
+        "quant_fp8_per_token_group_ue8m0_k7168_g128", "gemm_fp8_block_scale_n1536_k7168"]
     triton.quant_fp8.use_ue8m0 = False
     for listed, words in ((layer(triton, use_marlin=True), "Marlin"), (layer(triton, bias=torch.zeros(1536)), "bias"),
                           (layer(None, block_quant=False, weight_block_size=None), "not a scaled-mm kernel")):

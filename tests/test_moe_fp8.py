@@ -170,7 +170,7 @@ class Fp8MoEMethod(SimpleNamespace):
     pass
 
 
-def test_sglangs_fp8_block_experts_are_recorded_and_other_fp8_experts_listed():
+def test_sglangs_fp8_block_experts_are_recorded_and_other_fp8_experts_listed(monkeypatch):
     from fi_profile.hooks.sglang import moe as sglang_moe
     from fi_profile.hooks.sglang.attention import STEP
 
@@ -200,6 +200,15 @@ def test_sglangs_fp8_block_experts_are_recorded_and_other_fp8_experts_listed():
         sglang_moe.routing_calls(SimpleNamespace(topk_config=config), logits)
         with pytest.raises(NotImplementedError, match="MoE layer without a Definition"):
             sglang_moe.layer_calls(experts(**method), hidden)
+    # SGLang's DeepGEMM experts: power-of-two scales on Blackwell (listed, as its linear layers are)
+    deep_gemm = SimpleNamespace(runner_backend=SimpleNamespace(is_deep_gemm=lambda: True))
+    assert sglang_moe.fp8_block_problem(experts(runner=deep_gemm)) is None  # Hopper: float32 scales
+    monkeypatch.setattr(sglang_moe.sglang_fp8, "ue8m0_scales", lambda: True)
+    assert "UE8M0" in sglang_moe.fp8_block_problem(experts(runner=deep_gemm))
+    assert sglang_moe.fp8_block_problem(experts()) is None  # its Triton experts: float32 scales
+    sglang_moe.routing_calls(SimpleNamespace(topk_config=config), logits)
+    with pytest.raises(NotImplementedError, match="UE8M0"):
+        sglang_moe.layer_calls(experts(runner=deep_gemm), hidden)
 
 
 def _vllm_runner(backend="TRITON", entry=lambda: None, gate=None, **method):
@@ -218,7 +227,7 @@ def _vllm_runner(backend="TRITON", entry=lambda: None, gate=None, **method):
     return module
 
 
-def test_vllms_fp8_block_experts_are_recorded_on_its_block_backends_and_listed_elsewhere():
+def test_vllms_fp8_block_experts_are_recorded_on_its_block_backends_and_listed_elsewhere(monkeypatch):
     from fi_profile.hooks.vllm import moe as vllm_moe
 
     runner = _vllm_runner
@@ -228,6 +237,13 @@ def test_vllms_fp8_block_experts_are_recorded_on_its_block_backends_and_listed_e
     assert (quant.definition.name, layer.definition.name) == (
         "quant_fp8_per_token_group_k256_g128", "moe_fp8_block_scale_ds_routing_topk4_ng4_kg2_e16_h256_i128_bias_fp32")
     assert layer.scalars == {"local_expert_offset": 0, "routed_scaling_factor": 2.5}
+    # where vLLM uses DeepGEMM's E8M0 (its default on Hopper and Blackwell with DeepGEMM) every FP8
+    # MoE input is quantized with power-of-two scales, whichever backend: that quantization's own
+    # Definition, then the same MoE
+    monkeypatch.setattr(vllm_moe, "power_of_two_scales", lambda: True)
+    quant, same = vllm_moe.layer_calls(runner(), torch.zeros(5, 256, dtype=torch.bfloat16), torch.zeros(5, 16))
+    assert (quant.definition.name, same.definition) == ("quant_fp8_per_token_group_ue8m0_k256_g128", layer.definition)
+    monkeypatch.undo()
     for made, said in ((runner("MARLIN"), "MARLIN backend"), (runner("CPU"), "CPU backend"),
                        (runner(block_quant=False), "without weight blocks"),
                        (runner(moe_block_shape=[64, 128]), "[128, 128] and [64, 128] blocks")):
@@ -249,7 +265,9 @@ def test_vllms_router_held_by_the_runner_is_recorded_as_its_linear_method_runs_i
 
     def gate(method):
         return SimpleNamespace(output_size_per_partition=16, input_size_per_partition=256, bias=None,
-                               quant_method=type(method, (SimpleNamespace,), {})(block_quant=True, weight_block_size=[128, 128]))
+                               quant_method=type(method, (SimpleNamespace,), {})(
+                                   block_quant=True, weight_block_size=[128, 128],
+                                   fp8_linear=SimpleNamespace(quant_fp8=SimpleNamespace(use_ue8m0=False))))
 
     x, logits = torch.zeros(5, 256, dtype=torch.bfloat16), torch.zeros(5, 16)
     names = [c.definition.name for c in vllm_moe.layer_calls(_vllm_runner(entry=OpOverload(), gate=gate("Fp8LinearMethod")),

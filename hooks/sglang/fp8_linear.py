@@ -30,7 +30,7 @@ BASE = "sglang.srt.layers.quantization.fp8:Fp8LinearMethod"
 
 
 @functools.lru_cache(maxsize=None)  # a process constant: read once, not on every hooked call
-def _ue8m0_scales() -> bool:
+def ue8m0_scales() -> bool:
     """Whether SGLang's DeepGEMM quantizes with power-of-two (UE8M0) scales (Blackwell)."""
     try:
         wrapper = importlib.import_module("sglang.srt.layers.deep_gemm_wrapper")
@@ -65,7 +65,7 @@ def layer_problem(layer: Any) -> Optional[str]:
         "Marlin (weight-only FP8)": bool(getattr(method, "use_marlin", False)),
         "MXFP8": bool(getattr(method, "use_mxfp8", False)),
         "the AMX CPU kernel": bool(getattr(layer, "use_intel_amx_backend", False)),
-        "DeepGEMM's power-of-two (UE8M0) scales": block is not None and _ue8m0_scales(),
+        "DeepGEMM's power-of-two (UE8M0) scales": block is not None and ue8m0_scales(),
         "a bias": getattr(layer, "bias", None) is not None,
         "static activation scales": block is None and getattr(layer, "input_scale", None) is not None,
         # elsewhere SGLang quantizes per tensor (HIP) or per token-group of all columns

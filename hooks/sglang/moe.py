@@ -11,6 +11,7 @@ import torch
 from fi_profile.capture.kernel_call import rows
 from fi_profile.capture.layers import require, seen
 from fi_profile.families import gemm, moe
+from fi_profile.hooks.sglang import fp8_linear as sglang_fp8
 from fi_profile.hooks.sglang.attention import STEP
 
 
@@ -144,6 +145,12 @@ def _expert_parallel_problems(layer: Any) -> list[str]:
     return found
 
 
+def _deep_gemm_runner(method: Any) -> bool:
+    """Whether the experts' method runs them with SGLang's DeepGEMM MoE runner."""
+    backend = getattr(getattr(method, "runner", None), "runner_backend", None)
+    return bool(backend is not None and backend.is_deep_gemm())
+
+
 def fp8_block_problem(layer: Any) -> Optional[str]:
     """Why the experts' quantization method is not FP8 block-scale experts in 128 x 128 blocks with
     dynamic per-token-group activations (what the ``moe_fp8_block_scale_*`` Definitions compute:
@@ -160,6 +167,9 @@ def fp8_block_problem(layer: Any) -> Optional[str]:
         "FP4 experts": bool(getattr(method, "is_fp4_expert", False)),
         "static activation scales": getattr(config, "activation_scheme", "dynamic") != "dynamic",
         "SGLang's CPU (AMX) kernels": bool(getattr(layer, "use_intel_amx_backend", False)),
+        # Blackwell: SGLang's DeepGEMM experts quantize with power-of-two scales, as its FP8 linear
+        # layers then do (listed there too)
+        "DeepGEMM's power-of-two (UE8M0) scales": _deep_gemm_runner(method) and sglang_fp8.ue8m0_scales(),
     }.items() if applies]
     return f"{name} with {', '.join(found)}" if found else None
 

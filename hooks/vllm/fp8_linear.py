@@ -7,9 +7,11 @@ the layer to a block-scaled kernel (``Fp8BlockScaledMMLinearKernel``: DeepGEMM, 
 Without blocks (Llama-3.1-8B-FP8: per-tensor or per-channel weight scales) it hands it to a scaled-mm
 kernel (``FP8ScaledMMLinearKernel``: CUTLASS, FlashInfer, PyTorch's ``_scaled_mm``) whose
 ``apply_weights`` likewise quantizes the activations dynamically, per tensor or per token, then
-runs the scaled GEMM. A kernel that takes the bf16 input itself (FlashInfer's block kernel), runs
-its own ``apply_weights`` (vLLM's CPU kernels), or quantizes to power-of-two (UE8M0) scales or
-with the checkpoint's static activation scales, Marlin's weight-only FP8, a bias (added by its own
+runs the scaled GEMM. Where vLLM rounds the activation scales up to powers of two for DeepGEMM
+(UE8M0, its default on Hopper and Blackwell with DeepGEMM) the quantization is that Definition's
+(``quant_fp8_per_token_group_ue8m0_*``). A kernel that takes the bf16 input itself (FlashInfer's
+block kernel), runs its own ``apply_weights`` (vLLM's CPU kernels), or quantizes with the
+checkpoint's static activation scales, Marlin's weight-only FP8, a bias (added by its own
 kernel after the GEMM) or vLLM's batch-invariant mode are another computation: the layer is listed
 by what it is.
 """
@@ -51,10 +53,7 @@ def _base_problem(kernel: Any, base: str, kind: str) -> Optional[str]:
 
 def _block_kernel_problem(kernel: Any) -> Optional[str]:
     """Why ``kernel`` is not the base's per-token-group quantization then block-scale GEMM, or None."""
-    problem = _base_problem(kernel, _BLOCK_KERNEL, "block-scaled")
-    if problem is None and getattr(kernel.quant_fp8, "use_ue8m0", False):
-        return f"{type(kernel).__name__} with power-of-two (UE8M0) scales"
-    return problem
+    return _base_problem(kernel, _BLOCK_KERNEL, "block-scaled")
 
 
 @functools.lru_cache(maxsize=None)  # a process constant: read once, not on every hooked call
@@ -143,7 +142,11 @@ def sized_calls(layer: Any, m: int, dtype: torch.dtype) -> list:
     method = layer.quant_method
     if getattr(method, "block_quant", False):
         block = method.weight_block_size
-        return [fp8_linear.quant_call(m, k, int(block[1]), dtype), fp8_linear.block_gemm_call(m, n, k, block, dtype)]
+        # DeepGEMM's power-of-two (UE8M0) scales where vLLM uses them (Hopper and Blackwell with
+        # DeepGEMM: vLLM's default there): the quantization's own Definition, the same GEMM after it
+        power_of_two = bool(getattr(method.fp8_linear.quant_fp8, "use_ue8m0", False))
+        return [fp8_linear.quant_call(m, k, int(block[1]), dtype, power_of_two),
+                fp8_linear.block_gemm_call(m, n, k, block, dtype)]
     activation, weight = scaled_kinds(method.fp8_linear)
     return [fp8_linear.dynamic_quant_call(m, k, activation, dtype),
             fp8_linear.scaled_gemm_call(m, n, k, activation, weight, dtype)]

@@ -4,6 +4,7 @@ no linear hook sees it."""
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Any, Optional
 
@@ -108,6 +109,19 @@ def fp8_block_problem(method: Any) -> Optional[str]:
     return None
 
 
+@functools.lru_cache(maxsize=None)  # a process constant: read once, not on every hooked call
+def power_of_two_scales() -> bool:
+    """Whether vLLM quantizes an FP8 MoE layer's input with scales rounded up to powers of two
+    (DeepGEMM's UE8M0): what ``per_token_group_quant_fp8`` does by default wherever vLLM uses
+    DeepGEMM's E8M0 (Hopper and Blackwell with DeepGEMM, vLLM's default there), whichever MoE
+    backend then runs the experts."""
+    try:
+        from vllm.utils.deep_gemm import is_deep_gemm_e8m0_used
+    except ImportError:  # a vLLM without DeepGEMM's E8M0 switch: float32 scales
+        return False
+    return bool(is_deep_gemm_e8m0_used())
+
+
 def problems(runner: Any) -> list[str]:
     """What a MoE layer (``MoERunner``) has that no MoE Definition computes."""
     router, config, experts = runner.router, runner.moe_config, runner.routed_experts
@@ -201,12 +215,14 @@ def layer_calls(self: Any, hidden_states: torch.Tensor, router_logits: torch.Ten
     seen(self)
     deepseek = deepseek_routing(self)
     local = local_experts(self)
+    fp8_block = type(self.routed_experts.quant_method).__name__ == "Fp8MoEMethod"
     calls = moe.layer_calls(hidden_states, router_logits, problems(self),
                             num_experts=config.num_local_experts if local is None else router.global_num_experts,
                             top_k=router.top_k, intermediate_size=config.intermediate_size_per_partition,
                             renormalize=bool(router.renormalize), deepseek=deepseek,
                             routing_bias=router.e_score_correction_bias if deepseek is not None else None,
-                            local=local, fp8_block_scale=type(self.routed_experts.quant_method).__name__ == "Fp8MoEMethod")
+                            local=local, fp8_block_scale=fp8_block,
+                            power_of_two_scales=fp8_block and power_of_two_scales())
     calls = _shared_expert_calls(self, hidden_states) + calls
     gate, fused = getattr(self, "gate", None), bool(getattr(self, "_fse_fuse_gate", False))
     if gate is None or not (_opaque(self) or fused):  # the gate's own hook sees it (traced or eager)

@@ -3,7 +3,8 @@ are quantized by their own kernel, then the FP8 GEMM multiplies them with the ch
 weight, each operand dequantized by its scales (bfloat16 result). Two kinds of checkpoint:
 
 - 128x128 block-scale weights (DeepSeek-V3/R1, Qwen3-FP8): activations dynamic per token and group
-  of ``block_k`` columns (op type ``quant_fp8_per_token_group``), GEMM ``gemm_fp8_block_scale``;
+  of ``block_k`` columns (op type ``quant_fp8_per_token_group``; ``_ue8m0`` where the engine rounds
+  each scale up to a power of two for DeepGEMM), GEMM ``gemm_fp8_block_scale``;
 - per-tensor or per-channel weight scales (``quant_method: fp8``, compressed-tensors W8A8 FP8:
   Llama-3.1-8B-FP8): activations dynamic per tensor or per token (``quant_fp8_per_tensor``,
   ``quant_fp8_per_token``), GEMM ``gemm_fp8_scaled`` (A per tensor or per token, B per tensor or
@@ -50,19 +51,22 @@ def _block_suffix(block: Sequence[int]) -> str:
     return "" if tuple(block) == BLOCK else f"_b{block[0]}x{block[1]}"
 
 
-def quant_call(m: int, k: int, group_size: int, dtype: torch.dtype) -> KernelCall:
+def quant_call(m: int, k: int, group_size: int, dtype: torch.dtype, power_of_two: bool = False) -> KernelCall:
     """The activation quantization before an FP8 block-scale GEMM: ``m`` tokens of ``k`` values in
-    groups of ``group_size``."""
+    groups of ``group_size``; ``power_of_two``: each scale rounded up to a power of two, as DeepGEMM
+    takes them (UE8M0: ``quant_fp8_per_token_group_ue8m0_*``; the GEMM after it is the same)."""
 
     def build() -> Definition:
         if k % group_size:
             raise NotImplementedError(f"per-token-group FP8 quantization of {k} columns in groups of {group_size}")
         schema = schema_dtype(dtype)
         suffix = "" if schema.value == "bfloat16" else f"_{SHORT_DTYPES.get(schema, schema.value)}"
-        return definition_for(QUANT_TEMPLATE, f"quant_fp8_per_token_group_k{k}_g{group_size}{suffix}",
-                              {"K": k, "num_groups": k // group_size}, schema, {"GROUP_SIZE": group_size})
+        scales = "_ue8m0" if power_of_two else ""
+        return definition_for(QUANT_TEMPLATE, f"quant_fp8_per_token_group{scales}_k{k}_g{group_size}{suffix}",
+                              {"K": k, "num_groups": k // group_size}, schema,
+                              {"GROUP_SIZE": group_size, "POWER_OF_TWO_SCALES": int(power_of_two)})
 
-    definition = cached_definition(("quant_fp8_per_token_group", k, group_size, dtype), build)
+    definition = cached_definition(("quant_fp8_per_token_group", k, group_size, dtype, power_of_two), build)
     return KernelCall(definition, {"M": m})
 
 
@@ -151,7 +155,7 @@ FAMILY = Family(
     templates=(GEMM_TEMPLATE, QUANT_TEMPLATE, *SCALED_TEMPLATES.values(), *DYNAMIC_QUANT_TEMPLATES.values()),
     baselines=(Baseline("torch_gemm_fp8_block_scale.py", constants=("BLOCK_N", "BLOCK_K"),
                         op_type="gemm_fp8_block_scale"),
-               Baseline("torch_quant_fp8_per_token_group.py", constants=("GROUP_SIZE",),
+               Baseline("torch_quant_fp8_per_token_group.py", constants=("GROUP_SIZE", "POWER_OF_TWO_SCALES"),
                         op_type="quant_fp8_per_token_group"),
                Baseline("torch_gemm_fp8_scaled.py", op_type="gemm_fp8_scaled"),
                Baseline("torch_quant_fp8_per_tensor.py", op_type="quant_fp8_per_tensor"),

@@ -171,10 +171,12 @@ def layer_problem(layer: Any, found: list[str]) -> Optional[str]:
 def layer_calls(hidden_states: torch.Tensor, router_logits: torch.Tensor, found: list[str], *, num_experts: int,
                 top_k: int, intermediate_size: int, renormalize: bool, deepseek: Optional[DeepSeekRouting] = None,
                 routing_bias: Optional[torch.Tensor] = None, shared_experts: int = 0,
-                local: Optional[LocalExperts] = None, fp8_block_scale: bool = False) -> list:
+                local: Optional[LocalExperts] = None, fp8_block_scale: bool = False,
+                power_of_two_scales: bool = False) -> list:
     """A MoE layer (routing + SwiGLU experts) as one fused call, or with FP8 block-scale experts
-    (``fp8_block_scale``) as its input's quantization and the MoE (:mod:`.fp8_block`); raises where
-    it has ``found`` :func:`problems` (so the hook error says which)."""
+    (``fp8_block_scale``) as its input's quantization (its scales rounded up to powers of two where
+    ``power_of_two_scales``) and the MoE (:mod:`.fp8_block`); raises where it has ``found``
+    :func:`problems` (so the hook error says which)."""
     if fp8_block_scale:
         found = found + fp8_block.problems(hidden_states.shape[-1], intermediate_size, hidden_states.dtype,
                                            deepseek=deepseek is not None, renormalize=renormalize,
@@ -188,7 +190,8 @@ def layer_calls(hidden_states: torch.Tensor, router_logits: torch.Tensor, found:
                                topk_group=None if deepseek is None else deepseek.topk_group, routing_bias=routing_bias,
                                routed_scaling_factor=1.0 if deepseek is None else deepseek.routed_scaling_factor,
                                shared_experts=shared_experts, local_offset=0 if local is None else local.offset,
-                               local_count=None if local is None else local.count)
+                               local_count=None if local is None else local.count,
+                               power_of_two_scales=power_of_two_scales)
     return [call(hidden_states, router_logits, num_experts=num_experts, top_k=top_k,
                  intermediate_size=intermediate_size, renormalize=renormalize, deepseek=deepseek,
                  routing_bias=routing_bias, shared_experts=shared_experts, local=local)]

@@ -61,8 +61,10 @@ def problems(hidden: int, intermediate: int, dtype: torch.dtype, *, deepseek: bo
 def calls(hidden_states: torch.Tensor, routing_logits: torch.Tensor, *, num_experts: int, top_k: int,
           intermediate_size: int, n_group: Optional[int] = None, topk_group: Optional[int] = None,
           routing_bias: Optional[torch.Tensor] = None, routed_scaling_factor: float = 1.0,
-          shared_experts: int = 0, local_offset: int = 0, local_count: Optional[int] = None) -> list[KernelCall]:
-    """The layer's two calls: its input's per-token-group quantization, then the MoE on the FP8
+          shared_experts: int = 0, local_offset: int = 0, local_count: Optional[int] = None,
+          power_of_two_scales: bool = False) -> list[KernelCall]:
+    """The layer's two calls: its input's per-token-group quantization (its scales rounded up to
+    powers of two where ``power_of_two_scales``: DeepGEMM's UE8M0), then the MoE on the FP8
     input, with DeepSeek's routing (``n_group``, ``topk_group``, the correction bias, the routed
     scaling factor; ``shared_experts`` fused after the routed ones; the rank's experts
     ``local_offset`` .. ``+ local_count`` under expert parallelism) or softmax top-k renormalized."""
@@ -98,7 +100,7 @@ def calls(hidden_states: torch.Tensor, routing_logits: torch.Tensor, *, num_expe
 
     definition = cached_definition(key, build)
     scalars = {"local_expert_offset": local_offset, "routed_scaling_factor": float(routed_scaling_factor)} if deepseek else {}
-    return [fp8_linear.quant_call(tokens, hidden, BLOCK, hidden_states.dtype),
+    return [fp8_linear.quant_call(tokens, hidden, BLOCK, hidden_states.dtype, power_of_two_scales),
             KernelCall(definition, {"seq_len": tokens}, scalars=scalars)]
 
 
