@@ -67,17 +67,55 @@ def _layout_source(metadata: Any) -> Any:
     return metadata
 
 
+#: vLLM's names of an FP8 e4m3 KV cache with one static scale per tensor (``kv_cache_dtype``)
+FP8_CACHES = ("fp8", "fp8_e4m3")
+#: attention implementations whose FP8-cache path keeps the queries in the model's dtype and
+#: dequantizes the cache by the layer's scales in the kernel (what the ``*_kv_fp8`` Definitions
+#: compute): vLLM's Triton unified attention. Others quantize the queries too (FlashAttention 3,
+#: FlashInfer's TRT-LLM kernels) or are not known here: listed.
+FP8_CACHE_IMPLS = ("TritonAttentionImpl",)
+
+
+def _fp8_cache(layer: Any) -> bool:
+    return str(getattr(layer, "kv_cache_dtype", "auto")) in FP8_CACHES
+
+
+def _cache_problem(layer: Any) -> Optional[str]:
+    """Why the layer's KV cache is neither of the model's dtype nor an FP8 cache the ``*_kv_fp8``
+    Definitions compute, or None."""
+    kv_cache = str(getattr(layer, "kv_cache_dtype", "auto"))
+    impl = type(getattr(layer, "impl", None)).__name__
+    if kv_cache in ("auto", "bfloat16", "float16"):
+        return None
+    if not _fp8_cache(layer):
+        return f"KV cache {kv_cache}"
+    if impl not in FP8_CACHE_IMPLS:
+        return f"KV cache {kv_cache} on {impl}"
+    if getattr(layer, "query_quant", None) is not None:
+        return f"KV cache {kv_cache} with the queries quantized to FP8"
+    if getattr(layer, "calculate_kv_scales", False):
+        return f"KV cache {kv_cache} with scales computed from the first forward (calculate_kv_scales)"
+    return None
+
+
+def cache_scales(layer: Any) -> Optional[tuple[float, float]]:
+    """An FP8 cache's (k_scale, v_scale), as the layer holds them on the host; None for a cache of
+    the model's dtype."""
+    return (float(layer._k_scale_float), float(layer._v_scale_float)) if _fp8_cache(layer) else None
+
+
 def layer_problem(layer: Any) -> Optional[str]:
     """Why an attention layer is not a paged GQA call the Definitions compute, or None: only
     vLLM's ``Attention`` itself (MLA, chunked-local, encoder, cross, sink ... are other classes),
-    causal decoder self-attention without a window, soft cap or quantized KV cache."""
+    causal decoder self-attention without a window or soft cap, its KV cache of the model's dtype
+    or FP8 (e4m3) with static scales on an implementation that keeps the queries unquantized."""
     attn_type = str(getattr(getattr(layer, "attn_type", "decoder"), "value", getattr(layer, "attn_type", "decoder")))
-    kv_cache = str(getattr(layer, "kv_cache_dtype", "auto"))
+    cache = _cache_problem(layer)
     return attention.layer_problem(layer, "Attention", {
         f"attention type {attn_type}": attn_type.lower() != "decoder",
         f"sliding window {getattr(layer, 'sliding_window', None)}": getattr(layer, "sliding_window", None) is not None,
         "logits soft cap": bool(getattr(getattr(layer, "impl", None), "logits_soft_cap", None)),
-        f"KV cache {getattr(layer, 'kv_cache_dtype', 'auto')}": kv_cache not in ("auto", "bfloat16", "float16"),
+        str(cache): cache is not None,
     })
 
 
@@ -108,11 +146,13 @@ def slot_mapping(layer_name: Optional[str]) -> torch.Tensor:
     return found
 
 
-def _cache_write(layer_name: Optional[str], kv_heads: int, head_size: int, dtype: Any) -> list[KernelCall]:
-    """The layer's KV-cache write in this step, over its slot mapping."""
+def _cache_write(layer_name: Optional[str], kv_heads: int, head_size: int, dtype: Any,
+                 scales: Optional[tuple[float, float]]) -> list[KernelCall]:
+    """The layer's KV-cache write in this step, over its slot mapping (quantizing by ``scales`` to
+    an FP8 cache)."""
     slots = slot_mapping(layer_name)
     return [kv_cache.call(int(slots.shape[0]), kv_heads, head_size, RECORDER.page_size or 0,
-                          RECORDER.num_pages or 0, dtype, kv_cache.slots(slots))]
+                          RECORDER.num_pages or 0, dtype, kv_cache.slots(slots), scales)]
 
 
 def layer_calls(self: Any, query: torch.Tensor, key: Optional[torch.Tensor] = None) -> list[KernelCall]:
@@ -133,10 +173,11 @@ def layer_calls(self: Any, query: torch.Tensor, key: Optional[torch.Tensor] = No
     if page_size is None:
         raise RuntimeError("page size unknown: capture was not started through the worker extension")
     STEP.batches(_layout_source(metadata), layout)
-    dtype = schema_dtype(query.dtype)
-    writes = _cache_write(self.layer_name, self.num_kv_heads, self.head_size, dtype) if _writes_cache(self, key) else []
+    dtype, scales = schema_dtype(query.dtype), cache_scales(self)
+    writes = _cache_write(self.layer_name, self.num_kv_heads, self.head_size, dtype, scales) \
+        if _writes_cache(self, key) else []
     return writes + STEP.calls((self.num_heads, self.num_kv_heads, self.head_size, page_size, RECORDER.num_pages or 0,
-                                dtype, float(self.impl.scale)))
+                                dtype, float(self.impl.scale), scales))
 
 
 def traced_layer_calls(self: Any, query: torch.Tensor, key: Optional[torch.Tensor] = None) -> Callable[[], list[KernelCall]]:
@@ -145,7 +186,8 @@ def traced_layer_calls(self: Any, query: torch.Tensor, key: Optional[torch.Tenso
     Python hook; the metadata builder runs on the host every step)."""
     seen(self)
     require(layer_problem(self))
-    layer = (self.num_heads, self.num_kv_heads, self.head_size, schema_dtype(query.dtype), float(self.impl.scale))
+    layer = (self.num_heads, self.num_kv_heads, self.head_size, schema_dtype(query.dtype), float(self.impl.scale),
+             cache_scales(self))
     return functools.partial(_calls_in_graph, layer, _writes_cache(self, key))
 
 
@@ -156,6 +198,7 @@ def _calls_in_graph(layer: tuple, writes: bool = False) -> list[KernelCall]:
     if common is None or RECORDER.page_size is None:
         raise RuntimeError("a compiled forward ran without the step's attention metadata")
     STEP.batches(common, layout)
-    heads, kv_heads, head_size, dtype, scale = layer
-    written = _cache_write(None, kv_heads, head_size, dtype) if writes else []
-    return written + STEP.calls((heads, kv_heads, head_size, RECORDER.page_size, RECORDER.num_pages or 0, dtype, scale))
+    heads, kv_heads, head_size, dtype, scale, scales = layer
+    written = _cache_write(None, kv_heads, head_size, dtype, scales) if writes else []
+    return written + STEP.calls((heads, kv_heads, head_size, RECORDER.page_size, RECORDER.num_pages or 0, dtype, scale,
+                                 scales))

@@ -66,6 +66,10 @@ def tensor_value(
         return torch.full(shape, fill, dtype=dtype, device=device)
     if "scale" in name:  # scale factors are positive and near 1, or what an FP8 tensor's take
         return ((0.5 + torch.rand(shape, generator=gen, device=device)) * _fp8_scale(name, definition, axes)).to(dtype)
+    if spec.dtype in _FP8 and name.endswith("_cache"):
+        # an FP8 KV cache holds keys and values divided by a static per-tensor scale (the engines'
+        # default 1.0): O(1) values, as attention sees them, not the format's whole range
+        return _normal(shape, gen, device, dtype, bound=_FP8[spec.dtype])
     if spec.dtype in _FP8:  # quantized data spans the format's range, as a quantizer leaves it
         return _normal(shape, gen, device, dtype, _FP8[spec.dtype] / _FP8_SPREAD, bound=_FP8[spec.dtype])
     if _is_weight(name) and len(shape) >= 2 and shape[-1] > 0:

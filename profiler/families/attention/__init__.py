@@ -12,6 +12,7 @@ from fi_profile.capture.definition_factory import definition_for
 from fi_profile.capture.kernel_call import KernelCall, cached_definition, dtype_suffix
 from fi_profile.capture.paged_layout import PagedBatch
 from fi_profile.families.family import Baseline, EngineKernel, EngineRun, Family, Native
+from fi_profile.families.kv_cache import FP8_CACHE
 from fi_profile.schema.definition import Definition
 from fi_profile.schema.dtype import DType
 
@@ -23,15 +24,22 @@ KERNEL_WORDS = ("attention", "attn", "flash", "paged", "fwd", "stage1", "stage2"
 
 
 def call(batch: PagedBatch, stage: str, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
-         num_pages: int, dtype: DType, sm_scale: float) -> KernelCall:
+         num_pages: int, dtype: DType, sm_scale: float, cache_scales: Optional[tuple[float, float]] = None) -> KernelCall:
+    """One stage's call; ``cache_scales``: (k_scale, v_scale) of an FP8 (e4m3) KV cache, whose
+    Definitions (``*_kv_fp8``) take the caches in FP8 and dequantize them by those scales."""
+    fp8 = cache_scales is not None
+
     def build() -> Definition:
         consts = {"num_qo_heads": num_q_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim, "page_size": page_size}
-        shape = f"h{num_q_heads}_kv{num_kv_heads}_d{head_dim}_ps{page_size}{dtype_suffix(dtype)}"
+        cache = FP8_CACHE if fp8 else ""
+        shape = f"h{num_q_heads}_kv{num_kv_heads}_d{head_dim}_ps{page_size}{dtype_suffix(dtype)}{cache}"
         kind = "decode" if stage == "decode" else "prefill_causal"
-        template = f"gqa_paged_{kind}_h32_kv8_d128_ps{1 if page_size == 1 else 16}"
-        return definition_for(template, f"gqa_paged_{kind}_{shape}", consts, dtype)
+        template = f"gqa_paged_{kind}_h32_kv8_d128_ps{1 if page_size == 1 else 16}{cache}"
+        return definition_for(template, f"gqa_paged_{kind}_{shape}", consts, dtype,
+                              input_dtypes={"k_cache": DType.float8_e4m3fn, "v_cache": DType.float8_e4m3fn} if fp8 else {})
 
-    definition = cached_definition(("paged_attention", stage, num_q_heads, num_kv_heads, head_dim, page_size, dtype), build)
+    definition = cached_definition(("paged_attention", stage, num_q_heads, num_kv_heads, head_dim, page_size, dtype, fp8),
+                                   build)
     if stage == "decode":
         axes = {"batch_size": batch.batch_size, "len_indptr": batch.batch_size + 1}
     else:
@@ -44,7 +52,10 @@ def call(batch: PagedBatch, stage: str, num_q_heads: int, num_kv_heads: int, hea
         tensors["qo_indptr"] = batch.qo_indptr
     if "kv_last_page_len" in definition.inputs:
         tensors["kv_last_page_len"] = batch.kv_last_page_len
-    return KernelCall(definition, axes, tensors, {"sm_scale": sm_scale})
+    scalars = {"sm_scale": sm_scale}
+    if fp8:
+        scalars.update(k_scale=float(cache_scales[0]), v_scale=float(cache_scales[1]))
+    return KernelCall(definition, axes, tensors, scalars)
 
 
 def layer_calls(decode: Optional[PagedBatch], prefill: Optional[PagedBatch], *shape: Any) -> list[KernelCall]:
@@ -98,8 +109,8 @@ FAMILY = Family(
     key=KEY,
     package=__name__,
     op_types=("gqa_paged", "gqa_ragged"),
-    templates=("gqa_paged_decode_h32_kv8_d128_ps1", "gqa_paged_decode_h32_kv8_d128_ps16",
-               "gqa_paged_prefill_causal_h32_kv8_d128_ps1", "gqa_paged_prefill_causal_h32_kv8_d128_ps16"),
+    templates=tuple(f"gqa_paged_{kind}_h32_kv8_d128_ps{ps}{cache}" for kind in ("decode", "prefill_causal")
+                    for ps in (1, 16) for cache in ("", FP8_CACHE)),
     baselines=(Baseline("torch_paged_attention.py", compiled=False, op_type="gqa_paged"),
                Baseline("torch_ragged_attention.py", compiled=False, op_type="gqa_ragged")),
     natives=_natives,

@@ -3,8 +3,12 @@ import math
 import torch
 
 
-def run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale, qo_indptr=None, kv_last_page_len=None):
-    """Per request: gather its pages, attend in float32 (causal, bottom-right aligned), log2 LSE."""
+def run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale, qo_indptr=None, kv_last_page_len=None, k_scale=None,
+        v_scale=None):
+    """Per request: gather its pages, attend in float32 (causal, bottom-right aligned), log2 LSE; an
+    FP8 cache (``k_scale``, ``v_scale`` given) dequantized by its scales."""
+    k_scale = 1.0 if k_scale is None else float(k_scale)
+    v_scale = 1.0 if v_scale is None else float(v_scale)
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     batch = kv_indptr.shape[0] - 1
@@ -21,8 +25,8 @@ def run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale, qo_indptr=None, kv
             continue
         pages = kv_indices[kv[b] : kv[b + 1]].long()
         n_kv = (len(pages) - 1) * page_size + last[b]
-        k = k_cache[pages].reshape(-1, num_kv_heads, head_dim)[:n_kv].float()
-        v = v_cache[pages].reshape(-1, num_kv_heads, head_dim)[:n_kv].float()
+        k = k_cache[pages].reshape(-1, num_kv_heads, head_dim)[:n_kv].float() * k_scale
+        v = v_cache[pages].reshape(-1, num_kv_heads, head_dim)[:n_kv].float() * v_scale
         group = num_q_heads // num_kv_heads
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         qb = q[qo[b] : qo[b + 1]].float()

@@ -5,6 +5,8 @@ from vllm.v1.attention.ops.triton_unified_attention import unified_attention
 #: layout -> (the kernel's index arguments, the index tensors they were built from, kept alive so
 #: that their addresses cannot be taken by other tensors while the layout is cached)
 _LAYOUTS = {}
+#: (layout, k_scale, v_scale) -> the kernel's scale arguments
+_DESCALES = {}
 
 
 def _layout(q, k_cache, kv_indptr, kv_indices, qo_indptr, kv_last_page_len):
@@ -32,7 +34,6 @@ def _layout(q, k_cache, kv_indptr, kv_indices, qo_indptr, kv_last_page_len):
     else:
         cu_seqlens_q = qo_indptr.to(torch.int32)
         max_seqlen_q = int((qo_indptr[1:] - qo_indptr[:-1]).max()) if batch else 1
-    ones = torch.ones(1, dtype=torch.float32, device=device)
     threshold = MIN_LAUNCH_GRID_SIZE_2D // num_kv_heads
     padded = 1 << (head_dim - 1).bit_length()
     segments = (threshold, q.shape[1], NUM_PAR_SOFTMAX_SEGMENTS)
@@ -43,21 +44,37 @@ def _layout(q, k_cache, kv_indptr, kv_indices, qo_indptr, kv_last_page_len):
         softmax_segm_output=torch.empty(*segments, padded, dtype=torch.float32, device=device),
         softmax_segm_max=torch.empty(segments, dtype=torch.float32, device=device),
         softmax_segm_expsum=torch.empty(segments, dtype=torch.float32, device=device),
-        # vLLM passes its layers' KV scales (1.0 for a bf16 cache), expanded per sequence and head
-        q_descale=None, k_descale=ones.expand(batch, num_kv_heads), v_descale=ones.expand(batch, num_kv_heads),
     )
     _LAYOUTS[key] = (layout, tensors)
     return layout
 
 
-def run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale, qo_indptr=None, kv_last_page_len=None):
+def _descales(layout, num_kv_heads, k_scale, v_scale):
+    """The KV scales as vLLM passes its layer's: one-element tensors expanded per sequence and KV
+    head (1.0 for a bf16 cache), made once per layout and value."""
+    key = (id(layout), float(k_scale), float(v_scale))
+    found = _DESCALES.get(key)
+    if found is None:
+        shape, device = layout["block_table"].shape[0], layout["block_table"].device
+        found = _DESCALES[key] = dict(q_descale=None, **{
+            name: torch.tensor([float(value)], dtype=torch.float32, device=device).expand(shape, num_kv_heads)
+            for name, value in (("k_descale", k_scale), ("v_descale", v_scale))})
+    return found
+
+
+def run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale, qo_indptr=None, kv_last_page_len=None, k_scale=1.0,
+        v_scale=1.0):
     """vLLM's Triton unified attention (the TRITON_ATTN backend's kernel) on the paged cache, causal,
-    as vLLM calls it: decode steps of few sequences on its split-softmax (3D) path. It returns no
-    log-sum-exp: only ``output`` is computed."""
+    as vLLM calls it: decode steps of few sequences on its split-softmax (3D) path; an FP8 (e4m3)
+    cache dequantized in the kernel by ``k_scale`` and ``v_scale``, the queries kept in bfloat16, as
+    its TRITON_ATTN backend runs ``kv_cache_dtype="fp8"``. It returns no log-sum-exp: only
+    ``output`` is computed."""
     if len(_LAYOUTS) > 64:
         _LAYOUTS.clear()
+        _DESCALES.clear()
     layout = _layout(q, k_cache, kv_indptr, kv_indices, qo_indptr, kv_last_page_len)
+    descales = _descales(layout, k_cache.shape[2], k_scale, v_scale)
     out = torch.empty_like(q)
     unified_attention(q=q, k=k_cache, v=v_cache, out=out, softmax_scale=float(sm_scale), causal=True,
-                      window_size=(-1, -1), softcap=0, **layout)
+                      window_size=(-1, -1), softcap=0, **layout, **descales)
     return out

@@ -18,20 +18,29 @@ from fi_profile.schema.dtype import DType
 
 KEY = "kv_cache"
 TEMPLATE = "kv_cache_write_kv8_d128_ps16"
+#: the name suffix of an FP8 (e4m3) cache's write (the attention family's too)
+FP8_CACHE = "_kv_fp8"
 
 
 def call(num_tokens: int, num_kv_heads: int, head_dim: int, page_size: int, num_pages: int, dtype: DType,
-         slot_mapping: Union[torch.Tensor, Callable[[], torch.Tensor]]) -> KernelCall:
+         slot_mapping: Union[torch.Tensor, Callable[[], torch.Tensor]],
+         cache_scales: Optional[tuple[float, float]] = None) -> KernelCall:
     """One layer's write of ``num_tokens`` tokens (``slot_mapping``: their slots, or a callable
-    that gives them, gathered only where the workload is kept)."""
+    that gives them, gathered only where the workload is kept); ``cache_scales``: (k_scale,
+    v_scale) of an FP8 (e4m3) cache, which the write quantizes to (``*_kv_fp8``)."""
+    fp8 = cache_scales is not None
 
     def build() -> Definition:
-        shape = f"kv{num_kv_heads}_d{head_dim}_ps{page_size}{dtype_suffix(dtype)}"
+        cache = FP8_CACHE if fp8 else ""
+        shape = f"kv{num_kv_heads}_d{head_dim}_ps{page_size}{dtype_suffix(dtype)}{cache}"
         consts = {"num_kv_heads": num_kv_heads, "head_dim": head_dim, "page_size": page_size}
-        return definition_for(TEMPLATE, f"kv_cache_write_{shape}", consts, dtype)
+        return definition_for(TEMPLATE + cache, f"kv_cache_write_{shape}", consts, dtype,
+                              input_dtypes={"k_cache": DType.float8_e4m3fn, "v_cache": DType.float8_e4m3fn} if fp8 else {})
 
-    definition = cached_definition(("kv_cache_write", num_kv_heads, head_dim, page_size, dtype), build)
-    return KernelCall(definition, {"num_tokens": num_tokens, "num_pages": num_pages}, {"slot_mapping": slot_mapping})
+    definition = cached_definition(("kv_cache_write", num_kv_heads, head_dim, page_size, dtype, fp8), build)
+    scalars = {} if not fp8 else {"k_scale": float(cache_scales[0]), "v_scale": float(cache_scales[1])}
+    return KernelCall(definition, {"num_tokens": num_tokens, "num_pages": num_pages}, {"slot_mapping": slot_mapping},
+                      scalars)
 
 
 MLA_TEMPLATE = "mla_kv_cache_write_ckv512_kpe64_ps64"
@@ -63,6 +72,10 @@ def _is_mla(definition: Definition) -> bool:
     return "ckv_cache" in definition.inputs
 
 
+def _fp8(definition: Definition) -> bool:
+    return definition.inputs["k_cache"].dtype is DType.float8_e4m3fn
+
+
 _TRITON = "vllm.v1.attention.ops.triton_reshape_and_cache_flash"
 _SGLANG = "sglang.jit_kernel.kvcache"
 
@@ -70,6 +83,9 @@ _SGLANG = "sglang.jit_kernel.kvcache"
 def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
     if _is_mla(definition):
         return []
+    if _fp8(definition):  # vLLM's Triton write quantizes by the scales as its TRITON_ATTN backend runs it
+        return [Native("vllm", "vllm_triton_kv_cache_write_fp8.py", overwrites=_overwrites, requires=_TRITON,
+                       label="vllm_triton")]
     natives = [Native("vllm", "vllm_kv_cache_write.py", overwrites=_overwrites),
                Native("vllm", "vllm_triton_kv_cache_write.py", overwrites=_overwrites, requires=_TRITON,
                       label="vllm_triton")]
@@ -101,7 +117,7 @@ FAMILY = Family(
     key=KEY,
     package=__name__,
     op_types=("kv_cache_write",),
-    templates=(TEMPLATE, MLA_TEMPLATE),
+    templates=(TEMPLATE, TEMPLATE + FP8_CACHE, MLA_TEMPLATE),
     baselines=(Baseline("torch_kv_cache_write.py", in_place=True), Baseline("torch_mla_kv_cache_write.py", in_place=True)),
     natives=_natives,
     engine_kernel=_engine_kernel,
