@@ -67,8 +67,10 @@ def test_shipped_set_covers_llama_31_8b_and_the_moe_templates():
         "moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e256_h7168_i2048",
         "moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e256_h7168_i2048_shared1",
         # GQA over an FP8 (e4m3) KV cache (kv_cache_dtype fp8): its write and attention, by the scales
-        "kv_cache_write_kv8_d128_ps16_kv_fp8", *(f"gqa_paged_{kind}_h32_kv8_d128_ps{ps}_kv_fp8"
-                                                 for kind in ("decode", "prefill_causal") for ps in (1, 16)),
+        # (queries quantized to FP8 by a static scale first, as vLLM's Triton attention runs it on CUDA)
+        "kv_cache_write_kv8_d128_ps16_kv_fp8", "quant_fp8_static_per_tensor_k4096",
+        *(f"gqa_paged_{kind}_h32_kv8_d128_ps{ps}{q}_kv_fp8" for kind in ("decode", "prefill_causal") for ps in (1, 16)
+          for q in ("", "_q_fp8")),
     } == names
     # templates are bfloat16 where their computation has a model dtype (instantiated per dtype); FP8 data is FP8
     assert all(d.inputs[next(iter(d.inputs))].dtype.value in ("bfloat16", "float32", "int32", "float8_e4m3fn")

@@ -1,5 +1,6 @@
 """GQA over an FP8 (e4m3) KV cache (``kv_cache_dtype=fp8``): the cache write quantizes each key and
-value by the layer's static scale, attention dequantizes the cache by it. The references against
+value by the layer's static scale, attention dequantizes the cache by it (and, where vLLM quantizes
+the queries to FP8 first by their static scale, the queries too). The references against
 the bf16 ones on the dequantized cache; the write's reference, its PyTorch baseline and the
 attention's baseline at small shapes on CPU; vLLM's layers recorded as such only where its
 implementation keeps the queries unquantized, listed elsewhere."""
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from fi_profile.entry_points import run_reference
-from fi_profile.families import attention, kv_cache
+from fi_profile.families import attention, fp8_linear, kv_cache
 from fi_profile.schema.dtype import DType
 from fi_profile.synthesis import synthesize_inputs
 from test_mla import step
@@ -19,9 +20,9 @@ from test_mla import step
 SCALES = (0.5, 2.0)
 
 
-def _calls(scales=SCALES):
+def _calls(scales=SCALES, q_scale=None):
     decode, prefill = step([1, 1, 6], [9, 3, 6], page_size=16)
-    return attention.layer_calls(decode, prefill, 4, 2, 64, 16, 24, DType.bfloat16, 0.125, scales)
+    return attention.layer_calls(decode, prefill, 4, 2, 64, 16, 24, DType.bfloat16, 0.125, scales, q_scale)
 
 
 def test_fp8_cache_calls_are_named_so_and_carry_the_layers_scales():
@@ -38,21 +39,49 @@ def test_fp8_cache_calls_are_named_so_and_carry_the_layers_scales():
     assert write.definition.name == "kv_cache_write_kv2_d64_ps16_kv_fp8" and write.scalars == {"k_scale": 0.5, "v_scale": 2.0}
 
 
+def test_fp8_queries_over_an_fp8_cache_are_named_so_and_carry_their_scale():
+    decode, prefill = _calls(q_scale=0.25)
+    assert (decode.definition.name, prefill.definition.name) == (
+        "gqa_paged_decode_h4_kv2_d64_ps16_q_fp8_kv_fp8", "gqa_paged_prefill_causal_h4_kv2_d64_ps16_q_fp8_kv_fp8")
+    assert decode.scalars == {"sm_scale": 0.125, "k_scale": 0.5, "v_scale": 2.0, "q_scale": 0.25}
+    assert decode.definition.inputs["q"].dtype is DType.float8_e4m3fn
+    assert decode.definition.outputs["output"].dtype is DType.bfloat16
+    with pytest.raises(NotImplementedError, match="not FP8"):
+        _calls(None, q_scale=0.25)
+
+
 @pytest.mark.parametrize("which", [0, 1])
-def test_the_fp8_reference_is_the_bf16_one_on_the_dequantized_cache(which):
-    fp8, plain = _calls()[which], _calls(None)[which]
+@pytest.mark.parametrize("q_scale", [None, 0.25])
+def test_the_fp8_reference_is_the_bf16_one_on_the_dequantized_cache(which, q_scale):
+    fp8, plain = _calls(q_scale=q_scale)[which], _calls(None)[which]
     axes = {**fp8.axes}
     given = {name: tensor() if callable(tensor) else tensor for name, tensor in fp8.tensors.items()}
     inputs = synthesize_inputs(fp8.definition, axes, seed=3, given=given)
     inputs.update(k_scale=SCALES[0], v_scale=SCALES[1], sm_scale=0.125)
     assert not torch.isnan(inputs["k_cache"].float()).any() and 0.3 < inputs["k_cache"].float().std() < 3
+    q = inputs["q"].float()
+    if q_scale is not None:
+        assert inputs["q"].dtype == torch.float8_e4m3fn and 0.3 < q.std() < 3
+        inputs["q_scale"], q = q_scale, q * q_scale
     out = run_reference(fp8.definition, inputs)
-    dequantized = {**{n: v for n, v in inputs.items() if n not in ("k_scale", "v_scale")},
+    assert out["output"].dtype == torch.bfloat16
+    dequantized = {**{n: v for n, v in inputs.items() if n not in ("k_scale", "v_scale", "q_scale")},
+                   "q": q.to(torch.bfloat16),
                    "k_cache": (inputs["k_cache"].float() * SCALES[0]).to(torch.bfloat16),
                    "v_cache": (inputs["v_cache"].float() * SCALES[1]).to(torch.bfloat16)}
     expected = run_reference(plain.definition, dequantized)
     torch.testing.assert_close(out["output"], expected["output"], atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(out["lse"], expected["lse"], atol=2e-2, rtol=1e-3)
+
+
+def test_static_quantization_divides_by_the_given_scale_and_saturates():
+    call = fp8_linear.static_quant_call(2, 256, torch.bfloat16)
+    x = torch.randn(2, 256).to(torch.bfloat16)
+    x[0, 0] = 500.0
+    out = run_reference(call.definition, {"x": x, "scale": 0.5})
+    expected = (x.float() / 0.5).clamp(-448, 448).to(torch.float8_e4m3fn)
+    assert out["x_q"].dtype == torch.float8_e4m3fn and torch.equal(out["x_q"].float(), expected.float())
+    assert out["x_q"].float()[0, 0] == 448.0
 
 
 def test_the_fp8_write_stores_each_value_over_its_scale_saturated():
@@ -77,17 +106,18 @@ def test_the_fp8_write_stores_each_value_over_its_scale_saturated():
 def test_small_fp8_cache_definitions_replay_with_their_baselines_on_cpu(tmp_path):
     from test_replay import run_replay
 
-    decode, prefill = _calls()
+    attention_calls = [*_calls(), *_calls(q_scale=0.25)]
     write = kv_cache.call(3, 2, 64, 16, 8, DType.bfloat16, torch.tensor([1, 2, 3]), SCALES)
-    definitions = [decode.definition, prefill.definition, write.definition]
+    quant = fp8_linear.static_quant_call(3, 256, torch.bfloat16)
+    definitions = [*(c.definition for c in attention_calls), write.definition, quant.definition]
     for made in definitions:
         for kind in ("definitions", "workloads"):
             (tmp_path / kind / made.op_type).mkdir(parents=True, exist_ok=True)
         (tmp_path / "definitions" / made.op_type / f"{made.name}.json").write_text(made.to_json())
-        axes = {"kv_cache_write": {"num_tokens": 5, "num_pages": 8}}.get(made.op_type)
-        call = {decode.definition.name: decode, prefill.definition.name: prefill}.get(made.name)
-        workload_axes = axes or {n: v for n, v in call.axes.items()}
-        scalars = {"k_scale": SCALES[0], "v_scale": SCALES[1], **({"sm_scale": 0.125} if call else {})}
+        axes = {"kv_cache_write": {"num_tokens": 5, "num_pages": 8}, "quant_fp8_static_per_tensor": {"M": 7}}
+        call = {c.definition.name: c for c in attention_calls}.get(made.name)
+        workload_axes = axes.get(made.op_type) or dict(call.axes)
+        scalars = {"k_scale": SCALES[0], "v_scale": SCALES[1], "sm_scale": 0.125, "q_scale": 0.25, "scale": 0.5}
         line = json.dumps({"definition": made.name, "workload": {
             "uuid": f"{made.name}-0", "axes": workload_axes,
             "inputs": {n: ({"type": "scalar", "value": scalars[n]} if n in scalars else {"type": "random"})
@@ -122,8 +152,18 @@ def test_vllms_fp8_cache_is_recorded_on_triton_attention_and_listed_elsewhere():
     assert vllm_attention.layer_problem(layer()) is None and vllm_attention.cache_scales(layer()) == SCALES
     assert vllm_attention.layer_problem(layer("fp8_e4m3")) is None
     assert vllm_attention.layer_problem(layer("auto")) is None and vllm_attention.cache_scales(layer("auto")) is None
+    # on CUDA vLLM quantizes the queries first, by one static scale: recorded as that quantization,
+    # then attention on FP8 queries
+    static = SimpleNamespace(static=True, group_shape=(-1, -1))
+    quantized = layer(query_quant=static, _q_scale_float=0.25, num_heads=4, head_size=64)
+    assert vllm_attention.layer_problem(quantized) is None and vllm_attention.query_scale(quantized) == 0.25
+    assert vllm_attention.query_scale(layer()) is None and vllm_attention._query_quant(layer(), 3, DType.bfloat16) == []
+    (quant,) = vllm_attention._query_quant(quantized, 3, DType.bfloat16)
+    assert (quant.definition.name, quant.axes) == ("quant_fp8_static_per_tensor_k256", {"M": 3})
+    per_head = SimpleNamespace(static=True, group_shape=(-1, 128))
     for listed, said in ((layer("fp8_e5m2"), "KV cache fp8_e5m2"), (layer(impl=FlashAttentionImpl), "on FlashAttentionImpl"),
-                         (layer(query_quant=object()), "queries quantized"),
+                         (layer(query_quant=per_head), "queries quantized to FP8 otherwise than by one static scale"),
+                         (layer(query_quant=SimpleNamespace(static=False, group_shape=(-1, -1))), "otherwise"),
                          (layer(calculate_kv_scales=True), "calculate_kv_scales"),
                          (layer("int8_per_token_head"), "KV cache int8_per_token_head")):
         assert said in vllm_attention.layer_problem(listed)

@@ -14,9 +14,9 @@ from fi_profile.capture.kernel_call import KernelCall
 from fi_profile.capture.layers import require, seen
 from fi_profile.capture.paged_layout import paged_batches, step_shape
 from fi_profile.capture.recorder import RECORDER
-from fi_profile.families import attention, kv_cache
+from fi_profile.families import attention, fp8_linear, kv_cache
 from fi_profile.families.attention.step import Batches, StepAttention
-from fi_profile.schema.dtype import schema_dtype
+from fi_profile.schema.dtype import schema_dtype, torch_dtype
 
 STEP = StepAttention()
 
@@ -69,10 +69,11 @@ def _layout_source(metadata: Any) -> Any:
 
 #: vLLM's names of an FP8 e4m3 KV cache with one static scale per tensor (``kv_cache_dtype``)
 FP8_CACHES = ("fp8", "fp8_e4m3")
-#: attention implementations whose FP8-cache path keeps the queries in the model's dtype and
-#: dequantizes the cache by the layer's scales in the kernel (what the ``*_kv_fp8`` Definitions
-#: compute): vLLM's Triton unified attention. Others quantize the queries too (FlashAttention 3,
-#: FlashInfer's TRT-LLM kernels) or are not known here: listed.
+#: attention implementations whose FP8-cache path the ``*_kv_fp8`` Definitions compute: vLLM's
+#: Triton unified attention, which dequantizes the cache by the layer's scales in the kernel, its
+#: queries in the model's dtype or (on CUDA, where the layer quantizes them first by its static
+#: per-tensor ``q_scale``) in FP8 (``*_q_fp8_kv_fp8``). Others (FlashAttention 3, FlashInfer's
+#: TRT-LLM kernels) are not known here: listed.
 FP8_CACHE_IMPLS = ("TritonAttentionImpl",)
 
 
@@ -91,11 +92,34 @@ def _cache_problem(layer: Any) -> Optional[str]:
         return f"KV cache {kv_cache}"
     if impl not in FP8_CACHE_IMPLS:
         return f"KV cache {kv_cache} on {impl}"
-    if getattr(layer, "query_quant", None) is not None:
-        return f"KV cache {kv_cache} with the queries quantized to FP8"
+    quant = getattr(layer, "query_quant", None)
+    if quant is not None and (not getattr(quant, "static", False) or _group(quant) != (-1, -1)):
+        return f"KV cache {kv_cache} with the queries quantized to FP8 otherwise than by one static scale ({_group(quant)})"
     if getattr(layer, "calculate_kv_scales", False):
         return f"KV cache {kv_cache} with scales computed from the first forward (calculate_kv_scales)"
     return None
+
+
+def _group(quant: Any) -> Optional[tuple[int, ...]]:
+    """A ``QuantFP8``'s scale group shape (rows, columns; -1: all), or None where it does not say."""
+    try:
+        return tuple(int(size) for size in quant.group_shape)
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def query_scale(layer: Any) -> Optional[float]:
+    """The static per-tensor scale the layer quantizes its queries to FP8 by before attention (vLLM
+    on CUDA with an FP8 cache: ``query_quant``), or None where the queries stay in the model's dtype."""
+    return None if getattr(layer, "query_quant", None) is None else float(layer._q_scale_float)
+
+
+def _query_quant(layer: Any, tokens: int, dtype: Any) -> list[KernelCall]:
+    """The queries' static FP8 quantization, a kernel before the cache write and attention, where the
+    layer quantizes them."""
+    if query_scale(layer) is None:
+        return []
+    return [fp8_linear.static_quant_call(tokens, layer.num_heads * layer.head_size, torch_dtype(dtype))]
 
 
 def cache_scales(layer: Any) -> Optional[tuple[float, float]]:
@@ -176,8 +200,9 @@ def layer_calls(self: Any, query: torch.Tensor, key: Optional[torch.Tensor] = No
     dtype, scales = schema_dtype(query.dtype), cache_scales(self)
     writes = _cache_write(self.layer_name, self.num_kv_heads, self.head_size, dtype, scales) \
         if _writes_cache(self, key) else []
-    return writes + STEP.calls((self.num_heads, self.num_kv_heads, self.head_size, page_size, RECORDER.num_pages or 0,
-                                dtype, float(self.impl.scale), scales))
+    return _query_quant(self, int(query.shape[0]), dtype) + writes + STEP.calls((
+        self.num_heads, self.num_kv_heads, self.head_size, page_size, RECORDER.num_pages or 0, dtype,
+        float(self.impl.scale), scales, query_scale(self)))
 
 
 def traced_layer_calls(self: Any, query: torch.Tensor, key: Optional[torch.Tensor] = None) -> Callable[[], list[KernelCall]]:
@@ -187,7 +212,7 @@ def traced_layer_calls(self: Any, query: torch.Tensor, key: Optional[torch.Tenso
     seen(self)
     require(layer_problem(self))
     layer = (self.num_heads, self.num_kv_heads, self.head_size, schema_dtype(query.dtype), float(self.impl.scale),
-             cache_scales(self))
+             cache_scales(self), query_scale(self))
     return functools.partial(_calls_in_graph, layer, _writes_cache(self, key))
 
 
@@ -198,7 +223,10 @@ def _calls_in_graph(layer: tuple, writes: bool = False) -> list[KernelCall]:
     if common is None or RECORDER.page_size is None:
         raise RuntimeError("a compiled forward ran without the step's attention metadata")
     STEP.batches(common, layout)
-    heads, kv_heads, head_size, dtype, scale, scales = layer
+    heads, kv_heads, head_size, dtype, scale, scales, q_scale = layer
     written = _cache_write(None, kv_heads, head_size, dtype, scales) if writes else []
-    return written + STEP.calls((heads, kv_heads, head_size, RECORDER.page_size, RECORDER.num_pages or 0, dtype, scale,
-                                 scales))
+    # the queries' quantization runs on the step's tokens as the graph runs them (its padded batch)
+    quant = [] if q_scale is None else [
+        fp8_linear.static_quant_call(int(slot_mapping(None).shape[0]), heads * head_size, torch_dtype(dtype))]
+    return quant + written + STEP.calls((heads, kv_heads, head_size, RECORDER.page_size, RECORDER.num_pages or 0, dtype,
+                                         scale, scales, q_scale))

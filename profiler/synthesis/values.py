@@ -66,9 +66,9 @@ def tensor_value(
         return torch.full(shape, fill, dtype=dtype, device=device)
     if "scale" in name:  # scale factors are positive and near 1, or what an FP8 tensor's take
         return ((0.5 + torch.rand(shape, generator=gen, device=device)) * _fp8_scale(name, definition, axes)).to(dtype)
-    if spec.dtype in _FP8 and name.endswith("_cache"):
-        # an FP8 KV cache holds keys and values divided by a static per-tensor scale (the engines'
-        # default 1.0): O(1) values, as attention sees them, not the format's whole range
+    if spec.dtype in _FP8 and _static_scale(name, definition):
+        # FP8 data divided by a static per-tensor scale given beforehand (an FP8 KV cache, queries
+        # before attention: the engines' default 1.0): O(1) values, not the format's whole range
         return _normal(shape, gen, device, dtype, bound=_FP8[spec.dtype])
     if spec.dtype in _FP8:  # quantized data spans the format's range, as a quantizer leaves it
         return _normal(shape, gen, device, dtype, _FP8[spec.dtype] / _FP8_SPREAD, bound=_FP8[spec.dtype])
@@ -83,6 +83,13 @@ def tensor_value(
 #: standard deviation (a group's largest of 128 normal values is about 3 of them: within range)
 _FP8 = {DType.float8_e4m3fn: 448.0, DType.float8_e5m2: 57344.0}
 _FP8_SPREAD = 4.0
+
+
+def _static_scale(name: str, definition: Definition) -> bool:
+    """Whether FP8 input ``name`` has a static per-tensor scale, a scalar input named after it
+    (``q`` -> ``q_scale``, ``k_cache`` -> ``k_scale``)."""
+    scales = (definition.inputs.get(f"{name}_scale"), definition.inputs.get(f"{name.removesuffix('_cache')}_scale"))
+    return any(scale is not None and scale.shape is None for scale in scales)
 
 
 def _is_weight(name: str) -> bool:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
+import torch
+
 from fi_profile.capture.definition_factory import definition_for
 from fi_profile.capture.kernel_call import KernelCall, cached_definition, dtype_suffix
 from fi_profile.capture.paged_layout import PagedBatch
@@ -17,6 +19,8 @@ from fi_profile.schema.definition import Definition
 from fi_profile.schema.dtype import DType
 
 KEY = "attention"
+#: the name part of Definitions whose queries come quantized to FP8 (over an FP8 cache)
+FP8_QUERY = "_q_fp8"
 #: the words attention kernels are named with, GQA's and MLA's alike (the engines' Triton decode
 #: kernels serve both), so that the kernel accounting takes the two families' kernels as one's
 KERNEL_WORDS = ("attention", "attn", "flash", "paged", "fwd", "stage1", "stage2", "reduce_segments", "decode_kernel",
@@ -24,22 +28,27 @@ KERNEL_WORDS = ("attention", "attn", "flash", "paged", "fwd", "stage1", "stage2"
 
 
 def call(batch: PagedBatch, stage: str, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
-         num_pages: int, dtype: DType, sm_scale: float, cache_scales: Optional[tuple[float, float]] = None) -> KernelCall:
+         num_pages: int, dtype: DType, sm_scale: float, cache_scales: Optional[tuple[float, float]] = None,
+         q_scale: Optional[float] = None) -> KernelCall:
     """One stage's call; ``cache_scales``: (k_scale, v_scale) of an FP8 (e4m3) KV cache, whose
-    Definitions (``*_kv_fp8``) take the caches in FP8 and dequantize them by those scales."""
-    fp8 = cache_scales is not None
+    Definitions (``*_kv_fp8``) take the caches in FP8 and dequantize them by those scales;
+    ``q_scale``: the queries come quantized to FP8 by it too (``*_q_fp8_kv_fp8``)."""
+    fp8, fp8_q = cache_scales is not None, q_scale is not None
+    if fp8_q and not fp8:
+        raise NotImplementedError("FP8 queries over a KV cache that is not FP8: no Definition")
 
     def build() -> Definition:
         consts = {"num_qo_heads": num_q_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim, "page_size": page_size}
-        cache = FP8_CACHE if fp8 else ""
-        shape = f"h{num_q_heads}_kv{num_kv_heads}_d{head_dim}_ps{page_size}{dtype_suffix(dtype)}{cache}"
+        quantized = (FP8_QUERY if fp8_q else "") + (FP8_CACHE if fp8 else "")
+        shape = f"h{num_q_heads}_kv{num_kv_heads}_d{head_dim}_ps{page_size}{dtype_suffix(dtype)}{quantized}"
         kind = "decode" if stage == "decode" else "prefill_causal"
-        template = f"gqa_paged_{kind}_h32_kv8_d128_ps{1 if page_size == 1 else 16}{cache}"
+        template = f"gqa_paged_{kind}_h32_kv8_d128_ps{1 if page_size == 1 else 16}{quantized}"
+        fp8_inputs = [name for name, applies in (("k_cache", fp8), ("v_cache", fp8), ("q", fp8_q)) if applies]
         return definition_for(template, f"gqa_paged_{kind}_{shape}", consts, dtype,
-                              input_dtypes={"k_cache": DType.float8_e4m3fn, "v_cache": DType.float8_e4m3fn} if fp8 else {})
+                              input_dtypes={name: DType.float8_e4m3fn for name in fp8_inputs})
 
-    definition = cached_definition(("paged_attention", stage, num_q_heads, num_kv_heads, head_dim, page_size, dtype, fp8),
-                                   build)
+    definition = cached_definition(("paged_attention", stage, num_q_heads, num_kv_heads, head_dim, page_size, dtype, fp8,
+                                    fp8_q), build)
     if stage == "decode":
         axes = {"batch_size": batch.batch_size, "len_indptr": batch.batch_size + 1}
     else:
@@ -55,6 +64,8 @@ def call(batch: PagedBatch, stage: str, num_q_heads: int, num_kv_heads: int, hea
     scalars = {"sm_scale": sm_scale}
     if fp8:
         scalars.update(k_scale=float(cache_scales[0]), v_scale=float(cache_scales[1]))
+    if fp8_q:
+        scalars.update(q_scale=float(q_scale))
     return KernelCall(definition, axes, tensors, scalars)
 
 
@@ -105,15 +116,24 @@ def _engine_kernel(run: EngineRun, definition: Definition) -> EngineKernel:
     return EngineKernel(None, f"the {run.attention_backend} attention backend, which the replay has no solution of")
 
 
+def _rounds_through(definition: Definition) -> Optional[torch.dtype]:
+    """With FP8 queries the engine's kernel multiplies FP8 probabilities with FP8 values (vLLM's
+    Triton attention casts them to V's dtype), which the references keep in float32: FP8's
+    precision bounds the check."""
+    spec = definition.inputs.get("q")
+    return torch.float8_e4m3fn if spec is not None and spec.dtype is DType.float8_e4m3fn else None
+
+
 FAMILY = Family(
     key=KEY,
     package=__name__,
     op_types=("gqa_paged", "gqa_ragged"),
-    templates=tuple(f"gqa_paged_{kind}_h32_kv8_d128_ps{ps}{cache}" for kind in ("decode", "prefill_causal")
-                    for ps in (1, 16) for cache in ("", FP8_CACHE)),
+    templates=tuple(f"gqa_paged_{kind}_h32_kv8_d128_ps{ps}{quantized}" for kind in ("decode", "prefill_causal")
+                    for ps in (1, 16) for quantized in ("", FP8_CACHE, FP8_QUERY + FP8_CACHE)),
     baselines=(Baseline("torch_paged_attention.py", compiled=False, op_type="gqa_paged"),
                Baseline("torch_ragged_attention.py", compiled=False, op_type="gqa_ragged")),
     natives=_natives,
     engine_kernel=_engine_kernel,
     kernel_words=KERNEL_WORDS,
+    rounds_through=_rounds_through,
 )

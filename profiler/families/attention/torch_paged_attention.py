@@ -4,11 +4,14 @@ import torch
 
 
 def run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale, qo_indptr=None, kv_last_page_len=None, k_scale=None,
-        v_scale=None):
+        v_scale=None, q_scale=None):
     """Per request: gather its pages, attend in float32 (causal, bottom-right aligned), log2 LSE; an
-    FP8 cache (``k_scale``, ``v_scale`` given) dequantized by its scales."""
+    FP8 cache (``k_scale``, ``v_scale`` given) and FP8 queries (``q_scale``) dequantized by their
+    scales, the output then in bfloat16."""
     k_scale = 1.0 if k_scale is None else float(k_scale)
     v_scale = 1.0 if v_scale is None else float(v_scale)
+    out_dtype = q.dtype if q_scale is None else torch.bfloat16
+    q_scale = 1.0 if q_scale is None else float(q_scale)
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     batch = kv_indptr.shape[0] - 1
@@ -16,7 +19,7 @@ def run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale, qo_indptr=None, kv
         qo_indptr = torch.arange(batch + 1, device=q.device, dtype=torch.int32)
     k_cache = k_cache.reshape(-1, page_size, num_kv_heads, head_dim)
     v_cache = v_cache.reshape(-1, page_size, num_kv_heads, head_dim)
-    output = torch.zeros_like(q)
+    output = torch.zeros(q.shape, dtype=out_dtype, device=q.device)
     lse = torch.full(q.shape[:2], -float("inf"), dtype=torch.float32, device=q.device)
     qo, kv = qo_indptr.tolist(), kv_indptr.tolist()
     last = kv_last_page_len.tolist() if kv_last_page_len is not None else [page_size] * batch
@@ -29,11 +32,11 @@ def run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale, qo_indptr=None, kv
         v = v_cache[pages].reshape(-1, num_kv_heads, head_dim)[:n_kv].float() * v_scale
         group = num_q_heads // num_kv_heads
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        qb = q[qo[b] : qo[b + 1]].float()
+        qb = q[qo[b] : qo[b + 1]].float() * q_scale
         logits = torch.einsum("qhd,khd->hqk", qb, k) * sm_scale
         n_q = qb.shape[0]
         causal = torch.arange(n_kv, device=q.device)[None, :] > torch.arange(n_q, device=q.device)[:, None] + (n_kv - n_q)
         logits.masked_fill_(causal[None], -float("inf"))
         lse[qo[b] : qo[b + 1]] = (torch.logsumexp(logits, dim=-1) / math.log(2.0)).T
-        output[qo[b] : qo[b + 1]] = torch.einsum("hqk,khd->qhd", logits.softmax(-1), v).to(q.dtype)
+        output[qo[b] : qo[b + 1]] = torch.einsum("hqk,khd->qhd", logits.softmax(-1), v).to(out_dtype)
     return output, lse

@@ -49,32 +49,34 @@ def _layout(q, k_cache, kv_indptr, kv_indices, qo_indptr, kv_last_page_len):
     return layout
 
 
-def _descales(layout, num_kv_heads, k_scale, v_scale):
-    """The KV scales as vLLM passes its layer's: one-element tensors expanded per sequence and KV
-    head (1.0 for a bf16 cache), made once per layout and value."""
-    key = (id(layout), float(k_scale), float(v_scale))
+def _descales(layout, num_kv_heads, k_scale, v_scale, q_scale):
+    """The scales as vLLM passes its layer's: the KV ones as one-element tensors expanded per
+    sequence and KV head (1.0 for a bf16 cache), the queries' as one element (None for queries
+    that are not FP8), made once per layout and value."""
+    key = (id(layout), float(k_scale), float(v_scale), q_scale)
     found = _DESCALES.get(key)
     if found is None:
         shape, device = layout["block_table"].shape[0], layout["block_table"].device
-        found = _DESCALES[key] = dict(q_descale=None, **{
-            name: torch.tensor([float(value)], dtype=torch.float32, device=device).expand(shape, num_kv_heads)
-            for name, value in (("k_descale", k_scale), ("v_descale", v_scale))})
+        found = _DESCALES[key] = dict(
+            q_descale=None if q_scale is None else torch.tensor([float(q_scale)], dtype=torch.float32, device=device),
+            **{name: torch.tensor([float(value)], dtype=torch.float32, device=device).expand(shape, num_kv_heads)
+               for name, value in (("k_descale", k_scale), ("v_descale", v_scale))})
     return found
 
 
 def run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale, qo_indptr=None, kv_last_page_len=None, k_scale=1.0,
-        v_scale=1.0):
+        v_scale=1.0, q_scale=None):
     """vLLM's Triton unified attention (the TRITON_ATTN backend's kernel) on the paged cache, causal,
     as vLLM calls it: decode steps of few sequences on its split-softmax (3D) path; an FP8 (e4m3)
-    cache dequantized in the kernel by ``k_scale`` and ``v_scale``, the queries kept in bfloat16, as
-    its TRITON_ATTN backend runs ``kv_cache_dtype="fp8"``. It returns no log-sum-exp: only
-    ``output`` is computed."""
+    cache dequantized in the kernel by ``k_scale`` and ``v_scale``, the queries in bfloat16 or (on
+    CUDA, as its TRITON_ATTN backend runs ``kv_cache_dtype="fp8"``) in FP8 by ``q_scale``. It
+    returns no log-sum-exp: only ``output`` is computed."""
     if len(_LAYOUTS) > 64:
         _LAYOUTS.clear()
         _DESCALES.clear()
     layout = _layout(q, k_cache, kv_indptr, kv_indices, qo_indptr, kv_last_page_len)
-    descales = _descales(layout, k_cache.shape[2], k_scale, v_scale)
-    out = torch.empty_like(q)
+    descales = _descales(layout, k_cache.shape[2], k_scale, v_scale, q_scale)
+    out = torch.empty(q.shape, dtype=torch.bfloat16 if q_scale is not None else q.dtype, device=q.device)
     unified_attention(q=q, k=k_cache, v=v_cache, out=out, softmax_scale=float(sm_scale), causal=True,
                       window_size=(-1, -1), softcap=0, **layout, **descales)
     return out

@@ -10,6 +10,9 @@ weight, each operand dequantized by its scales (bfloat16 result). Two kinds of c
   ``quant_fp8_per_token``), GEMM ``gemm_fp8_scaled`` (A per tensor or per token, B per tensor or
   per channel: the scales' shapes say which, the name too).
 
+Static per-tensor quantization by a scale given beforehand (``quant_fp8_static_per_tensor``) is the
+kernel vLLM runs on the queries before its Triton attention reads an FP8 KV cache.
+
 The scales are inputs of the Definitions, so a Solution sees exactly what the engine's kernel sees.
 
 References dequantize in float32; an FP8 GEMM's output is a sum of K rounded products, so its check
@@ -111,6 +114,20 @@ def dynamic_quant_call(m: int, k: int, per: str, dtype: torch.dtype) -> KernelCa
     return KernelCall(cached_definition((f"quant_fp8_per_{per}", k, dtype), build), {"M": m})
 
 
+STATIC_QUANT_TEMPLATE = "quant_fp8_static_per_tensor_k4096"
+
+
+def static_quant_call(m: int, k: int, dtype: torch.dtype) -> KernelCall:
+    """Static FP8 quantization of ``m`` rows of ``k`` values by a scale given beforehand (vLLM's
+    ``scaled_fp8_quant`` with a scale: the queries before its Triton attention over an FP8 cache)."""
+
+    def build() -> Definition:
+        return definition_for(STATIC_QUANT_TEMPLATE, f"quant_fp8_static_per_tensor_k{k}{_dtype_suffix(dtype)}", {"K": k},
+                              schema_dtype(dtype))
+
+    return KernelCall(cached_definition(("quant_fp8_static_per_tensor", k, dtype), build), {"M": m})
+
+
 def scaled_gemm_call(m: int, n: int, k: int, activation: str, weight: str, out_dtype: torch.dtype) -> KernelCall:
     """An FP8 GEMM of ``m`` rows with an ``[n, k]`` weight, its activations' scales per ``activation``
     ("tensor", "token"), its weight's per ``weight`` ("tensor", "channel")."""
@@ -138,28 +155,33 @@ def scaled_linear_calls(x: torch.Tensor, n: int, k: int, activation: str, weight
 
 
 def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
-    """``torch._scaled_mm`` (cuBLASLt's FP8 GEMM, per-tensor or row-wise scales on both operands)
-    for the scaled GEMM whose two scales are of one kind (a mixed layout would need one expanded in
-    the timed call, which is not what the engines run)."""
-    if definition.op_type == "gemm_fp8_scaled" and \
-            len(definition.inputs["A_scale"].shape or ()) == len(definition.inputs["B_scale"].shape or ()):
-        return [Native("torch", "torch_scaled_mm.py", must_fit=True, label="torch_scaled_mm")]
-    return []
+    """For the scaled GEMM: vLLM's CUTLASS scaled-mm (any mix of scales), and ``torch._scaled_mm``
+    (cuBLASLt's FP8 GEMM, per-tensor or row-wise scales on both operands) where its two scales are
+    of one kind (a mixed layout would need one expanded in the timed call, which is not what the
+    engines run)."""
+    if definition.op_type != "gemm_fp8_scaled":
+        return []
+    natives = [Native("vllm", "vllm_cutlass_scaled_mm.py", must_fit=True, requires="vllm._C", label="vllm_cutlass")]
+    if len(definition.inputs["A_scale"].shape or ()) == len(definition.inputs["B_scale"].shape or ()):
+        natives.append(Native("torch", "torch_scaled_mm.py", must_fit=True, label="torch_scaled_mm"))
+    return natives
 
 
 FAMILY = Family(
     key=KEY,
     package=__name__,
     op_types=("gemm_fp8_block_scale", "quant_fp8_per_token_group", "gemm_fp8_scaled", "quant_fp8_per_tensor",
-              "quant_fp8_per_token"),
-    templates=(GEMM_TEMPLATE, QUANT_TEMPLATE, *SCALED_TEMPLATES.values(), *DYNAMIC_QUANT_TEMPLATES.values()),
+              "quant_fp8_per_token", "quant_fp8_static_per_tensor"),
+    templates=(GEMM_TEMPLATE, QUANT_TEMPLATE, *SCALED_TEMPLATES.values(), *DYNAMIC_QUANT_TEMPLATES.values(),
+               STATIC_QUANT_TEMPLATE),
     baselines=(Baseline("torch_gemm_fp8_block_scale.py", constants=("BLOCK_N", "BLOCK_K"),
                         op_type="gemm_fp8_block_scale"),
                Baseline("torch_quant_fp8_per_token_group.py", constants=("GROUP_SIZE", "POWER_OF_TWO_SCALES"),
                         op_type="quant_fp8_per_token_group"),
                Baseline("torch_gemm_fp8_scaled.py", op_type="gemm_fp8_scaled"),
                Baseline("torch_quant_fp8_per_tensor.py", op_type="quant_fp8_per_tensor"),
-               Baseline("torch_quant_fp8_per_token.py", op_type="quant_fp8_per_token")),
+               Baseline("torch_quant_fp8_per_token.py", op_type="quant_fp8_per_token"),
+               Baseline("torch_quant_fp8_static_per_tensor.py", op_type="quant_fp8_static_per_tensor")),
     natives=_natives,
     flops=lambda definition, axes: matmul_flops(definition, axes) if definition.op_type.startswith("gemm") else None,
     atol_of_largest=("gemm_fp8_block_scale", "gemm_fp8_scaled"),
@@ -171,5 +193,6 @@ FAMILY = Family(
     # layer's range or graph is its GEMM's, not shared with the quantization before it
     kernel_words=gemm.FAMILY.kernel_words,
     op_kernel_words={op_type: ("quant", "max_reduction") for op_type in
-                     ("quant_fp8_per_token_group", "quant_fp8_per_tensor", "quant_fp8_per_token")},
+                     ("quant_fp8_per_token_group", "quant_fp8_per_tensor", "quant_fp8_per_token",
+                      "quant_fp8_static_per_tensor")},
 )
