@@ -10,12 +10,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from test_mla import step
 
 from fi_profile.entry_points import run_reference
 from fi_profile.families import attention, fp8_linear, kv_cache
 from fi_profile.schema.dtype import DType
 from fi_profile.synthesis import synthesize_inputs
-from test_mla import step
 
 SCALES = (0.5, 2.0)
 
