@@ -2,8 +2,9 @@
 value by the layer's static scale, attention dequantizes the cache by it (and, where vLLM quantizes
 the queries to FP8 first by their static scale, the queries too). The references against
 the bf16 ones on the dequantized cache; the write's reference, its PyTorch baseline and the
-attention's baseline at small shapes on CPU; vLLM's layers recorded as such only where its
-implementation keeps the queries unquantized, listed elsewhere."""
+attention's baseline at small shapes on CPU; vLLM's Triton attention layers recorded so (their
+queries' quantization first where vLLM quantizes them by one static scale), other implementations
+and other query quantizations listed."""
 
 import json
 from types import SimpleNamespace
