@@ -154,6 +154,10 @@ def scaled_linear_calls(x: torch.Tensor, n: int, k: int, activation: str, weight
     return calls + [scaled_gemm_call(m, n, k, activation, weight, x.dtype)]
 
 
+#: vLLM's compiled ops (``_C``; ``_C_stable_libtorch`` in builds against PyTorch's stable ABI)
+_VLLM_C = ("vllm._C", "vllm._C_stable_libtorch")
+
+
 def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
     """For the scaled GEMM: vLLM's CUTLASS scaled-mm (any mix of scales), and ``torch._scaled_mm``
     (cuBLASLt's FP8 GEMM, per-tensor or row-wise scales on both operands) where its two scales are
@@ -161,7 +165,7 @@ def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
     engines run)."""
     if definition.op_type != "gemm_fp8_scaled":
         return []
-    natives = [Native("vllm", "vllm_cutlass_scaled_mm.py", must_fit=True, requires="vllm._C", label="vllm_cutlass")]
+    natives = [Native("vllm", "vllm_cutlass_scaled_mm.py", must_fit=True, requires=_VLLM_C, label="vllm_cutlass")]
     if len(definition.inputs["A_scale"].shape or ()) == len(definition.inputs["B_scale"].shape or ()):
         natives.append(Native("torch", "torch_scaled_mm.py", must_fit=True, label="torch_scaled_mm"))
     return natives
