@@ -299,24 +299,6 @@ def test_an_attention_layer_holding_kv_cache_scales_is_judged_by_its_class_and_i
     assert uncovered_layers(model, rules[1:]) == {"AttentionForTest with KVCacheMethodForTest": 2}
 
 
-def test_sglangs_gqa_hook_lists_an_fp8_kv_cache_by_the_runners_pool():
-    """SGLang's ``RadixAttention`` does not say its cache's dtype; the model runner's KV pool does.
-    A cache of the queries' dtype is recorded; an FP8 one (``kv_cache_dtype=fp8_e4m3``) is a hook
-    error naming it, never a bf16 attention call."""
-    from types import SimpleNamespace
-
-    from fi_profile.hooks.sglang.attention import STEP, cache_problem
-
-    for cached, expected in ((torch.bfloat16, None), (torch.float8_e4m3fn, "KV cache of float8_e4m3fn")):
-        STEP.begin(runner=SimpleNamespace(token_to_kv_pool=SimpleNamespace(dtype=cached)))
-        problem = cache_problem(DType.bfloat16)
-        assert problem is None if expected is None else expected in problem
-    STEP.begin(runner=SimpleNamespace())  # a runner that does not say its pool's dtype: never assumed plain
-    assert "does not say" in cache_problem(DType.bfloat16)
-    STEP.begin()
-    assert cache_problem(DType.bfloat16) is None  # no runner known (a graph's capture): judged at its replays
-
-
 def test_vllms_block_scale_fp8_layers_are_recorded_through_its_block_scaled_kernels():
     """vLLM's ``Fp8LinearMethod.apply`` hands a block-scale layer to one of its block-scaled kernels
     (vLLM's own classes here): one whose ``apply_weights`` is the base's (quantization, then the

@@ -4,7 +4,8 @@ the queries to FP8 first by their static scale, the queries too). The references
 the bf16 ones on the dequantized cache; the write's reference, its PyTorch baseline and the
 attention's baseline at small shapes on CPU; vLLM's Triton attention layers recorded so (their
 queries' quantization first where vLLM quantizes them by one static scale), other implementations
-and other query quantizations listed."""
+and other query quantizations listed; SGLang's decode steps read the FP8 cache, its extend steps
+attend their new tokens unquantized."""
 
 import json
 from types import SimpleNamespace
@@ -168,3 +169,70 @@ def test_vllms_fp8_cache_is_recorded_on_triton_attention_and_listed_elsewhere():
                          (layer(calculate_kv_scales=True), "calculate_kv_scales"),
                          (layer("int8_per_token_head"), "KV cache int8_per_token_head")):
         assert said in vllm_attention.layer_problem(listed)
+
+
+class Mode(SimpleNamespace):
+    def is_decode(self):
+        return self.kind == "decode"
+
+    def is_extend(self):
+        return self.kind == "extend"
+
+
+def _sglang_step(kind, q_lens, seq_lens, pool_dtype=torch.float8_e4m3fn):
+    """An SGLang step (ForwardBatch and model runner) of page size 1 over a KV pool of ``pool_dtype``."""
+    from fi_profile.hooks.sglang.attention import STEP
+
+    runner = SimpleNamespace(token_to_kv_pool=SimpleNamespace(dtype=pool_dtype),
+                             req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(64, dtype=torch.int32).view(4, 16)))
+    batch = SimpleNamespace(forward_mode=Mode(kind=kind), seq_lens_cpu=torch.tensor(seq_lens),
+                            extend_seq_lens_cpu=q_lens, req_pool_indices=torch.arange(len(seq_lens)),
+                            out_cache_loc=torch.arange(sum(q_lens)))
+    STEP.begin(runner=runner)
+    return batch
+
+
+def test_sglangs_fp8_cache_is_read_by_decode_steps_and_extend_steps_attend_the_new_tokens_unquantized():
+    """SGLang's pool says its dtype. With an FP8 pool a decode step reads every key and value from
+    it (``*_kv_fp8`` with the layer's scales, 1.0 where the checkpoint gives none); an extend step
+    attends its new tokens as they are (the bf16 Definitions), and one with a cached prefix (read
+    from the FP8 cache beside them) is an error naming it. The write quantizes either way."""
+    from fi_profile.hooks.sglang import attention as sglang_attention
+
+    RadixAttention = type("RadixAttention", (SimpleNamespace,), {})
+    layer = RadixAttention(tp_q_head_num=4, tp_k_head_num=2, head_dim=64, scaling=0.125, k_scale=None, v_scale=None,
+                           attn_type="decoder", v_head_dim=64, sliding_window_size=-1, logit_cap=0,
+                           is_cross_attention=False)
+    scaled = RadixAttention(**{**vars(layer), "k_scale": object(), "v_scale": object(), "k_scale_float": 0.5,
+                               "v_scale_float": 2.0})
+    q, k = torch.zeros(3, 256, dtype=torch.bfloat16), torch.zeros(3, 128, dtype=torch.bfloat16)
+
+    batch = _sglang_step("decode", [1, 1, 1], [5, 9, 3])
+    assert sglang_attention.cache_problem(DType.bfloat16) is None
+    assert sglang_attention.cache_scales(layer) == (1.0, 1.0) and sglang_attention.cache_scales(scaled) == SCALES
+    write, decode = sglang_attention.layer_calls(scaled, q, batch, k)
+    assert (write.definition.name, decode.definition.name) == (
+        "kv_cache_write_kv2_d64_ps1_kv_fp8", "gqa_paged_decode_h4_kv2_d64_ps1_kv_fp8")
+    assert write.scalars == {"k_scale": 0.5, "v_scale": 2.0} and decode.scalars["k_scale"] == 0.5
+
+    batch = _sglang_step("extend", [2, 3], [2, 3])  # fresh prompts: no cached prefix
+    write, prefill = sglang_attention.layer_calls(layer, torch.zeros(5, 256, dtype=torch.bfloat16), batch,
+                                                  torch.zeros(5, 128, dtype=torch.bfloat16))
+    assert write.definition.name == "kv_cache_write_kv2_d64_ps1_kv_fp8"
+    assert prefill.definition.name == "gqa_paged_prefill_causal_h4_kv2_d64_ps1" and "k_scale" not in prefill.scalars
+
+    batch = _sglang_step("extend", [2, 3], [6, 3])  # the first request's 4 tokens are cached
+    with pytest.raises(NotImplementedError, match="cached prefix"):
+        sglang_attention.layer_calls(layer, torch.zeros(5, 256, dtype=torch.bfloat16), batch,
+                                     torch.zeros(5, 128, dtype=torch.bfloat16))
+
+    _sglang_step("decode", [1], [5], pool_dtype=torch.bfloat16)
+    assert sglang_attention.cache_problem(DType.bfloat16) is None and sglang_attention.cache_scales(layer) is None
+    _sglang_step("decode", [1], [5], pool_dtype=torch.float16)
+    assert "KV cache of float16 for bfloat16 queries" in sglang_attention.cache_problem(DType.bfloat16)
+    from fi_profile.hooks.sglang.attention import STEP
+
+    STEP.begin(runner=SimpleNamespace())  # a runner that does not say its pool's dtype: never assumed plain
+    assert "does not say" in sglang_attention.cache_problem(DType.bfloat16)
+    STEP.begin()
+    assert sglang_attention.cache_problem(DType.bfloat16) is None  # no runner known (a graph's capture): judged at replays

@@ -15,7 +15,7 @@ from fi_profile.capture.paged_layout import paged_batches
 from fi_profile.capture.recorder import RECORDER
 from fi_profile.families import attention, kv_cache
 from fi_profile.families.attention.step import Batches, StepAttention
-from fi_profile.schema.dtype import schema_dtype
+from fi_profile.schema.dtype import DType, schema_dtype
 
 #: the step's model runner (its request-to-token table holds the page ids) and attention layout:
 #: the attention layers of one step share one ForwardBatch, which may not be the object
@@ -70,22 +70,57 @@ def layer_problem(layer: Any) -> Optional[str]:
     })
 
 
-def cache_problem(dtype: Any) -> Optional[str]:
-    """Why the step's KV cache is not of the queries' ``dtype`` (an FP8 cache, ``kv_cache_dtype``:
-    another computation, with its scales), or None. The pool is the model runner's; where no
-    runner is known (a CUDA graph's capture) each replay judges it; where the runner does not say
-    (another SGLang), that is the problem: an FP8 cache must never pass for the queries' dtype."""
+def _cache_dtype() -> Any:
+    """The step's KV pool's dtype (the model runner's ``token_to_kv_pool``), "unknown" where the
+    runner does not say, None where no runner is known (a CUDA graph's capture: each replay judges)."""
     runner = STEP.context.get("runner")
     if runner is None:
         return None
     cached = getattr(getattr(runner, "token_to_kv_pool", None), "dtype", None)
-    if cached is None:
-        return "RadixAttention whose KV cache's dtype this SGLang's model runner does not say (token_to_kv_pool.dtype)"
-    if schema_dtype(cached) == dtype:
+    return "unknown" if cached is None else schema_dtype(cached)
+
+
+def cache_problem(dtype: Any) -> Optional[str]:
+    """Why the step's KV cache is neither of the queries' ``dtype`` nor FP8 e4m3 (``kv_cache_dtype=
+    fp8_e4m3``, the ``*_kv_fp8`` Definitions), or None. Where the runner does not say (another
+    SGLang), that is the problem: an FP8 cache must never pass for the queries' dtype."""
+    cached = _cache_dtype()
+    if cached is None or cached == dtype or cached is DType.float8_e4m3fn:
         return None
-    found = schema_dtype(cached)
-    return (f"RadixAttention with a KV cache of {getattr(found, 'value', found)} for {getattr(dtype, 'value', dtype)} "
+    if cached == "unknown":
+        return "RadixAttention whose KV cache's dtype this SGLang's model runner does not say (token_to_kv_pool.dtype)"
+    return (f"RadixAttention with a KV cache of {getattr(cached, 'value', cached)} for {getattr(dtype, 'value', dtype)} "
             "queries (no Definition computes it)")
+
+
+def cache_scales(layer: Any) -> Optional[tuple[float, float]]:
+    """An FP8 cache's (k_scale, v_scale) as SGLang uses the layer's: its checkpoint's, else 1.0
+    (SGLang then stores the values unscaled and reads them back so); None for a cache of the
+    queries' dtype."""
+    if _cache_dtype() is not DType.float8_e4m3fn:
+        return None
+    if getattr(layer, "k_scale", None) is None or getattr(layer, "v_scale", None) is None:
+        return (1.0, 1.0)
+    return (float(layer.k_scale_float), float(layer.v_scale_float))
+
+
+def _attended_scales(batch: Any, scales: Optional[tuple[float, float]]) -> Optional[tuple[float, float]]:
+    """The scales of the cache the step's attention reads: a decode step reads every key and value
+    from the FP8 cache; an extend step attends its new tokens' keys and values as they are, in the
+    model's dtype (the cache is read for a cached prefix only, which no Definition mixes with
+    them: an error naming it), so it is the unquantized computation."""
+    if scales is None or not batch.forward_mode.is_extend():
+        return scales
+    for part in STEP.batches(batch, step_batches):
+        if part is None:
+            continue
+        kv_lens, q_lens = part.kv_indptr.diff(), part.qo_indptr.diff()  # page size 1: pages are tokens
+        if bool((kv_lens > q_lens).any()):
+            raise NotImplementedError(
+                "RadixAttention over an FP8 KV cache in an extend step with a cached prefix (SGLang attends the new "
+                "tokens' keys and values in the model's dtype and the prefix from the FP8 cache: no Definition "
+                "computes it)")
+    return None
 
 
 def cache_slots(batch: Any) -> torch.Tensor:
@@ -96,11 +131,13 @@ def cache_slots(batch: Any) -> torch.Tensor:
     return slots
 
 
-def _cache_write(batch: Any, kv_heads: int, head_dim: int, dtype: Any) -> list[KernelCall]:
-    """The layer's KV-cache write (``set_kv_buffer``): the step's new tokens at their cache slots."""
+def _cache_write(batch: Any, kv_heads: int, head_dim: int, dtype: Any,
+                 scales: Optional[tuple[float, float]]) -> list[KernelCall]:
+    """The layer's KV-cache write (``set_kv_buffer``): the step's new tokens at their cache slots
+    (divided by ``scales`` into an FP8 cache)."""
     slots = cache_slots(batch)
     return [kv_cache.call(int(slots.shape[0]), kv_heads, head_dim, 1, RECORDER.num_pages or 0, dtype,
-                          kv_cache.slots(slots))]
+                          kv_cache.slots(slots), scales)]
 
 
 def layer_calls(self: Any, q: torch.Tensor, forward_batch: Any, k: Optional[torch.Tensor] = None,
@@ -111,9 +148,12 @@ def layer_calls(self: Any, q: torch.Tensor, forward_batch: Any, k: Optional[torc
     dtype = schema_dtype(q.dtype)
     require(layer_problem(self) or cache_problem(dtype))
     STEP.batches(forward_batch, step_batches)
-    writes = _cache_write(forward_batch, self.tp_k_head_num, self.head_dim, dtype) if k is not None and save_kv_cache else []
+    scales = cache_scales(self)
+    attended = _attended_scales(forward_batch, scales)
+    writes = _cache_write(forward_batch, self.tp_k_head_num, self.head_dim, dtype, scales) \
+        if k is not None and save_kv_cache else []
     return writes + STEP.calls((self.tp_q_head_num, self.tp_k_head_num, self.head_dim, 1, RECORDER.num_pages or 0,
-                                dtype, float(self.scaling)))
+                                dtype, float(self.scaling), attended))
 
 
 def captured_layer_calls(self: Any, q: torch.Tensor, k: Optional[torch.Tensor] = None,
@@ -123,7 +163,7 @@ def captured_layer_calls(self: Any, q: torch.Tensor, k: Optional[torch.Tensor] =
     seen(self)
     require(layer_problem(self))
     return functools.partial(_calls_in_graph, (self.tp_q_head_num, self.tp_k_head_num, self.head_dim,
-                                               schema_dtype(q.dtype), float(self.scaling)),
+                                               schema_dtype(q.dtype), float(self.scaling), self),
                              k is not None and save_kv_cache)
 
 
@@ -132,7 +172,9 @@ def _calls_in_graph(layer: tuple, writes: bool = False) -> list[KernelCall]:
     if batch is None:
         raise RuntimeError("a CUDA graph replayed outside a model step: its attention layout is unknown")
     STEP.batches(batch, step_batches)
-    heads, kv_heads, head_dim, dtype, scale = layer
+    heads, kv_heads, head_dim, dtype, scale, attention_layer = layer
     require(cache_problem(dtype))
-    written = _cache_write(batch, kv_heads, head_dim, dtype) if writes else []
-    return written + STEP.calls((heads, kv_heads, head_dim, 1, RECORDER.num_pages or 0, dtype, scale))
+    scales = cache_scales(attention_layer)  # judged at each replay: the runner says the cache's dtype
+    written = _cache_write(batch, kv_heads, head_dim, dtype, scales) if writes else []
+    return written + STEP.calls((heads, kv_heads, head_dim, 1, RECORDER.num_pages or 0, dtype, scale,
+                                 _attended_scales(batch, scales)))
