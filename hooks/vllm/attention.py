@@ -132,7 +132,8 @@ def layer_problem(layer: Any) -> Optional[str]:
     """Why an attention layer is not a paged GQA call the Definitions compute, or None: only
     vLLM's ``Attention`` itself (MLA, chunked-local, encoder, cross, sink ... are other classes),
     causal decoder self-attention without a window or soft cap, its KV cache of the model's dtype
-    or FP8 (e4m3) with static scales on an implementation that keeps the queries unquantized."""
+    or FP8 (e4m3) with static scales on vLLM's Triton attention (its queries quantized first by one
+    static scale where vLLM does so)."""
     attn_type = str(getattr(getattr(layer, "attn_type", "decoder"), "value", getattr(layer, "attn_type", "decoder")))
     cache = _cache_problem(layer)
     return attention.layer_problem(layer, "Attention", {
