@@ -156,13 +156,18 @@ def scaled_linear_calls(x: torch.Tensor, n: int, k: int, activation: str, weight
 
 #: vLLM's compiled ops (``_C``; ``_C_stable_libtorch`` in builds against PyTorch's stable ABI)
 _VLLM_C = ("vllm._C", "vllm._C_stable_libtorch")
+#: where vLLM keeps its Triton block-FP8 GEMM
+_VLLM_BLOCK_TRITON = "vllm.model_executor.layers.quantization.utils.fp8_utils"
 
 
 def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
-    """For the scaled GEMM: vLLM's CUTLASS scaled-mm (any mix of scales), and ``torch._scaled_mm``
-    (cuBLASLt's FP8 GEMM, per-tensor or row-wise scales on both operands) where its two scales are
-    of one kind (a mixed layout would need one expanded in the timed call, which is not what the
-    engines run)."""
+    """For the block-scale GEMM: vLLM's Triton block-FP8 GEMM. For the scaled GEMM: vLLM's CUTLASS
+    scaled-mm (any mix of scales), and ``torch._scaled_mm`` (cuBLASLt's FP8 GEMM, per-tensor or
+    row-wise scales on both operands) where its two scales are of one kind (a mixed layout would
+    need one expanded in the timed call, which is not what the engines run)."""
+    if definition.op_type == "gemm_fp8_block_scale":
+        return [Native("vllm", "vllm_triton_block_fp8_gemm.py", constants=("BLOCK_N", "BLOCK_K"), must_fit=True,
+                       requires=_VLLM_BLOCK_TRITON, label="vllm_triton")]
     if definition.op_type != "gemm_fp8_scaled":
         return []
     natives = [Native("vllm", "vllm_cutlass_scaled_mm.py", must_fit=True, requires=_VLLM_C, label="vllm_cutlass")]
