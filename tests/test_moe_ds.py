@@ -108,7 +108,8 @@ def test_shared_experts_inside_vllms_opaque_moe_op_are_recorded_by_the_moe_hook(
     def fp8(n, k):
         return SimpleNamespace(output_size_per_partition=n, input_size_per_partition=k, bias=None,
                                quant_method=Fp8LinearMethod(block_quant=True, weight_block_size=[128, 128],
-                                                            use_marlin=False, fp8_linear=None))
+                                                            use_marlin=False, fp8_linear=SimpleNamespace(
+                                                                quant_fp8=SimpleNamespace(use_ue8m0=False))))
 
     mlp = SimpleNamespace(gate_up_proj=fp8(4096, 7168), act_fn=SiluAndMul(), down_proj=fp8(7168, 2048))
     runner = SimpleNamespace(_forward_entry=OpOverload(), _shared_experts=SimpleNamespace(_layer=mlp))
