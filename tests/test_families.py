@@ -108,3 +108,22 @@ def test_the_engines_mla_kernels_are_offered_where_they_compute_the_definition()
         label = MLA.engine_kernel(triton, shipped_definition(name)).label
         assert label == ("sglang_triton" if "sglang_triton" in offered[name] else None)
     assert MLA.engine_kernel(EngineRun("SGLang", "eager", "flashinfer"), shipped_definition(names[0])).label is None
+
+
+def test_sglangs_fused_moe_is_offered_for_every_moe_definition_a_baseline_computes():
+    """SGLang's router + Triton experts serve every MoE Definition with a baseline, the fused shared
+    expert (which vLLM never fuses) and FP8 block-scale experts among them; its unquantized experts
+    write the output over the layer input, as SGLang's Triton runner does, and say so; its FP8 ones
+    write into a buffer of their own (the input is FP8)."""
+    from fi_profile.families.moe import FAMILY as MOE
+
+    moe = [d for d in shipped_definitions().values() if d.op_type == "moe"]
+    assert len(moe) >= 8
+    for definition in moe:
+        offered = {(n.label or n.library): n for _, n in native_candidates(definition)}
+        assert "sglang" in offered, definition.name
+        assert ("vllm" in offered) == ("num_shared_experts" not in definition.const_axes), definition.name
+        solution = native_solution(definition, MOE, offered["sglang"])
+        fp8 = "hidden_states_scale" in definition.inputs
+        assert solution.spec.overwrites == (None if fp8 else {"hidden_states": "output"}), definition.name
+        assert {s.path for s in solution.sources[1:]} == {"sglang_fused_experts.py", "expert_layout.py"}

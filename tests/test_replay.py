@@ -960,3 +960,50 @@ def test_inputs_too_large_to_copy_are_checked_by_fingerprint_and_draws_are_made_
     inputs["fp8"][7] = 0.0
     assert sorted(evaluate._restore(inputs, before)) == ["big", "fp8", "small"]
     assert inputs["small"][0] == 1.0 and evaluate._INPUTS == {}
+
+
+def _accounted(record, framework, definition, kernels):
+    """``record`` as ``framework``'s, its kernel accounting naming ``kernels`` for ``definition``."""
+    from fi_profile.schema.run_info import DefinitionKernelTime, EngineKernels
+
+    accounting = EngineKernels(device="cuda", steps=1, total_ms=1.0, attributed_share=1.0, unattributed=[],
+                               by_definition={definition.name: DefinitionKernelTime(ms=1.0, calls=1, kernels=kernels)})
+    return record.model_copy(update={"framework": framework, "run": RunInfo(engine_kernels=accounting)})
+
+
+def test_the_engines_moe_and_fp8_gemm_kernels_are_the_ones_their_kernel_accounting_names(baseline_run):
+    """The kernel names the accounting attributed to a Definition (as an H200 run of SGLang and vLLM
+    recorded them) decide which native is the engine's kernel: SGLang's fused MoE only where its Triton
+    experts ran (its MoE runners differ by card and checkpoint); vLLM's unless other kernels ran;
+    vLLM's FP8 GEMMs by the kernel named (CUTLASS scaled-mm, or its Triton block GEMM, not the
+    CUTLASS block-wise one, which the replay has no native of)."""
+    from fi_profile.replay.engine_kernel import engine_kernel
+
+    dataset, _, _ = baseline_run
+    record = dataset.record
+    moe = shipped_definition("moe_bf16_ds_routing_topk8_ng8_kg4_e256_h7168_i2048_shared1")
+    sglang_triton = ["void tensorrt_llm::kernels::deepseek_v3_topk_kernel<float, float, float, int, 256, true>(float*",
+                     "void moe_align_block_size_kernel<int>(int const*, int*, int*, int*, int, int, unsigned long",
+                     "fused_moe_kernel", "triton_per_fused_copy__mul_sum_0"]
+    assert engine_kernel(_accounted(record, "SGLang", moe, sglang_triton), moe).label == "sglang"
+    unaccounted = record.model_copy(update={"framework": "SGLang", "run": RunInfo()})
+    assert engine_kernel(unaccounted, moe).label is None and "accounting" in engine_kernel(unaccounted, moe).what
+    other = _accounted(record, "SGLang", moe, ["void flashinfer::trtllm_moe_kernel<bf16>(...)"])
+    assert engine_kernel(other, moe).label is None and "trtllm_moe_kernel" in engine_kernel(other, moe).what
+    # a kernel whose name merely begins with the experts' is not them
+    assert engine_kernel(_accounted(record, "SGLang", moe, ["fused_moe_kernel_gptq_awq"]), moe).label is None
+    plain = shipped_definition("moe_bf16_ds_routing_topk8_ng8_kg4_e256_h7168_i2048")
+    assert engine_kernel(record.model_copy(update={"framework": "vLLM", "run": RunInfo()}), plain).label == "vllm"
+    assert engine_kernel(_accounted(record, "vLLM", plain, ["fused_moe_kernel"]), plain).label == "vllm"
+    assert engine_kernel(_accounted(record, "vLLM", plain, ["void flashinfer::cutlass_fused_moe<...>"]), plain).label is None
+
+    scaled = shipped_definition("gemm_fp8_per_token_channel_scale_n4096_k4096")
+    sm90 = "void cutlass::device_kernel<vllm::cutlass_3x_gemm_sm90_fp8<cutlass::float_e4m3_t, cutlass::bfloat16_t"
+    assert engine_kernel(_accounted(record, "vLLM", scaled, [sm90]), scaled).label == "vllm_cutlass"
+    assert engine_kernel(record.model_copy(update={"framework": "vLLM", "run": RunInfo()}), scaled).label is None
+    assert engine_kernel(_accounted(record, "vLLM", scaled, ["nvjet_sm90_tst_fp8_128x64"]), scaled).label is None
+    block = shipped_definition("gemm_fp8_block_scale_n7168_k2048")
+    blockwise = "void cutlass::device_kernel<vllm::cutlass_3x_gemm_fp8_blockwise<cutlass::float_e4m3_t"
+    assert engine_kernel(_accounted(record, "vLLM", block, [blockwise]), block).label is None
+    assert engine_kernel(_accounted(record, "vLLM", block, ["_w8a8_triton_block_scaled_mm"]), block).label == "vllm_triton"
+    assert engine_kernel(_accounted(record, "SGLang", block, ["_w8a8_triton_block_scaled_mm"]), block).label is None

@@ -8,6 +8,7 @@ the family's own package beside this description; see :mod:`fi_profile.families`
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
@@ -74,6 +75,14 @@ class EngineRun:
     framework: str  # "vLLM", "SGLang"
     execution: str  # "eager", "compiled", "cuda_graph" (joined with " and " when several)
     attention_backend: str
+    #: the kernels the capture's accounting attributed to the Definition's calls (``run.engine_kernels``;
+    #: empty where it did not run or attributed none), by name
+    kernels: tuple[str, ...] = ()
+
+    def launched(self, name: str) -> Optional[bool]:
+        """Whether the accounting saw a kernel of this name among them (None: it says nothing)."""
+        word = re.compile(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])")
+        return any(word.search(k) for k in self.kernels) if self.kernels else None
 
 
 def no_natives(definition: Definition, fitted: Optional[str]) -> Sequence[Native]:

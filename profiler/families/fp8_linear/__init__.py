@@ -28,7 +28,7 @@ import torch
 from fi_profile.capture.definition_factory import definition_for
 from fi_profile.capture.kernel_call import SHORT_DTYPES, KernelCall, cached_definition, rows
 from fi_profile.families import gemm
-from fi_profile.families.family import Baseline, Family, Native, matmul_flops
+from fi_profile.families.family import Baseline, EngineKernel, EngineRun, Family, Native, matmul_flops
 from fi_profile.schema.definition import Definition
 from fi_profile.schema.dtype import schema_dtype
 
@@ -176,6 +176,24 @@ def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
     return natives
 
 
+#: vLLM's Triton block-FP8 GEMM kernel, which its native runs
+_VLLM_TRITON_BLOCK_KERNEL = "_w8a8_triton_block_scaled_mm"
+
+
+def _engine_kernel(run: EngineRun, definition: Definition) -> Optional[EngineKernel]:
+    """vLLM's FP8 GEMM where its kernel accounting names the kernel a native runs: a CUTLASS
+    scaled-mm kernel other than the block-wise one (which ``cutlass_scaled_mm`` picks by card, as
+    the native does) for the scaled GEMM, its Triton block GEMM for the block-scale one. vLLM chooses
+    among several FP8 GEMMs by card and shape, so without the accounting the kernel is not known."""
+    if run.framework != "vLLM" or not run.kernels:
+        return None
+    if definition.op_type == "gemm_fp8_scaled" and any("cutlass" in k and "blockwise" not in k for k in run.kernels):
+        return EngineKernel("vllm_cutlass", "vLLM's CUTLASS scaled-mm (the kernel its accounting names)")
+    if definition.op_type == "gemm_fp8_block_scale" and run.launched(_VLLM_TRITON_BLOCK_KERNEL):
+        return EngineKernel("vllm_triton", "vLLM's Triton block-FP8 GEMM (the kernel its accounting names)")
+    return None
+
+
 FAMILY = Family(
     key=KEY,
     package=__name__,
@@ -192,6 +210,7 @@ FAMILY = Family(
                Baseline("torch_quant_fp8_per_token.py", op_type="quant_fp8_per_token"),
                Baseline("torch_quant_fp8_static_per_tensor.py", op_type="quant_fp8_static_per_tensor")),
     natives=_natives,
+    engine_kernel=_engine_kernel,
     flops=lambda definition, axes: matmul_flops(definition, axes) if definition.op_type.startswith("gemm") else None,
     atol_of_largest=("gemm_fp8_block_scale", "gemm_fp8_scaled"),
     # the GEMM family's words, exactly, so that the kernel accounting takes their kernels as one

@@ -222,28 +222,67 @@ def _reference_top_k(definition: Definition) -> Optional[int]:
 #: the compiled module that registers ``torch.ops._moe_C``: its name in vLLM's CPU builds, and in its
 #: CUDA builds since they moved to the stable ABI (0.2x)
 _VLLM_MOE_OPS = ("vllm._moe_C", "vllm._moe_C_stable_libtorch")
+#: SGLang's compiled kernels (its routers' and the experts' block alignment)
+_SGLANG_OPS = "sgl_kernel"
+_SGLANG_EXPERTS = {"sglang_fused_experts.py": "sglang_fused_experts.py", "expert_layout.py": "expert_layout.py"}
+_VLLM_FP8_EXPERTS = {"vllm_fp8_experts.py": "vllm_fp8_experts.py", "expert_layout.py": "expert_layout.py"}
+
+
+def _in_place(definition: Definition) -> dict[str, str]:
+    """SGLang's Triton experts write the layer's output over its input."""
+    return {"hidden_states": "output"}
 
 
 def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
-    """vLLM's fused MoE (its router kernel, then fused_experts), for the Definitions a baseline
-    computes (softmax top-k, or DeepSeek's routing), where vLLM has its MoE kernels."""
+    """The engines' fused MoE (their router kernel, then their Triton experts), for the Definitions
+    a baseline computes (softmax top-k, or DeepSeek's routing), where the engine has its MoE
+    kernels: vLLM's never with a fused shared expert (vLLM never fuses it), SGLang's everywhere.
+    SGLang's unquantized experts work in place on the layer input."""
+    shared = "num_shared_experts" in definition.const_axes
+    natives = []
     if fitted == "torch_moe.py":
-        return [Native("vllm", "vllm_moe.py", CONSTANTS, requires=_VLLM_MOE_OPS)]
-    if fitted == "torch_moe_ds.py" and "num_shared_experts" not in definition.const_axes:  # vLLM never fuses it
-        return [Native("vllm", "vllm_moe_ds.py", DEEPSEEK_CONSTANTS, requires=_VLLM_MOE_OPS)]
-    layout = {"vllm_fp8_experts.py": "vllm_fp8_experts.py"}
-    if fitted == "torch_moe_fp8_ds.py" and "num_shared_experts" not in definition.const_axes:
-        return [Native("vllm", "vllm_moe_fp8_ds.py", ("TOP_K", "N_GROUP", "TOPK_GROUP"), siblings=layout,
-                       requires=_VLLM_MOE_OPS)]
-    if fitted == "torch_moe_fp8_renorm.py":
-        return [Native("vllm", "vllm_moe_fp8_renorm.py", ("TOP_K",), siblings=layout, requires=_VLLM_MOE_OPS)]
-    return []
+        natives = [Native("vllm", "vllm_moe.py", CONSTANTS, requires=_VLLM_MOE_OPS),
+                   Native("sglang", "sglang_moe.py", CONSTANTS, siblings=_SGLANG_EXPERTS, requires=_SGLANG_OPS,
+                          overwrites=_in_place)]
+    elif fitted == "torch_moe_ds.py":
+        natives = [] if shared else [Native("vllm", "vllm_moe_ds.py", DEEPSEEK_CONSTANTS,
+                                            siblings={"expert_layout.py": "expert_layout.py"}, requires=_VLLM_MOE_OPS)]
+        natives.append(Native("sglang", "sglang_moe_ds.py", DEEPSEEK_CONSTANTS, siblings=_SGLANG_EXPERTS,
+                              requires=_SGLANG_OPS, overwrites=_in_place))
+    elif fitted == "torch_moe_fp8_ds.py":
+        constants = ("TOP_K", "N_GROUP", "TOPK_GROUP")
+        natives = [] if shared else [Native("vllm", "vllm_moe_fp8_ds.py", constants, siblings=_VLLM_FP8_EXPERTS,
+                                            requires=_VLLM_MOE_OPS)]
+        natives.append(Native("sglang", "sglang_moe_fp8_ds.py", constants, siblings=_SGLANG_EXPERTS,
+                              requires=_SGLANG_OPS))
+    elif fitted == "torch_moe_fp8_renorm.py":
+        natives = [Native("vllm", "vllm_moe_fp8_renorm.py", ("TOP_K",), siblings=_VLLM_FP8_EXPERTS,
+                          requires=_VLLM_MOE_OPS),
+                   Native("sglang", "sglang_moe_fp8_renorm.py", ("TOP_K",), siblings=_SGLANG_EXPERTS,
+                          requires=_SGLANG_OPS)]
+    return natives
+
+
+#: the engines' Triton fused-experts kernel (both name it so), which their natives run
+_TRITON_EXPERTS = "fused_moe_kernel"
 
 
 def _engine_kernel(run: EngineRun, definition: Definition) -> Optional[EngineKernel]:
-    if run.framework == "vLLM":
-        return EngineKernel("vllm", "vLLM's fused MoE (its router kernel + fused_experts)")
-    return None
+    """The engine's fused MoE where it ran its Triton experts: vLLM's unless its kernel accounting
+    says other kernels ran; SGLang's (whose MoE runners differ by card and checkpoint) only where
+    the accounting names its Triton experts."""
+    libraries = {"vLLM": "vllm", "SGLang": "sglang"}
+    if run.framework not in libraries:
+        return None
+    launched = run.launched(_TRITON_EXPERTS)
+    if launched is False:
+        return EngineKernel(None, f"{run.framework}'s MoE kernels {', '.join(k[:60] for k in run.kernels)}, which "
+                                  "the replay has no solution of (its natives are the engines' Triton experts)")
+    if launched is None and run.framework == "SGLang":
+        return EngineKernel(None, "SGLang's MoE runner, which the record does not name (its kernel accounting did "
+                                  "not run)")
+    return EngineKernel(libraries[run.framework],
+                        f"{run.framework}'s fused MoE (its router kernel + its Triton fused experts)")
 
 
 FAMILY = Family(

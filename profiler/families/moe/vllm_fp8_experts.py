@@ -6,15 +6,14 @@ built, once per tensor, outside any timed call."""
 
 import torch
 import vllm.model_executor.layers.fused_moe.fused_moe as vllm_fused_moe
+from expert_layout import expert_map, gate_up
 from vllm.model_executor.layers.fused_moe import fused_experts
 from vllm.model_executor.layers.fused_moe.config import fp8_w8a8_moe_quant_config
 
 BLOCK = 128
 
 _GIVEN = {}
-_LAID_OUT = {}
 _PLACEHOLDERS = {}
-_EXPERT_MAPS = {}
 _quantize_input = getattr(vllm_fused_moe, "_fi_profile_quantize_input", vllm_fused_moe.moe_kernel_quantize_input)
 
 
@@ -44,34 +43,15 @@ def experts(x, hidden_states, hidden_states_scale, gemm1_weights, gemm1_weights_
             gemm2_weights_scale, weights, ids, num_experts, local_expert_offset=0):
     """vLLM's fused_experts on the FP8 input (scales [H / BLOCK, T], taken transposed as vLLM's
     kernel reads them by stride) with the routing ``weights`` and ``ids``; ``x``: :func:`layer_input`."""
-    w1, w1_scale = _gate_up(gemm1_weights, gemm1_weights_scale)
+    w1, w1_scale = gate_up(gemm1_weights, gemm1_weights_scale)
     config = fp8_w8a8_moe_quant_config(w1_scale=w1_scale, w2_scale=gemm2_weights_scale, block_shape=[BLOCK, BLOCK])
     local = gemm1_weights.shape[0]
     extra = {} if local == num_experts else {
         "global_num_experts": num_experts,
-        "expert_map": _expert_map(num_experts, int(local_expert_offset), local, x.device)}
+        "expert_map": expert_map(num_experts, local_expert_offset, local, x.device)}
     _GIVEN[(x.data_ptr(), tuple(x.shape))] = (hidden_states, hidden_states_scale.T)
     try:
         return fused_experts(x, w1, gemm2_weights, weights, ids, quant_config=config, **extra)
     finally:
         _GIVEN.clear()
 
-
-def _gate_up(weights, scales):
-    """[up; gate] weights and their block scales as [gate; up] (one layer's at a time: DeepSeek-V3's
-    are 7.5 GB)."""
-    key = (weights.data_ptr(), scales.data_ptr(), tuple(weights.shape))
-    if key not in _LAID_OUT:
-        _LAID_OUT.clear()
-        _LAID_OUT[key] = tuple(torch.cat(t.chunk(2, dim=1)[::-1], dim=1).contiguous() for t in (weights, scales))
-    return _LAID_OUT[key]
-
-
-def _expert_map(experts, first, local, device):
-    """Global expert -> local index (-1 elsewhere), as vLLM's layer holds it."""
-    key = (experts, first, local, str(device))
-    if key not in _EXPERT_MAPS:
-        mapped = torch.full((experts,), -1, dtype=torch.int32, device=device)
-        mapped[first:first + local] = torch.arange(local, dtype=torch.int32, device=device)
-        _EXPERT_MAPS[key] = mapped
-    return _EXPERT_MAPS[key]

@@ -1,9 +1,8 @@
-import torch
-
 try:
     import vllm._moe_C  # noqa: F401  registers torch.ops._moe_C (top-k, block alignment): CPU builds
 except ImportError:
     import vllm._moe_C_stable_libtorch  # noqa: F401  the same ops in CUDA builds on the stable ABI
+from expert_layout import expert_map
 from vllm.model_executor.layers.fused_moe import fused_experts
 from vllm.model_executor.layers.fused_moe.router.grouped_topk_router import grouped_topk
 
@@ -27,17 +26,5 @@ def run(hidden_states, routing_logits, routing_bias, gemm1_weights, gemm2_weight
     if local == experts:
         return fused_experts(hidden_states, gemm1_weights, gemm2_weights, weights, ids)
     return fused_experts(hidden_states, gemm1_weights, gemm2_weights, weights, ids, global_num_experts=experts,
-                         expert_map=_expert_map(experts, int(local_expert_offset), local, hidden_states.device))
+                         expert_map=expert_map(experts, local_expert_offset, local, hidden_states.device))
 
-
-_EXPERT_MAPS = {}
-
-
-def _expert_map(experts, first, local, device):
-    """Global expert -> local index (-1 elsewhere), built once as vLLM's layer holds it, never in a timed call."""
-    key = (experts, first, local, str(device))
-    if key not in _EXPERT_MAPS:
-        expert_map = torch.full((experts,), -1, dtype=torch.int32, device=device)
-        expert_map[first:first + local] = torch.arange(local, dtype=torch.int32, device=device)
-        _EXPERT_MAPS[key] = expert_map
-    return _EXPERT_MAPS[key]
