@@ -975,8 +975,8 @@ def test_the_engines_moe_and_fp8_gemm_kernels_are_the_ones_their_kernel_accounti
     """The kernel names the accounting attributed to a Definition (as an H200 run of SGLang and vLLM
     recorded them) decide which native is the engine's kernel: SGLang's fused MoE only where its Triton
     experts ran (its MoE runners differ by card and checkpoint); vLLM's unless other kernels ran;
-    vLLM's FP8 GEMMs by the kernel named (CUTLASS scaled-mm, or its Triton block GEMM, not the
-    CUTLASS block-wise one, which the replay has no native of)."""
+    vLLM's FP8 GEMMs by the kernel named (CUTLASS scaled-mm; for blocks its Triton GEMM or its CUTLASS
+    block-wise one, 128 x 128 blocks only)."""
     from fi_profile.replay.engine_kernel import engine_kernel
 
     dataset, _, _ = baseline_run
@@ -1004,6 +1004,12 @@ def test_the_engines_moe_and_fp8_gemm_kernels_are_the_ones_their_kernel_accounti
     assert engine_kernel(_accounted(record, "vLLM", scaled, ["nvjet_sm90_tst_fp8_128x64"]), scaled).label is None
     block = shipped_definition("gemm_fp8_block_scale_n7168_k2048")
     blockwise = "void cutlass::device_kernel<vllm::cutlass_3x_gemm_fp8_blockwise<cutlass::float_e4m3_t"
-    assert engine_kernel(_accounted(record, "vLLM", block, [blockwise]), block).label is None
+    assert engine_kernel(_accounted(record, "vLLM", block, [blockwise]), block).label == "vllm_cutlass"
     assert engine_kernel(_accounted(record, "vLLM", block, ["_w8a8_triton_block_scaled_mm"]), block).label == "vllm_triton"
     assert engine_kernel(_accounted(record, "SGLang", block, ["_w8a8_triton_block_scaled_mm"]), block).label is None
+    import torch
+
+    from fi_profile.families import fp8_linear
+
+    small = fp8_linear.block_gemm_call(4, 512, 256, (64, 64), torch.bfloat16).definition  # CUTLASS takes 128 x 128 only
+    assert engine_kernel(_accounted(record, "vLLM", small, [blockwise]), small).label is None

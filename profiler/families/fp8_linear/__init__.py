@@ -31,6 +31,7 @@ from fi_profile.families import gemm
 from fi_profile.families.family import Baseline, EngineKernel, EngineRun, Family, Native, matmul_flops
 from fi_profile.schema.definition import Definition
 from fi_profile.schema.dtype import schema_dtype
+from fi_profile.schema.reference import reference_constant
 
 KEY = "fp8_linear"
 GEMM_TEMPLATE = "gemm_fp8_block_scale_n7168_k2048"
@@ -160,14 +161,25 @@ _VLLM_C = ("vllm._C", "vllm._C_stable_libtorch")
 _VLLM_BLOCK_TRITON = "vllm.model_executor.layers.quantization.utils.fp8_utils"
 
 
+def _cutlass_blocks(definition: Definition) -> bool:
+    """Whether the block-scale GEMM's blocks are the only ones vLLM's CUTLASS kernel takes: 128 x 128
+    weight blocks, 1 x 128 activation groups."""
+    return [reference_constant(definition.reference, name) for name in ("BLOCK_N", "BLOCK_K")] == ["128", "128"]
+
+
 def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
-    """For the block-scale GEMM: vLLM's Triton block-FP8 GEMM. For the scaled GEMM: vLLM's CUTLASS
+    """For the block-scale GEMM: vLLM's Triton block-FP8 GEMM, and its CUTLASS one (128 x 128 blocks
+    only). For the scaled GEMM: vLLM's CUTLASS
     scaled-mm (any mix of scales), and ``torch._scaled_mm`` (cuBLASLt's FP8 GEMM, per-tensor or
     row-wise scales on both operands) where its two scales are of one kind (a mixed layout would
     need one expanded in the timed call, which is not what the engines run)."""
     if definition.op_type == "gemm_fp8_block_scale":
-        return [Native("vllm", "vllm_triton_block_fp8_gemm.py", constants=("BLOCK_N", "BLOCK_K"), must_fit=True,
-                       requires=_VLLM_BLOCK_TRITON, label="vllm_triton")]
+        natives = [Native("vllm", "vllm_triton_block_fp8_gemm.py", constants=("BLOCK_N", "BLOCK_K"), must_fit=True,
+                          requires=_VLLM_BLOCK_TRITON, label="vllm_triton")]
+        if _cutlass_blocks(definition):
+            natives.append(Native("vllm", "vllm_cutlass_block_fp8_gemm.py", must_fit=True, requires=_VLLM_C,
+                                  label="vllm_cutlass"))
+        return natives
     if definition.op_type != "gemm_fp8_scaled":
         return []
     natives = [Native("vllm", "vllm_cutlass_scaled_mm.py", must_fit=True, requires=_VLLM_C, label="vllm_cutlass")]
@@ -183,7 +195,8 @@ _VLLM_TRITON_BLOCK_KERNEL = "_w8a8_triton_block_scaled_mm"
 def _engine_kernel(run: EngineRun, definition: Definition) -> Optional[EngineKernel]:
     """vLLM's FP8 GEMM where its kernel accounting names the kernel a native runs: a CUTLASS
     scaled-mm kernel other than the block-wise one (which ``cutlass_scaled_mm`` picks by card, as
-    the native does) for the scaled GEMM, its Triton block GEMM for the block-scale one. vLLM chooses
+    the native does) for the scaled GEMM; for the block-scale one its Triton block GEMM, or its
+    CUTLASS block-wise one. vLLM chooses
     among several FP8 GEMMs by card and shape, so without the accounting the kernel is not known."""
     if run.framework != "vLLM" or not run.kernels:
         return None
@@ -191,6 +204,9 @@ def _engine_kernel(run: EngineRun, definition: Definition) -> Optional[EngineKer
         return EngineKernel("vllm_cutlass", "vLLM's CUTLASS scaled-mm (the kernel its accounting names)")
     if definition.op_type == "gemm_fp8_block_scale" and run.launched(_VLLM_TRITON_BLOCK_KERNEL):
         return EngineKernel("vllm_triton", "vLLM's Triton block-FP8 GEMM (the kernel its accounting names)")
+    if (definition.op_type == "gemm_fp8_block_scale" and _cutlass_blocks(definition)
+            and any("cutlass" in k and "blockwise" in k for k in run.kernels)):
+        return EngineKernel("vllm_cutlass", "vLLM's CUTLASS block-FP8 GEMM (the kernel its accounting names)")
     return None
 
 
