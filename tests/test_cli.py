@@ -71,6 +71,8 @@ def test_shipped_set_covers_llama_31_8b_and_the_moe_templates():
         "kv_cache_write_kv8_d128_ps16_kv_fp8", "quant_fp8_static_per_tensor_k4096",
         *(f"gqa_paged_{kind}_h32_kv8_d128_ps{ps}{q}_kv_fp8" for kind in ("decode", "prefill_causal") for ps in (1, 16)
           for q in ("", "_q_fp8")),
+        # MLA over an FP8 latent cache (vLLM's TRITON_MLA): its write and absorbed decode, by its one scale
+        "mla_kv_cache_write_ckv512_kpe64_ps64_kv_fp8", "mla_paged_decode_h16_ckv512_kpe64_ps64_kv_fp8",
     } == names
     # templates are bfloat16 where their computation has a model dtype (instantiated per dtype); FP8 data is FP8
     assert all(d.inputs[next(iter(d.inputs))].dtype.value in ("bfloat16", "float32", "int32", "float8_e4m3fn")

@@ -195,8 +195,8 @@ def test_mla_layers_the_definitions_do_not_compute_are_named():
     assert vllm_mla.layer_problem(plain) is None
     fp8 = MLAAttention()
     fp8.kv_cache_dtype, fp8.impl = "fp8", SimpleNamespace(is_sparse=True, dcp_world_size=1)
-    assert vllm_mla.layer_problem(fp8) == ("MLAAttention with KV cache fp8, sparse attention (an indexer's top-k "
-                                           "tokens) (no Definition computes it)")
+    assert vllm_mla.layer_problem(fp8) == ("MLAAttention with KV cache fp8 on SimpleNamespace, sparse attention (an "
+                                           "indexer's top-k tokens) (no Definition computes it)")
     other = type("SparseMLAAttention", (), {})()
     assert vllm_mla.layer_problem(other) == "SparseMLAAttention (an attention layer class no Definition computes)"
     wrapper = SimpleNamespace(fuse_qkv_rmsnorm=True, indexer=None)

@@ -34,14 +34,45 @@ def metadata_builder(self: Any, common_attn_metadata: Any) -> None:
     STEP.context["decode_max_query"] = int(getattr(self, "reorder_batch_threshold", None) or 1)
 
 
+#: MLA implementations whose decode over an FP8 (e4m3) latent cache the ``*_kv_fp8`` Definition
+#: computes: vLLM's Triton MLA, which dequantizes the cache by the layer's one scale on load, its
+#: queries in the model's dtype. Others (FlashMLA, FlashInfer's and CUTLASS MLA quantize the queries
+#: to FP8 too) are not known here: listed.
+FP8_CACHE_IMPLS = ("TritonMLAImpl",)
+
+
+def _cache_problem(layer: Any) -> Optional[str]:
+    """Why the layer's latent cache is neither of the model's dtype nor an FP8 cache the
+    ``*_kv_fp8`` Definitions compute, or None."""
+    kv_cache = str(getattr(layer, "kv_cache_dtype", "auto"))
+    impl = getattr(layer, "impl", None)
+    if kv_cache in ("auto", "bfloat16", "float16"):
+        return None
+    if kv_cache not in attention.FP8_CACHES:  # DeepSeek's fp8_ds_mla layout, others
+        return f"KV cache {kv_cache}"
+    if type(impl).__name__ not in FP8_CACHE_IMPLS:
+        return f"KV cache {kv_cache} on {type(impl).__name__}"
+    if getattr(impl, "supports_quant_query_input", False):
+        return f"KV cache {kv_cache} with the queries quantized to FP8"
+    if getattr(layer, "calculate_kv_scales", False):
+        return f"KV cache {kv_cache} with scales computed from the first forward (calculate_kv_scales)"
+    return None
+
+
+def cache_scale(layer: Any) -> Optional[float]:
+    """An FP8 latent cache's one scale, as the layer holds it on the host (vLLM passes ``_k_scale``
+    for its keys and values alike); None for a cache of the model's dtype."""
+    return float(layer._k_scale_float) if str(getattr(layer, "kv_cache_dtype", "auto")) in attention.FP8_CACHES else None
+
+
 def layer_problem(layer: Any) -> Optional[str]:
     """Why an MLA layer is not the dense latent attention the Definitions compute, or None."""
-    kv_cache_dtype = str(getattr(layer, "kv_cache_dtype", "auto"))
     impl = getattr(layer, "impl", None)
     sparse = bool(getattr(impl, "is_sparse", False) or getattr(layer, "use_sparse", False))
     dcp = int(getattr(impl, "dcp_world_size", 1) or 1)
+    cache = _cache_problem(layer)
     return attention_family.layer_problem(layer, "MLAAttention", {
-        f"KV cache {kv_cache_dtype}": kv_cache_dtype not in ("auto", "bfloat16", "float16"),
+        cache or "": cache is not None,
         "sparse attention (an indexer's top-k tokens)": sparse,
         f"decode context parallel ({dcp} ranks)": dcp > 1,
     })
@@ -60,13 +91,15 @@ def wrapper_problem(layer: Any) -> Optional[str]:
 def _shape(layer: Any, dtype: torch.dtype) -> mla.MlaShape:
     return mla.MlaShape(num_heads=int(layer.num_heads), kv_lora_rank=int(layer.kv_lora_rank),
                         qk_rope_head_dim=int(layer.qk_rope_head_dim), qk_nope_head_dim=int(layer.qk_nope_head_dim),
-                        v_head_dim=int(layer.v_head_dim), dtype=schema_dtype(dtype), sm_scale=float(layer.scale))
+                        v_head_dim=int(layer.v_head_dim), dtype=schema_dtype(dtype), sm_scale=float(layer.scale),
+                        cache_scale=cache_scale(layer))
 
 
 def _latent_write(layer_name: Optional[str], shape: mla.MlaShape) -> list[KernelCall]:
     slot_mapping = attention.slot_mapping(layer_name)
     return [kv_cache.mla_call(int(slot_mapping.shape[0]), shape.kv_lora_rank, shape.qk_rope_head_dim,
-                              RECORDER.page_size or 0, RECORDER.num_pages or 0, shape.dtype, kv_cache.slots(slot_mapping))]
+                              RECORDER.page_size or 0, RECORDER.num_pages or 0, shape.dtype, kv_cache.slots(slot_mapping),
+                              shape.cache_scale)]
 
 
 def _step_calls(layer_name: Optional[str], shape: mla.MlaShape, batches: Batches) -> list[KernelCall]:

@@ -87,8 +87,10 @@ _FP8_SPREAD = 4.0
 
 def _static_scale(name: str, definition: Definition) -> bool:
     """Whether FP8 input ``name`` has a static per-tensor scale, a scalar input named after it
-    (``q`` -> ``q_scale``, ``k_cache`` -> ``k_scale``)."""
-    scales = (definition.inputs.get(f"{name}_scale"), definition.inputs.get(f"{name.removesuffix('_cache')}_scale"))
+    (``q`` -> ``q_scale``, ``k_cache`` -> ``k_scale``), or one scale of a cache of several parts
+    (``ckv_cache`` and ``kpe_cache`` -> ``kv_scale``: MLA's latent cache)."""
+    scales = (definition.inputs.get(f"{name}_scale"), definition.inputs.get(f"{name.removesuffix('_cache')}_scale"),
+              definition.inputs.get("kv_scale") if name.endswith("_cache") else None)
     return any(scale is not None and scale.shape is None for scale in scales)
 
 

@@ -14,7 +14,7 @@ from fi_profile.capture.definition_factory import definition_for
 from fi_profile.capture.kernel_call import KernelCall, cached_definition, dtype_suffix
 from fi_profile.capture.paged_layout import PagedBatch
 from fi_profile.families.family import Baseline, EngineKernel, EngineRun, Family, Native
-from fi_profile.families.kv_cache import FP8_CACHE
+from fi_profile.families.kv_cache import FP8_CACHE, GQA_CACHES, fp8_cache_scalars, fp8_dtypes
 from fi_profile.schema.definition import Definition
 from fi_profile.schema.dtype import DType
 
@@ -43,9 +43,8 @@ def call(batch: PagedBatch, stage: str, num_q_heads: int, num_kv_heads: int, hea
         shape = f"h{num_q_heads}_kv{num_kv_heads}_d{head_dim}_ps{page_size}{dtype_suffix(dtype)}{quantized}"
         kind = "decode" if stage == "decode" else "prefill_causal"
         template = f"gqa_paged_{kind}_h32_kv8_d128_ps{1 if page_size == 1 else 16}{quantized}"
-        fp8_inputs = [name for name, applies in (("k_cache", fp8), ("v_cache", fp8), ("q", fp8_q)) if applies]
         return definition_for(template, f"gqa_paged_{kind}_{shape}", consts, dtype,
-                              input_dtypes={name: DType.float8_e4m3fn for name in fp8_inputs})
+                              input_dtypes={**fp8_dtypes(GQA_CACHES, fp8), **fp8_dtypes(("q",), fp8_q)})
 
     definition = cached_definition(("paged_attention", stage, num_q_heads, num_kv_heads, head_dim, page_size, dtype, fp8,
                                     fp8_q), build)
@@ -61,9 +60,7 @@ def call(batch: PagedBatch, stage: str, num_q_heads: int, num_kv_heads: int, hea
         tensors["qo_indptr"] = batch.qo_indptr
     if "kv_last_page_len" in definition.inputs:
         tensors["kv_last_page_len"] = batch.kv_last_page_len
-    scalars = {"sm_scale": sm_scale}
-    if fp8:
-        scalars.update(k_scale=float(cache_scales[0]), v_scale=float(cache_scales[1]))
+    scalars = {"sm_scale": sm_scale, **fp8_cache_scalars(cache_scales)}
     if fp8_q:
         scalars.update(q_scale=float(q_scale))
     return KernelCall(definition, axes, tensors, scalars)

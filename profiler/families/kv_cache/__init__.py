@@ -35,28 +35,49 @@ def call(num_tokens: int, num_kv_heads: int, head_dim: int, page_size: int, num_
         shape = f"kv{num_kv_heads}_d{head_dim}_ps{page_size}{dtype_suffix(dtype)}{cache}"
         consts = {"num_kv_heads": num_kv_heads, "head_dim": head_dim, "page_size": page_size}
         return definition_for(TEMPLATE + cache, f"kv_cache_write_{shape}", consts, dtype,
-                              input_dtypes={"k_cache": DType.float8_e4m3fn, "v_cache": DType.float8_e4m3fn} if fp8 else {})
+                              input_dtypes=fp8_dtypes(GQA_CACHES, fp8))
 
     definition = cached_definition(("kv_cache_write", num_kv_heads, head_dim, page_size, dtype, fp8), build)
-    scalars = {} if not fp8 else {"k_scale": float(cache_scales[0]), "v_scale": float(cache_scales[1])}
     return KernelCall(definition, {"num_tokens": num_tokens, "num_pages": num_pages}, {"slot_mapping": slot_mapping},
-                      scalars)
+                      fp8_cache_scalars(cache_scales))
 
 
 MLA_TEMPLATE = "mla_kv_cache_write_ckv512_kpe64_ps64"
 
 
 def mla_call(num_tokens: int, kv_lora_rank: int, rope_dim: int, page_size: int, num_pages: int, dtype: DType,
-             slot_mapping: Union[torch.Tensor, Callable[[], torch.Tensor]]) -> KernelCall:
-    """One MLA layer's write of ``num_tokens`` tokens' latents and rotary keys to its latent cache."""
+             slot_mapping: Union[torch.Tensor, Callable[[], torch.Tensor]],
+             cache_scale: Optional[float] = None) -> KernelCall:
+    """One MLA layer's write of ``num_tokens`` tokens' latents and rotary keys to its latent cache;
+    ``cache_scale``: the one scale of an FP8 (e4m3) latent cache, which the write quantizes to
+    (``*_kv_fp8``)."""
+    fp8 = cache_scale is not None
 
     def build() -> Definition:
-        name = f"mla_kv_cache_write_ckv{kv_lora_rank}_kpe{rope_dim}_ps{page_size}{dtype_suffix(dtype)}"
+        cache = FP8_CACHE if fp8 else ""
+        name = f"mla_kv_cache_write_ckv{kv_lora_rank}_kpe{rope_dim}_ps{page_size}{dtype_suffix(dtype)}{cache}"
         consts = {"head_dim_ckv": kv_lora_rank, "head_dim_kpe": rope_dim, "page_size": page_size}
-        return definition_for(MLA_TEMPLATE, name, consts, dtype)
+        return definition_for(MLA_TEMPLATE + cache, name, consts, dtype, input_dtypes=fp8_dtypes(MLA_CACHES, fp8))
 
-    definition = cached_definition(("mla_kv_cache_write", kv_lora_rank, rope_dim, page_size, dtype), build)
-    return KernelCall(definition, {"num_tokens": num_tokens, "num_pages": num_pages}, {"slot_mapping": slot_mapping})
+    definition = cached_definition(("mla_kv_cache_write", kv_lora_rank, rope_dim, page_size, dtype, fp8), build)
+    return KernelCall(definition, {"num_tokens": num_tokens, "num_pages": num_pages}, {"slot_mapping": slot_mapping},
+                      {} if not fp8 else {"kv_scale": float(cache_scale)})
+
+
+#: the caches a GQA layer's and an MLA layer's Definitions take
+GQA_CACHES = ("k_cache", "v_cache")
+MLA_CACHES = ("ckv_cache", "kpe_cache")
+
+
+def fp8_dtypes(names: tuple[str, ...], fp8: bool) -> dict[str, DType]:
+    """The input dtypes of a Definition's ``names`` where they are FP8 (e4m3): an FP8 cache's
+    parts, FP8 queries (none where not ``fp8``)."""
+    return {name: DType.float8_e4m3fn for name in names} if fp8 else {}
+
+
+def fp8_cache_scalars(cache_scales: Optional[tuple[float, float]]) -> dict[str, float]:
+    """A GQA layer's FP8 cache scales as the Definitions' scalars ``k_scale``, ``v_scale``."""
+    return {} if cache_scales is None else {"k_scale": float(cache_scales[0]), "v_scale": float(cache_scales[1])}
 
 
 def slots(tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
@@ -117,7 +138,7 @@ FAMILY = Family(
     key=KEY,
     package=__name__,
     op_types=("kv_cache_write",),
-    templates=(TEMPLATE, TEMPLATE + FP8_CACHE, MLA_TEMPLATE),
+    templates=(TEMPLATE, TEMPLATE + FP8_CACHE, MLA_TEMPLATE, MLA_TEMPLATE + FP8_CACHE),
     baselines=(Baseline("torch_kv_cache_write.py", in_place=True), Baseline("torch_mla_kv_cache_write.py", in_place=True)),
     natives=_natives,
     engine_kernel=_engine_kernel,

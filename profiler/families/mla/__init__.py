@@ -19,6 +19,7 @@ from fi_profile.capture.kernel_call import KernelCall, cached_definition, dtype_
 from fi_profile.capture.paged_layout import PagedBatch
 from fi_profile.families import attention, bmm
 from fi_profile.families.family import Baseline, EngineKernel, EngineRun, Family, Native
+from fi_profile.families.kv_cache import FP8_CACHE, MLA_CACHES, fp8_dtypes
 from fi_profile.schema.definition import Definition
 from fi_profile.schema.dtype import DType
 
@@ -37,6 +38,9 @@ class MlaShape:
     v_head_dim: int
     dtype: DType
     sm_scale: float
+    #: the one scale of an FP8 (e4m3) latent cache, which the decode reads dequantized (None: the
+    #: cache holds ``dtype``)
+    cache_scale: Optional[float] = None
 
     @property
     def qk_head_dim(self) -> int:
@@ -47,17 +51,23 @@ def paged_call(batch: PagedBatch, stage: str, shape: MlaShape, page_size: int, n
     """Attention of ``batch``'s queries (one per request in decode) against the paged latent cache,
     in the absorbed form."""
 
+    fp8 = shape.cache_scale is not None
+    if fp8 and (stage != "decode" or page_size == 1):
+        raise NotImplementedError(f"MLA {stage} over an FP8 latent cache of {page_size}-token pages: no Definition "
+                                  "(only paged decode has one)")
+
     def build() -> Definition:
         consts = {"num_qo_heads": shape.num_heads, "head_dim_ckv": shape.kv_lora_rank,
                   "head_dim_kpe": shape.qk_rope_head_dim, "page_size": page_size}
         kind = "decode" if stage == "decode" else "prefill_causal"
+        cache = FP8_CACHE if fp8 else ""
         name = (f"mla_paged_{kind}_h{shape.num_heads}_ckv{shape.kv_lora_rank}_kpe{shape.qk_rope_head_dim}"
-                f"_ps{page_size}{dtype_suffix(shape.dtype)}")
-        template = f"mla_paged_{kind}_h16_ckv512_kpe64_ps{1 if page_size == 1 else 64}"
-        return definition_for(template, name, consts, shape.dtype)
+                f"_ps{page_size}{dtype_suffix(shape.dtype)}{cache}")
+        template = f"mla_paged_{kind}_h16_ckv512_kpe64_ps{1 if page_size == 1 else 64}{cache}"
+        return definition_for(template, name, consts, shape.dtype, input_dtypes=fp8_dtypes(MLA_CACHES, fp8))
 
     definition = cached_definition(("mla_paged", stage, shape.num_heads, shape.kv_lora_rank, shape.qk_rope_head_dim,
-                                    page_size, shape.dtype), build)
+                                    page_size, shape.dtype, fp8), build)
     axes = {"len_indptr": batch.batch_size + 1}
     if "batch_size" in definition.var_axes:
         axes["batch_size"] = batch.batch_size
@@ -69,7 +79,8 @@ def paged_call(batch: PagedBatch, stage: str, shape: MlaShape, page_size: int, n
         tensors["qo_indptr"] = batch.qo_indptr
     if "kv_last_page_len" in definition.inputs:
         tensors["kv_last_page_len"] = batch.kv_last_page_len
-    return KernelCall(definition, axes, tensors, {"sm_scale": shape.sm_scale})
+    scalars = {"sm_scale": shape.sm_scale, **({"kv_scale": float(shape.cache_scale)} if fp8 else {})}
+    return KernelCall(definition, axes, tensors, scalars)
 
 
 def ragged_prefill_call(batch: PagedBatch, shape: MlaShape) -> KernelCall:
@@ -172,6 +183,7 @@ FAMILY = Family(
     package=__name__,
     op_types=("mla_paged", "mla_ragged"),
     templates=("mla_paged_decode_h16_ckv512_kpe64_ps1", "mla_paged_decode_h16_ckv512_kpe64_ps64",
+               "mla_paged_decode_h16_ckv512_kpe64_ps64" + FP8_CACHE,
                "mla_paged_prefill_causal_h16_ckv512_kpe64_ps1", "mla_paged_prefill_causal_h16_ckv512_kpe64_ps64",
                "mla_ragged_prefill_causal_h16_qk192_vo128"),
     baselines=(Baseline("torch_mla_paged.py", compiled=False, op_type="mla_paged"),

@@ -3,9 +3,10 @@ import math
 import torch
 
 
-def run(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, qo_indptr=None, kv_last_page_len=None):
-    """Per request: gather its latent pages, attend in float32 (causal, bottom-right aligned), the
-    latent rows as values; log2 LSE."""
+def run(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, qo_indptr=None, kv_last_page_len=None,
+        kv_scale=None):
+    """Per request: gather its latent pages (an FP8 cache's dequantized by ``kv_scale``), attend in
+    float32 (causal, bottom-right aligned), the latent rows as values; log2 LSE."""
     page_size = ckv_cache.shape[1]
     batch = kv_indptr.shape[0] - 1
     if qo_indptr is None:  # decode: one query per request
@@ -21,6 +22,8 @@ def run(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, qo_
         n_kv = (len(pages) - 1) * page_size + last[b]
         ckv = ckv_cache[pages].reshape(-1, ckv_cache.shape[-1])[:n_kv].float()
         kpe = kpe_cache[pages].reshape(-1, kpe_cache.shape[-1])[:n_kv].float()
+        if kv_scale is not None:
+            ckv, kpe = ckv * kv_scale, kpe * kv_scale
         qn, qp = q_nope[qo[b] : qo[b + 1]].float(), q_pe[qo[b] : qo[b + 1]].float()
         logits = (torch.einsum("qhd,kd->hqk", qn, ckv) + torch.einsum("qhd,kd->hqk", qp, kpe)) * sm_scale
         n_q = qn.shape[0]
