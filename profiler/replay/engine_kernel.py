@@ -7,7 +7,7 @@ eagerly, where vLLM calls its ``_C`` kernels), and the attention backend; each o
 which of its solutions that is (:attr:`fi_profile.families.family.Family.engine_kernel`), where
 an engine chooses among several kernels at run time (MoE runners, FP8 GEMMs) by the names its
 kernel accounting attributed to the Definition (``run.engine_kernels``). Where the replay has no
-solution that is the engine's kernel (vLLM's FlashAttention, its CUTLASS block-wise FP8 GEMM),
+solution that is the engine's kernel (vLLM's FlashAttention 3, the engines' MLA latent-cache writes),
 there is no engine baseline, and the projection says so instead of comparing against the
 PyTorch one."""
 
