@@ -7,7 +7,6 @@ queries' quantization first where vLLM quantizes them by one static scale), othe
 and other query quantizations listed; SGLang's decode steps read the FP8 cache, its extend steps
 attend their new tokens unquantized."""
 
-import json
 from types import SimpleNamespace
 
 import pytest
@@ -106,25 +105,16 @@ def test_the_fp8_write_stores_each_value_over_its_scale_saturated():
 
 
 def test_small_fp8_cache_definitions_replay_with_their_baselines_on_cpu(tmp_path):
-    from test_replay import run_replay
+    from test_replay import run_replay, write_workloads
 
     attention_calls = [*_calls(), *_calls(q_scale=0.25)]
     write = kv_cache.call(3, 2, 64, 16, 8, DType.bfloat16, torch.tensor([1, 2, 3]), SCALES)
     quant = fp8_linear.static_quant_call(3, 256, torch.bfloat16)
     definitions = [*(c.definition for c in attention_calls), write.definition, quant.definition]
-    for made in definitions:
-        for kind in ("definitions", "workloads"):
-            (tmp_path / kind / made.op_type).mkdir(parents=True, exist_ok=True)
-        (tmp_path / "definitions" / made.op_type / f"{made.name}.json").write_text(made.to_json())
-        axes = {"kv_cache_write": {"num_tokens": 5, "num_pages": 8}, "quant_fp8_static_per_tensor": {"M": 7}}
-        call = {c.definition.name: c for c in attention_calls}.get(made.name)
-        workload_axes = axes.get(made.op_type) or dict(call.axes)
-        scalars = {"k_scale": SCALES[0], "v_scale": SCALES[1], "sm_scale": 0.125, "q_scale": 0.25, "scale": 0.5}
-        line = json.dumps({"definition": made.name, "workload": {
-            "uuid": f"{made.name}-0", "axes": workload_axes,
-            "inputs": {n: ({"type": "scalar", "value": scalars[n]} if n in scalars else {"type": "random"})
-                       for n in made.inputs}}})
-        (tmp_path / "workloads" / made.op_type / f"{made.name}.jsonl").write_text(line + "\n")
+    scalars = {"k_scale": SCALES[0], "v_scale": SCALES[1], "sm_scale": 0.125, "q_scale": 0.25, "scale": 0.5}
+    write_workloads(tmp_path, [*((c.definition, dict(c.axes), scalars) for c in attention_calls),
+                               (write.definition, {"num_tokens": 5, "num_pages": 8}, scalars),
+                               (quant.definition, {"M": 7}, scalars)])
     _, results = run_replay(tmp_path, tmp_path / "out", [], timeout_s=300)
     assert {r.kernel_id for r in results} == {d.name for d in definitions}
     assert {r.status.value for r in results} == {"passed"}, [(r.source, r.error) for r in results if r.error]

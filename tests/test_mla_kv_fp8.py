@@ -4,7 +4,6 @@ dequantized by it with queries in the model's dtype. The references against the 
 dequantized cache; references and PyTorch baselines at small shapes on CPU; vLLM's Triton MLA
 layers recorded so, other implementations, FP8 queries and DeepSeek's own FP8 layout listed."""
 
-import json
 from types import SimpleNamespace
 
 import pytest
@@ -85,19 +84,12 @@ def test_the_fp8_latent_write_stores_each_value_over_the_scale_saturated():
 
 
 def test_small_fp8_latent_cache_definitions_replay_with_their_baselines_on_cpu(tmp_path):
-    from test_replay import run_replay
+    from test_replay import run_replay, write_workloads
 
     decode, write = _calls()[2], _write()
-    for made, axes in ((decode.definition, dict(decode.axes)), (write.definition, {"num_tokens": 5, "num_pages": 8})):
-        for kind in ("definitions", "workloads"):
-            (tmp_path / kind / made.op_type).mkdir(parents=True, exist_ok=True)
-        (tmp_path / "definitions" / made.op_type / f"{made.name}.json").write_text(made.to_json())
-        scalars = {"kv_scale": SCALE, "sm_scale": 0.125}
-        line = json.dumps({"definition": made.name, "workload": {
-            "uuid": f"{made.name}-0", "axes": axes,
-            "inputs": {n: ({"type": "scalar", "value": scalars[n]} if n in scalars else {"type": "random"})
-                       for n in made.inputs}}})
-        (tmp_path / "workloads" / made.op_type / f"{made.name}.jsonl").write_text(line + "\n")
+    scalars = {"kv_scale": SCALE, "sm_scale": 0.125}
+    write_workloads(tmp_path, [(decode.definition, dict(decode.axes), scalars),
+                               (write.definition, {"num_tokens": 5, "num_pages": 8}, scalars)])
     _, results = run_replay(tmp_path, tmp_path / "out", [], timeout_s=300)
     names = {decode.definition.name, write.definition.name}
     assert {r.kernel_id for r in results} == names

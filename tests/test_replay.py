@@ -137,6 +137,20 @@ def dataset_dir(tmp_path_factory):
     return root
 
 
+def write_workloads(root: Path, entries) -> None:
+    """A dataset under ``root`` of (definition, axes, scalars) entries: each Definition with one
+    workload of those axes, its scalar inputs given, its tensors random."""
+    for definition, axes, scalars in entries:
+        for kind in ("definitions", "workloads"):
+            (root / kind / definition.op_type).mkdir(parents=True, exist_ok=True)
+        (root / "definitions" / definition.op_type / f"{definition.name}.json").write_text(definition.to_json())
+        line = json.dumps({"definition": definition.name, "workload": {
+            "uuid": f"{definition.name}-0", "axes": axes,
+            "inputs": {n: ({"type": "scalar", "value": scalars[n]} if n in scalars else {"type": "random"})
+                       for n in definition.inputs}}})
+        (root / "workloads" / definition.op_type / f"{definition.name}.jsonl").write_text(line + "\n")
+
+
 def run_replay(dataset_dir, out, solutions, names=None, baselines=True, **options):
     dataset = load_dataset(dataset_dir, names)
     return dataset, replay(dataset, solutions, baselines, out, ReplayOptions(device="cpu", min_time_s=0.02, **options))

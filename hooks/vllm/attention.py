@@ -77,7 +77,8 @@ FP8_CACHES = ("fp8", "fp8_e4m3")
 FP8_CACHE_IMPLS = ("TritonAttentionImpl",)
 
 
-def _fp8_cache(layer: Any) -> bool:
+def fp8_cache(layer: Any) -> bool:
+    """Whether the layer's KV cache is FP8 (e4m3) by its ``kv_cache_dtype`` (GQA and MLA layers alike)."""
     return str(getattr(layer, "kv_cache_dtype", "auto")) in FP8_CACHES
 
 
@@ -88,7 +89,7 @@ def _cache_problem(layer: Any) -> Optional[str]:
     impl = type(getattr(layer, "impl", None)).__name__
     if kv_cache in ("auto", "bfloat16", "float16"):
         return None
-    if not _fp8_cache(layer):
+    if not fp8_cache(layer):
         return f"KV cache {kv_cache}"
     if impl not in FP8_CACHE_IMPLS:
         return f"KV cache {kv_cache} on {impl}"
@@ -125,7 +126,7 @@ def _query_quant(layer: Any, tokens: int, dtype: Any) -> list[KernelCall]:
 def cache_scales(layer: Any) -> Optional[tuple[float, float]]:
     """An FP8 cache's (k_scale, v_scale), as the layer holds them on the host; None for a cache of
     the model's dtype."""
-    return (float(layer._k_scale_float), float(layer._v_scale_float)) if _fp8_cache(layer) else None
+    return (float(layer._k_scale_float), float(layer._v_scale_float)) if fp8_cache(layer) else None
 
 
 def layer_problem(layer: Any) -> Optional[str]:

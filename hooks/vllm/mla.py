@@ -48,7 +48,7 @@ def _cache_problem(layer: Any) -> Optional[str]:
     impl = getattr(layer, "impl", None)
     if kv_cache in ("auto", "bfloat16", "float16"):
         return None
-    if kv_cache not in attention.FP8_CACHES:  # DeepSeek's fp8_ds_mla layout, others
+    if not attention.fp8_cache(layer):  # DeepSeek's fp8_ds_mla layout, others
         return f"KV cache {kv_cache}"
     if type(impl).__name__ not in FP8_CACHE_IMPLS:
         return f"KV cache {kv_cache} on {type(impl).__name__}"
@@ -62,7 +62,7 @@ def _cache_problem(layer: Any) -> Optional[str]:
 def cache_scale(layer: Any) -> Optional[float]:
     """An FP8 latent cache's one scale, as the layer holds it on the host (vLLM passes ``_k_scale``
     for its keys and values alike); None for a cache of the model's dtype."""
-    return float(layer._k_scale_float) if str(getattr(layer, "kv_cache_dtype", "auto")) in attention.FP8_CACHES else None
+    return float(layer._k_scale_float) if attention.fp8_cache(layer) else None
 
 
 def layer_problem(layer: Any) -> Optional[str]:

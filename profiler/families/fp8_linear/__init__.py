@@ -169,10 +169,10 @@ def _cutlass_blocks(definition: Definition) -> bool:
 
 def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
     """For the block-scale GEMM: vLLM's Triton block-FP8 GEMM, and its CUTLASS one (128 x 128 blocks
-    only). For the scaled GEMM: vLLM's CUTLASS
-    scaled-mm (any mix of scales), and ``torch._scaled_mm`` (cuBLASLt's FP8 GEMM, per-tensor or
-    row-wise scales on both operands) where its two scales are of one kind (a mixed layout would
-    need one expanded in the timed call, which is not what the engines run)."""
+    only). For the scaled GEMM: vLLM's CUTLASS scaled-mm (any mix of scales), and ``torch._scaled_mm``
+    (cuBLASLt's FP8 GEMM, per-tensor or row-wise scales on both operands) where its two scales are
+    of one kind (a mixed layout would need one expanded in the timed call, which is not what the
+    engines run)."""
     if definition.op_type == "gemm_fp8_block_scale":
         natives = [Native("vllm", "vllm_triton_block_fp8_gemm.py", constants=("BLOCK_N", "BLOCK_K"), must_fit=True,
                           requires=_VLLM_BLOCK_TRITON, label="vllm_triton")]
@@ -196,8 +196,8 @@ def _engine_kernel(run: EngineRun, definition: Definition) -> Optional[EngineKer
     """vLLM's FP8 GEMM where its kernel accounting names the kernel a native runs: a CUTLASS
     scaled-mm kernel other than the block-wise one (which ``cutlass_scaled_mm`` picks by card, as
     the native does) for the scaled GEMM; for the block-scale one its Triton block GEMM, or its
-    CUTLASS block-wise one. vLLM chooses
-    among several FP8 GEMMs by card and shape, so without the accounting the kernel is not known."""
+    CUTLASS block-wise one. vLLM chooses among several FP8 GEMMs by card and shape, so without the
+    accounting the kernel is not known."""
     if run.framework != "vLLM" or not run.kernels:
         return None
     if definition.op_type == "gemm_fp8_scaled" and any("cutlass" in k and "blockwise" not in k for k in run.kernels):

@@ -61,7 +61,7 @@ def mla_call(num_tokens: int, kv_lora_rank: int, rope_dim: int, page_size: int, 
 
     definition = cached_definition(("mla_kv_cache_write", kv_lora_rank, rope_dim, page_size, dtype, fp8), build)
     return KernelCall(definition, {"num_tokens": num_tokens, "num_pages": num_pages}, {"slot_mapping": slot_mapping},
-                      {} if not fp8 else {"kv_scale": float(cache_scale)})
+                      fp8_latent_cache_scalars(cache_scale))
 
 
 #: the caches a GQA layer's and an MLA layer's Definitions take
@@ -78,6 +78,11 @@ def fp8_dtypes(names: tuple[str, ...], fp8: bool) -> dict[str, DType]:
 def fp8_cache_scalars(cache_scales: Optional[tuple[float, float]]) -> dict[str, float]:
     """A GQA layer's FP8 cache scales as the Definitions' scalars ``k_scale``, ``v_scale``."""
     return {} if cache_scales is None else {"k_scale": float(cache_scales[0]), "v_scale": float(cache_scales[1])}
+
+
+def fp8_latent_cache_scalars(cache_scale: Optional[float]) -> dict[str, float]:
+    """An MLA layer's FP8 latent-cache scale as the Definitions' scalar ``kv_scale`` (one for both parts)."""
+    return {} if cache_scale is None else {"kv_scale": float(cache_scale)}
 
 
 def slots(tensor: torch.Tensor) -> Callable[[], torch.Tensor]:

@@ -19,7 +19,7 @@ from fi_profile.capture.kernel_call import KernelCall, cached_definition, dtype_
 from fi_profile.capture.paged_layout import PagedBatch
 from fi_profile.families import attention, bmm
 from fi_profile.families.family import Baseline, EngineKernel, EngineRun, Family, Native
-from fi_profile.families.kv_cache import FP8_CACHE, MLA_CACHES, fp8_dtypes
+from fi_profile.families.kv_cache import FP8_CACHE, MLA_CACHES, fp8_dtypes, fp8_latent_cache_scalars
 from fi_profile.schema.definition import Definition
 from fi_profile.schema.dtype import DType
 
@@ -50,7 +50,6 @@ class MlaShape:
 def paged_call(batch: PagedBatch, stage: str, shape: MlaShape, page_size: int, num_pages: int) -> KernelCall:
     """Attention of ``batch``'s queries (one per request in decode) against the paged latent cache,
     in the absorbed form."""
-
     fp8 = shape.cache_scale is not None
     if fp8 and (stage != "decode" or page_size == 1):
         raise NotImplementedError(f"MLA {stage} over an FP8 latent cache of {page_size}-token pages: no Definition "
@@ -79,8 +78,7 @@ def paged_call(batch: PagedBatch, stage: str, shape: MlaShape, page_size: int, n
         tensors["qo_indptr"] = batch.qo_indptr
     if "kv_last_page_len" in definition.inputs:
         tensors["kv_last_page_len"] = batch.kv_last_page_len
-    scalars = {"sm_scale": shape.sm_scale, **({"kv_scale": float(shape.cache_scale)} if fp8 else {})}
-    return KernelCall(definition, axes, tensors, scalars)
+    return KernelCall(definition, axes, tensors, {"sm_scale": shape.sm_scale, **fp8_latent_cache_scalars(shape.cache_scale)})
 
 
 def ragged_prefill_call(batch: PagedBatch, shape: MlaShape) -> KernelCall:
