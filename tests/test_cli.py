@@ -73,6 +73,8 @@ def test_shipped_set_covers_llama_31_8b_and_the_moe_templates():
           for q in ("", "_q_fp8")),
         # MLA over an FP8 latent cache (vLLM's TRITON_MLA): its write and absorbed decode, by its one scale
         "mla_kv_cache_write_ckv512_kpe64_ps64_kv_fp8", "mla_paged_decode_h16_ckv512_kpe64_ps64_kv_fp8",
+        # ... and SGLang's Triton decode over its FP8 latent cache, the query latent cast to FP8 too
+        "mla_paged_decode_h16_ckv512_kpe64_ps1_q_fp8_kv_fp8",
     } == names
     # templates are bfloat16 where their computation has a model dtype (instantiated per dtype); FP8 data is FP8
     assert all(d.inputs[next(iter(d.inputs))].dtype.value in ("bfloat16", "float32", "int32", "float8_e4m3fn")

@@ -169,11 +169,12 @@ class Mode(SimpleNamespace):
         return self.kind == "extend"
 
 
-def _sglang_step(kind, q_lens, seq_lens, pool_dtype=torch.float8_e4m3fn):
-    """An SGLang step (ForwardBatch and model runner) of page size 1 over a KV pool of ``pool_dtype``."""
+def _sglang_step(kind, q_lens, seq_lens, pool_dtype=torch.float8_e4m3fn, backend="TritonAttnBackend"):
+    """An SGLang step (ForwardBatch and model runner) of page size 1 over a KV pool of ``pool_dtype``,
+    its attention backend of class ``backend``."""
     from fi_profile.hooks.sglang.attention import STEP
 
-    runner = SimpleNamespace(token_to_kv_pool=SimpleNamespace(dtype=pool_dtype),
+    runner = SimpleNamespace(token_to_kv_pool=SimpleNamespace(dtype=pool_dtype), attn_backend=type(backend, (), {})(),
                              req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(64, dtype=torch.int32).view(4, 16)))
     batch = SimpleNamespace(forward_mode=Mode(kind=kind), seq_lens_cpu=torch.tensor(seq_lens),
                             extend_seq_lens_cpu=q_lens, req_pool_indices=torch.arange(len(seq_lens)),
@@ -184,9 +185,12 @@ def _sglang_step(kind, q_lens, seq_lens, pool_dtype=torch.float8_e4m3fn):
 
 def test_sglangs_fp8_cache_is_read_by_decode_steps_and_extend_steps_attend_the_new_tokens_unquantized():
     """SGLang's pool says its dtype. With an FP8 pool a decode step reads every key and value from
-    it (``*_kv_fp8`` with the layer's scales, 1.0 where the checkpoint gives none); an extend step
-    attends its new tokens as they are (the bf16 Definitions), and one with a cached prefix (read
-    from the FP8 cache beside them) is an error naming it. The write quantizes either way."""
+    it with the layer's scales (1.0 where the checkpoint gives none): its Triton decode's grouped
+    kernel casts the queries to FP8 unscaled (``*_q_fp8_kv_fp8``, q_scale 1.0), its kernel for one
+    query head per KV head keeps them bf16 (``*_kv_fp8``); an extend step attends its new tokens as
+    they are (the bf16 Definitions), and one with a cached prefix (read from the FP8 cache beside
+    them) is an error naming it. The write quantizes either way. Another backend is an error
+    naming it."""
     from fi_profile.hooks.sglang import attention as sglang_attention
 
     RadixAttention = type("RadixAttention", (SimpleNamespace,), {})
@@ -202,8 +206,17 @@ def test_sglangs_fp8_cache_is_read_by_decode_steps_and_extend_steps_attend_the_n
     assert sglang_attention.cache_scales(layer) == (1.0, 1.0) and sglang_attention.cache_scales(scaled) == SCALES
     write, decode = sglang_attention.layer_calls(scaled, q, batch, k)
     assert (write.definition.name, decode.definition.name) == (
-        "kv_cache_write_kv2_d64_ps1_kv_fp8", "gqa_paged_decode_h4_kv2_d64_ps1_kv_fp8")
-    assert write.scalars == {"k_scale": 0.5, "v_scale": 2.0} and decode.scalars["k_scale"] == 0.5
+        "kv_cache_write_kv2_d64_ps1_kv_fp8", "gqa_paged_decode_h4_kv2_d64_ps1_q_fp8_kv_fp8")
+    assert write.scalars == {"k_scale": 0.5, "v_scale": 2.0}
+    assert decode.scalars == {"sm_scale": 0.125, "k_scale": 0.5, "v_scale": 2.0, "q_scale": 1.0}
+    assert decode.definition.inputs["q"].dtype is DType.float8_e4m3fn
+    mha = RadixAttention(**{**vars(scaled), "tp_k_head_num": 4})  # one query head per KV head: bf16 queries
+    _, decode = sglang_attention.layer_calls(mha, q, batch, torch.zeros(3, 256, dtype=torch.bfloat16))
+    assert decode.definition.name == "gqa_paged_decode_h4_kv4_d64_ps1_kv_fp8" and "q_scale" not in decode.scalars
+    _sglang_step("decode", [1, 1, 1], [5, 9, 3], backend="FlashInferAttnBackend")
+    with pytest.raises(NotImplementedError, match="FP8 KV cache read by SGLang's FlashInferAttnBackend"):
+        sglang_attention.layer_calls(scaled, q, batch, k)
+    batch = _sglang_step("decode", [1, 1, 1], [5, 9, 3])
 
     batch = _sglang_step("extend", [2, 3], [2, 3])  # fresh prompts: no cached prefix
     write, prefill = sglang_attention.layer_calls(layer, torch.zeros(5, 256, dtype=torch.bfloat16), batch,

@@ -93,12 +93,30 @@ def cache_problem(dtype: Any) -> Optional[str]:
             "queries (no Definition computes it)")
 
 
+#: SGLang's attention backends whose reading of an FP8 cache the Definitions compute: its Triton
+#: backend (the decode's grouped kernel casts the queries to the cache's FP8, unscaled, and its
+#: probabilities too; with one query head per KV head the queries stay in the model's dtype)
+FP8_CACHE_BACKENDS = ("TritonAttnBackend",)
+
+
+def _backend_problem() -> Optional[str]:
+    """Why the step's attention backend is not one whose FP8-cache attention a Definition computes."""
+    runner = STEP.context.get("runner")
+    backend = getattr(runner, "decode_attn_backend", None) or getattr(runner, "attn_backend", None)
+    if backend is not None and type(backend).__name__ in FP8_CACHE_BACKENDS:
+        return None
+    which = f"SGLang's {type(backend).__name__}" if backend is not None else "an attention backend the runner does not name"
+    return f"an FP8 KV cache read by {which} (how it reads the cache and the queries is not known here: no Definition)"
+
+
 def cache_scales(layer: Any) -> Optional[tuple[float, float]]:
     """An FP8 cache's (k_scale, v_scale) as SGLang uses the layer's: its checkpoint's, else 1.0
     (SGLang then stores the values unscaled and reads them back so); None for a cache of the
-    queries' dtype."""
+    queries' dtype. An FP8 cache is read so by SGLang's Triton backend only (the error names
+    another)."""
     if _cache_dtype() is not DType.float8_e4m3fn:
         return None
+    require(_backend_problem())
     if getattr(layer, "k_scale", None) is None or getattr(layer, "v_scale", None) is None:
         return (1.0, 1.0)
     return (float(layer.k_scale_float), float(layer.v_scale_float))
@@ -121,6 +139,14 @@ def _attended_scales(batch: Any, scales: Optional[tuple[float, float]]) -> Optio
                 "tokens' keys and values in the model's dtype and the prefix from the FP8 cache: no Definition "
                 "computes it)")
     return None
+
+
+def query_scale(num_q_heads: int, num_kv_heads: int, reads_fp8: bool) -> Optional[float]:
+    """The scale of the queries where SGLang's Triton decode reads an FP8 cache (``reads_fp8``)
+    with FP8 queries: its grouped kernel (query heads sharing a KV head, MLA's too) casts them to
+    the cache's FP8 unscaled (1.0: the ``*_q_fp8_kv_fp8`` Definitions); its kernel for one query
+    head per KV head keeps them in the model's dtype (None)."""
+    return 1.0 if reads_fp8 and num_q_heads != num_kv_heads else None
 
 
 def cache_slots(batch: Any) -> torch.Tensor:
@@ -153,7 +179,8 @@ def layer_calls(self: Any, q: torch.Tensor, forward_batch: Any, k: Optional[torc
     writes = _cache_write(forward_batch, self.tp_k_head_num, self.head_dim, dtype, scales) \
         if k is not None and save_kv_cache else []
     return writes + STEP.calls((self.tp_q_head_num, self.tp_k_head_num, self.head_dim, 1, RECORDER.num_pages or 0,
-                                dtype, float(self.scaling), attended))
+                                dtype, float(self.scaling), attended,
+                                query_scale(self.tp_q_head_num, self.tp_k_head_num, attended is not None)))
 
 
 def captured_layer_calls(self: Any, q: torch.Tensor, k: Optional[torch.Tensor] = None,
@@ -176,5 +203,6 @@ def _calls_in_graph(layer: tuple, writes: bool = False) -> list[KernelCall]:
     require(cache_problem(dtype))
     scales = cache_scales(attention_layer)  # judged at each replay: the runner says the cache's dtype
     written = _cache_write(batch, kv_heads, head_dim, dtype, scales) if writes else []
-    return written + STEP.calls((heads, kv_heads, head_dim, 1, RECORDER.num_pages or 0, dtype, scale,
-                                 _attended_scales(batch, scales)))
+    attended = _attended_scales(batch, scales)
+    return written + STEP.calls((heads, kv_heads, head_dim, 1, RECORDER.num_pages or 0, dtype, scale, attended,
+                                 query_scale(heads, kv_heads, attended is not None)))

@@ -14,6 +14,11 @@ The layer holds two ``RadixAttention`` layers and picks one per step (its backen
 Both ``RadixAttention`` layers are this layer's (:data:`LAYER_RULE` covers them); their own hook
 runs nested in these and records nothing. The step's layout is the attention hooks'
 (:mod:`.attention`: page size 1, the request-to-token table's rows are the page ids).
+
+An FP8 latent cache (``kv_cache_dtype=fp8_e4m3``, judged by the pool at each step): the writes
+cast to FP8 (``*_kv_fp8``), the absorbed decode reads it with the query latent cast to FP8 as
+SGLang's Triton decode does (``*_q_fp8_kv_fp8``), the up-projected prefill attends its new tokens
+unquantized.
 """
 
 from __future__ import annotations
@@ -35,8 +40,9 @@ from fi_profile.hooks.sglang.attention import STEP
 from fi_profile.schema.dtype import schema_dtype
 
 COVERED_CLASS = "DeepseekV2AttentionMLA"
-#: KV-cache dtypes that are the model's own (an FP8 latent cache is another computation)
-_PLAIN_CACHE = ("auto", "bfloat16", "float16", "float32")
+#: KV-cache dtypes whose latent cache the Definitions compute: the model's own, and FP8 e4m3 (judged
+#: at each step by the pool SGLang allocated, :func:`latent_cache_scale`)
+_KNOWN_CACHE = ("auto", "bfloat16", "float16", "float32", "fp8_e4m3")
 
 
 def layer_problem(layer: Any) -> Optional[str]:
@@ -46,7 +52,7 @@ def layer_problem(layer: Any) -> Optional[str]:
     dcp = int(getattr(layer, "dcp_size", 1) or 1)
     kv_b_proj = getattr(layer, "kv_b_proj", None)
     return attention_family.layer_problem(layer, COVERED_CLASS, {
-        f"KV cache {kv_cache_dtype}": kv_cache_dtype not in _PLAIN_CACHE,
+        f"KV cache {kv_cache_dtype}": kv_cache_dtype not in _KNOWN_CACHE,
         "sparse attention (a DSA indexer's top-k tokens)": bool(getattr(layer, "use_dsa", False)),
         f"decode context parallel ({dcp} ranks)": dcp > 1,
         f"absorbed weights in {getattr(w_kc, 'dtype', None)}":
@@ -69,22 +75,47 @@ LAYER_RULE = LayerRule(f"sglang.srt.models.deepseek_v2:{COVERED_CLASS}", layer_p
                        records=_attention_layers)
 
 
+def latent_cache_scale(layer: Any, dtype: Any) -> Optional[float]:
+    """The scale of the step's FP8 latent cache (SGLang's pool of ``float8_e4m3fn``), None for a
+    cache of the model's dtype. SGLang's pool casts each latent to FP8 unscaled where the layer
+    keeps no scale or a scale of 1.0 (an FP8 checkpoint without KV scales): 1.0. With another
+    scale its prefill writes the latents unscaled while its decode divides them, which no
+    Definition computes. Only its Triton backend's reading is known (the error names another)."""
+    require(attention.cache_problem(dtype))
+    scales = attention.cache_scales(layer.attn_mqa)
+    if scales is None:
+        return None
+    if scales != (1.0, 1.0):
+        raise NotImplementedError(
+            f"SGLang's FP8 latent cache with the checkpoint's scales (k_scale {scales[0]}, v_scale {scales[1]}: its "
+            "prefill writes the latents unscaled, its decode divides them by k_scale): no Definition")
+    return 1.0
+
+
 def _shape(layer: Any, dtype: torch.dtype) -> mla.MlaShape:
-    return mla.MlaShape(num_heads=int(layer.num_local_heads), kv_lora_rank=int(layer.kv_lora_rank),
+    """The layer's shape in this step, its latent cache's FP8 scale with it: SGLang's Triton decode
+    then casts the query latent to FP8 too (:func:`attention.query_scale`)."""
+    heads, cache_scale = int(layer.num_local_heads), latent_cache_scale(layer, schema_dtype(dtype))
+    return mla.MlaShape(num_heads=heads, kv_lora_rank=int(layer.kv_lora_rank),
                         qk_rope_head_dim=int(layer.qk_rope_head_dim), qk_nope_head_dim=int(layer.qk_nope_head_dim),
-                        v_head_dim=int(layer.v_head_dim), dtype=schema_dtype(dtype), sm_scale=float(layer.scaling))
+                        v_head_dim=int(layer.v_head_dim), dtype=schema_dtype(dtype), sm_scale=float(layer.scaling),
+                        cache_scale=cache_scale, query_scale=attention.query_scale(heads, 1, cache_scale is not None))
 
 
 def _latent_write(batch: Any, shape: mla.MlaShape) -> KernelCall:
     slots = attention.cache_slots(batch)
     return kv_cache.mla_call(int(slots.shape[0]), shape.kv_lora_rank, shape.qk_rope_head_dim, 1,
-                             RECORDER.num_pages or 0, shape.dtype, kv_cache.slots(slots))
+                             RECORDER.num_pages or 0, shape.dtype, kv_cache.slots(slots), shape.cache_scale)
 
 
 # -- absorbed ------------------------------------------------------------------------------------
 
 
 def _absorbed(batch: Any, shape: mla.MlaShape) -> list[KernelCall]:
+    if shape.cache_scale is not None and batch.forward_mode.is_extend():
+        raise NotImplementedError(
+            "an absorbed MLA extend step over SGLang's FP8 latent cache (its new tokens in the model's dtype beside a "
+            "cached FP8 prefix): no Definition")
     STEP.batches(batch, attention.step_batches)
     calls = STEP.calls((shape, 1, RECORDER.num_pages or 0), mla.absorbed_calls)
     if not calls:
@@ -114,7 +145,8 @@ def captured_absorbed_calls(self: Any, q_nope_out: torch.Tensor, fusion_plan: An
     """While a CUDA graph captures ``forward_absorb_core``: the layer's shape, and how to build its
     calls from each replaying step's batch."""
     _check_absorbed(self, fusion_plan, llama_4_scaling)
-    return functools.partial(_in_graph, _absorbed, _shape(self, q_nope_out.dtype))
+    _shape(self, q_nope_out.dtype)
+    return functools.partial(_in_graph, _absorbed, self, q_nope_out.dtype)
 
 
 # -- up-projected (ragged) -----------------------------------------------------------------------
@@ -153,7 +185,8 @@ def ragged_calls(self: Any, q: torch.Tensor, forward_batch: Any) -> list[KernelC
 def captured_ragged_calls(self: Any, q: torch.Tensor) -> Callable[[], list[KernelCall]]:
     seen(self, self.attn_mha, self.kv_b_proj)
     require(layer_problem(self))
-    return functools.partial(_in_graph, _ragged, _shape(self, q.dtype))
+    _shape(self, q.dtype)
+    return functools.partial(_in_graph, _ragged, self, q.dtype)
 
 
 def ragged_prologue_calls(self: Any, k_nope: torch.Tensor, forward_batch: Any) -> list[KernelCall]:
@@ -173,11 +206,14 @@ def latent_write_calls(self: Any, kv_a: torch.Tensor, forward_batch: Any) -> lis
 
 def captured_latent_write_calls(self: Any, kv_a: torch.Tensor) -> Callable[[], list[KernelCall]]:
     require(layer_problem(self))
-    return functools.partial(_in_graph, lambda batch, shape: [_latent_write(batch, shape)], _shape(self, kv_a.dtype))
+    _shape(self, kv_a.dtype)
+    return functools.partial(_in_graph, lambda batch, shape: [_latent_write(batch, shape)], self, kv_a.dtype)
 
 
-def _in_graph(make: Callable[[Any, mla.MlaShape], list[KernelCall]], shape: mla.MlaShape) -> list[KernelCall]:
+def _in_graph(make: Callable[[Any, mla.MlaShape], list[KernelCall]], layer: Any, dtype: torch.dtype) -> list[KernelCall]:
+    """A replaying step's calls of a layer a CUDA graph captured: its shape judged now (the step's
+    runner says its latent cache's dtype; none is known while the graph captures)."""
     batch = STEP.context.get("batch")
     if batch is None:
         raise RuntimeError("a CUDA graph replayed outside a model step: its MLA layout is unknown")
-    return make(batch, shape)
+    return make(batch, _shape(layer, dtype))

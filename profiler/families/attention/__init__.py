@@ -95,10 +95,25 @@ def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
     if kind == "paged":  # neither Triton kernel computes the log-sum-exp: ``output`` only
         natives.append(Native("vllm", "vllm_triton_attention.py", must_fit=True, requires=_VLLM_TRITON,
                               label="vllm_triton", computes=("output",)))
-        if definition.const_axes.get("page_size") == 1:
+        if definition.const_axes.get("page_size") == 1 and _sglang_computes(definition):
             natives.append(Native("sglang", "sglang_triton_attention.py", must_fit=True, requires=_SGLANG_TRITON,
                                   label="sglang_triton", computes=("output",)))
     return natives
+
+
+def _fp8(definition: Definition, name: str) -> bool:
+    spec = definition.inputs.get(name)
+    return spec is not None and spec.dtype is DType.float8_e4m3fn
+
+
+def _sglang_computes(definition: Definition) -> bool:
+    """Whether SGLang's Triton kernels compute a Definition: any over a cache of the model's dtype;
+    over an FP8 cache its decode only, with FP8 queries where query heads share a KV head (its
+    grouped kernel casts them) and queries in the model's dtype where they do not."""
+    if not _fp8(definition, "k_cache"):
+        return True
+    grouped = definition.const_axes.get("num_qo_heads") != definition.const_axes.get("num_kv_heads")
+    return "qo_indptr" not in definition.inputs and grouped == _fp8(definition, "q")
 
 
 def _engine_kernel(run: EngineRun, definition: Definition) -> EngineKernel:
@@ -115,10 +130,9 @@ def _engine_kernel(run: EngineRun, definition: Definition) -> EngineKernel:
 
 def _rounds_through(definition: Definition) -> Optional[torch.dtype]:
     """With FP8 queries the engine's kernel multiplies FP8 probabilities with FP8 values (vLLM's
-    Triton attention casts them to V's dtype), which the references keep in float32: FP8's
-    precision bounds the check."""
-    spec = definition.inputs.get("q")
-    return torch.float8_e4m3fn if spec is not None and spec.dtype is DType.float8_e4m3fn else None
+    Triton attention and SGLang's grouped Triton decode cast them to V's dtype), which the
+    references keep in float32: FP8's precision bounds the check."""
+    return torch.float8_e4m3fn if _fp8(definition, "q") else None
 
 
 FAMILY = Family(

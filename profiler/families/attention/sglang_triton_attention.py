@@ -60,22 +60,35 @@ def _extend_layout(q, keys, values, qo_indptr, kv_indptr, kv_indices):
     return _LAYOUTS[key][0]
 
 
-def run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale, qo_indptr=None):
+def _queries(q, q_scale):
+    """The queries as SGLang passes them, in the model's dtype. FP8 ones (over an FP8 cache its
+    grouped decode kernel casts the queries to FP8 itself, unscaled) are widened exactly to
+    bfloat16; the kernel's own cast gives them back unchanged."""
+    if q.dtype.itemsize > 1:
+        return q
+    if float(q_scale) != 1.0:
+        raise ValueError(f"SGLang's Triton decode casts the queries to FP8 unscaled; q_scale {q_scale}")
+    return q.to(torch.bfloat16)
+
+
+def run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale, qo_indptr=None, k_scale=1.0, v_scale=1.0, q_scale=1.0):
     """SGLang's Triton attention backend on its token-granular cache (page size 1), causal: the
     split-KV decode kernel, or the extend kernel (the cached prefix from the cache, the new
-    tokens' keys and values beside it). It returns no log-sum-exp: only ``output`` is computed."""
+    tokens' keys and values beside it); an FP8 cache read times ``k_scale`` and ``v_scale``. It
+    returns no log-sum-exp: only ``output`` is computed."""
     if len(_LAYOUTS) > 64:
         _LAYOUTS.clear()
+    q = _queries(q, q_scale)
     keys, values = k_cache.flatten(0, 1), v_cache.flatten(0, 1)  # [tokens, kv heads, head dim]
     out = torch.empty_like(q)
     if qo_indptr is None:
         layout = _decode_layout(q, kv_indptr, kv_indices, k_cache.shape[2])
         decode_attention_fwd(q, keys, values, out, kv_indptr, layout["kv_indices"], layout["attn_logits"], layout["attn_lse"],
-                             layout["num_kv_splits"], MAX_KV_SPLITS, float(sm_scale), 1.0, 1.0, logit_cap=0.0,
-                             use_pdl=torch.cuda.get_device_capability(q.device)[0] >= 9, page_size=1)
+                             layout["num_kv_splits"], MAX_KV_SPLITS, float(sm_scale), float(k_scale), float(v_scale),
+                             logit_cap=0.0, use_pdl=torch.cuda.get_device_capability(q.device)[0] >= 9, page_size=1)
         return out
     layout = _extend_layout(q, keys, values, qo_indptr, kv_indptr, kv_indices)
     extend_attention_fwd(q, layout["k_extend"], layout["v_extend"], out, keys, values, layout["qo_indptr"],
                          layout["kv_indptr"], layout["kv_indices"], None, True, None, layout["max_len_extend"],
-                         1.0, 1.0, float(sm_scale), logit_cap=0.0, page_size=1)
+                         float(k_scale), float(v_scale), float(sm_scale), logit_cap=0.0, page_size=1)
     return out

@@ -14,10 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+import torch
+
 from fi_profile.capture.definition_factory import definition_for
 from fi_profile.capture.kernel_call import KernelCall, cached_definition, dtype_suffix
 from fi_profile.capture.paged_layout import PagedBatch
 from fi_profile.families import attention, bmm
+from fi_profile.families.attention import FP8_QUERY
 from fi_profile.families.family import Baseline, EngineKernel, EngineRun, Family, Native
 from fi_profile.families.kv_cache import FP8_CACHE, MLA_CACHES, fp8_dtypes, fp8_latent_cache_scalars
 from fi_profile.schema.definition import Definition
@@ -41,32 +44,54 @@ class MlaShape:
     #: the one scale of an FP8 (e4m3) latent cache, which the decode reads dequantized (None: the
     #: cache holds ``dtype``)
     cache_scale: Optional[float] = None
+    #: the scale of the query latent (``q_nope``) where the decode takes it in FP8 e4m3 too (SGLang's
+    #: Triton decode casts it to the cache's FP8 unscaled: 1.0); None: it stays ``dtype``
+    query_scale: Optional[float] = None
 
     @property
     def qk_head_dim(self) -> int:
         return self.qk_nope_head_dim + self.qk_rope_head_dim
 
 
+#: the FP8 forms the paged decode has a Definition of: (page size class, FP8 query latent) -> its
+#: template (vLLM's Triton MLA: bf16 queries on pages of tokens; SGLang's Triton decode: the query
+#: latent cast to FP8 on its token-granular cache)
+_FP8_DECODE = {(64, False): "mla_paged_decode_h16_ckv512_kpe64_ps64" + FP8_CACHE,
+               (1, True): "mla_paged_decode_h16_ckv512_kpe64_ps1" + FP8_QUERY + FP8_CACHE}
+
+
+def _template(kind: str, shape: MlaShape, page_size: int) -> str:
+    ps = 1 if page_size == 1 else 64
+    fp8, fp8_q = shape.cache_scale is not None, shape.query_scale is not None
+    if not fp8 and not fp8_q:
+        return f"mla_paged_{kind}_h16_ckv512_kpe64_ps{ps}"
+    template = _FP8_DECODE.get((ps, fp8_q)) if fp8 and kind == "decode" else None
+    if template is None:
+        queries = "FP8" if fp8_q else "bf16"
+        cache = "an FP8" if fp8 else f"a {shape.dtype.value}"
+        raise NotImplementedError(f"MLA {kind.replace('_', ' ')} of {queries} queries over {cache} latent cache of "
+                                  f"{page_size}-token pages: no Definition")
+    return template
+
+
 def paged_call(batch: PagedBatch, stage: str, shape: MlaShape, page_size: int, num_pages: int) -> KernelCall:
     """Attention of ``batch``'s queries (one per request in decode) against the paged latent cache,
     in the absorbed form."""
-    fp8 = shape.cache_scale is not None
-    if fp8 and (stage != "decode" or page_size == 1):
-        raise NotImplementedError(f"MLA {stage} over an FP8 latent cache of {page_size}-token pages: no Definition "
-                                  "(only paged decode has one)")
+    kind = "decode" if stage == "decode" else "prefill_causal"
+    template = _template(kind, shape, page_size)
+    fp8, fp8_q = shape.cache_scale is not None, shape.query_scale is not None
 
     def build() -> Definition:
         consts = {"num_qo_heads": shape.num_heads, "head_dim_ckv": shape.kv_lora_rank,
                   "head_dim_kpe": shape.qk_rope_head_dim, "page_size": page_size}
-        kind = "decode" if stage == "decode" else "prefill_causal"
-        cache = FP8_CACHE if fp8 else ""
+        quantized = (FP8_QUERY if fp8_q else "") + (FP8_CACHE if fp8 else "")
         name = (f"mla_paged_{kind}_h{shape.num_heads}_ckv{shape.kv_lora_rank}_kpe{shape.qk_rope_head_dim}"
-                f"_ps{page_size}{dtype_suffix(shape.dtype)}{cache}")
-        template = f"mla_paged_{kind}_h16_ckv512_kpe64_ps{1 if page_size == 1 else 64}{cache}"
-        return definition_for(template, name, consts, shape.dtype, input_dtypes=fp8_dtypes(MLA_CACHES, fp8))
+                f"_ps{page_size}{dtype_suffix(shape.dtype)}{quantized}")
+        return definition_for(template, name, consts, shape.dtype,
+                              input_dtypes={**fp8_dtypes(MLA_CACHES, fp8), **fp8_dtypes(("q_nope",), fp8_q)})
 
     definition = cached_definition(("mla_paged", stage, shape.num_heads, shape.kv_lora_rank, shape.qk_rope_head_dim,
-                                    page_size, shape.dtype, fp8), build)
+                                    page_size, shape.dtype, fp8, fp8_q), build)
     axes = {"len_indptr": batch.batch_size + 1}
     if "batch_size" in definition.var_axes:
         axes["batch_size"] = batch.batch_size
@@ -78,7 +103,10 @@ def paged_call(batch: PagedBatch, stage: str, shape: MlaShape, page_size: int, n
         tensors["qo_indptr"] = batch.qo_indptr
     if "kv_last_page_len" in definition.inputs:
         tensors["kv_last_page_len"] = batch.kv_last_page_len
-    return KernelCall(definition, axes, tensors, {"sm_scale": shape.sm_scale, **fp8_latent_cache_scalars(shape.cache_scale)})
+    scalars = {"sm_scale": shape.sm_scale, **fp8_latent_cache_scalars(shape.cache_scale)}
+    if fp8_q:
+        scalars.update(q_nope_scale=float(shape.query_scale))
+    return KernelCall(definition, axes, tensors, scalars)
 
 
 def ragged_prefill_call(batch: PagedBatch, shape: MlaShape) -> KernelCall:
@@ -153,10 +181,23 @@ def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
                 Native("vllm", "vllm_flash_attn_mla_ragged.py", must_fit=True, requires=_VLLM_FLASH_ATTN,
                        label="vllm_flash_attn", computes=("output",)), sglang]
     natives = [Native("flashinfer", "flashinfer_mla_paged.py", must_fit=True)]
-    if "qo_indptr" not in definition.inputs:  # vLLM's runs decode only (its ``run`` takes no qo_indptr)
+    # vLLM's runs decode only (its ``run`` takes no qo_indptr), of bf16 queries
+    if "qo_indptr" not in definition.inputs and not _fp8_queries(definition):
         natives.append(Native("vllm", "vllm_triton_mla.py", must_fit=True, requires=_VLLM_TRITON,
                               label="vllm_triton", computes=("output",)))
     return natives + ([sglang] if definition.const_axes.get("page_size") == 1 else [])
+
+
+def _fp8_queries(definition: Definition) -> bool:
+    spec = definition.inputs.get("q_nope")
+    return spec is not None and spec.dtype is DType.float8_e4m3fn
+
+
+def _rounds_through(definition: Definition) -> Optional[torch.dtype]:
+    """With an FP8 query latent, SGLang's Triton decode multiplies FP8 probabilities with the FP8
+    latent values (it casts them to the cache's dtype), which the reference keeps in float32: FP8's
+    precision bounds the check."""
+    return torch.float8_e4m3fn if _fp8_queries(definition) else None
 
 
 def _engine_kernel(run: EngineRun, definition: Definition) -> EngineKernel:
@@ -181,7 +222,7 @@ FAMILY = Family(
     package=__name__,
     op_types=("mla_paged", "mla_ragged"),
     templates=("mla_paged_decode_h16_ckv512_kpe64_ps1", "mla_paged_decode_h16_ckv512_kpe64_ps64",
-               "mla_paged_decode_h16_ckv512_kpe64_ps64" + FP8_CACHE,
+               *_FP8_DECODE.values(),
                "mla_paged_prefill_causal_h16_ckv512_kpe64_ps1", "mla_paged_prefill_causal_h16_ckv512_kpe64_ps64",
                "mla_ragged_prefill_causal_h16_qk192_vo128"),
     baselines=(Baseline("torch_mla_paged.py", compiled=False, op_type="mla_paged"),
@@ -190,4 +231,5 @@ FAMILY = Family(
     engine_kernel=_engine_kernel,
     kernel_words=attention.KERNEL_WORDS,
     tail_words=("memcpy",),  # vLLM's MLA op copies its output into the layer's output buffer
+    rounds_through=_rounds_through,
 )

@@ -18,8 +18,10 @@ def _pow2(n):
 
 def _cache(ckv_cache, kpe_cache):
     """The latent cache as SGLang's ``MLATokenToKVPool`` holds it: one [tokens, 1, ckv + kpe] key
-    buffer, its value buffer the first ``ckv`` columns of it (a view)."""
-    keys = torch.cat([ckv_cache, kpe_cache], dim=-1).flatten(0, 1).unsqueeze(1)
+    buffer, its value buffer the first ``ckv`` columns of it (a view); joined as bytes (an FP8
+    cache too)."""
+    keys = torch.cat([ckv_cache.view(torch.uint8), kpe_cache.view(torch.uint8)], dim=-1).view(ckv_cache.dtype)
+    keys = keys.flatten(0, 1).unsqueeze(1)
     return keys, keys[..., : ckv_cache.shape[-1]]
 
 
@@ -69,23 +71,37 @@ def _layout(q, ckv_cache, kpe_cache, kv_indptr, kv_indices, qo_indptr):
     return _LAYOUTS[key][0]
 
 
-def run(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, qo_indptr=None):
+def _query(q_nope, q_pe, q_nope_scale):
+    """The query as SGLang passes it: the latent joined to its rotary part, in the rotary part's
+    dtype. An FP8 latent (over an FP8 cache SGLang's decode casts the query latent to FP8 itself,
+    unscaled) is widened exactly; the kernel's own cast gives it back unchanged."""
+    if q_nope.dtype != q_pe.dtype:
+        if float(q_nope_scale) != 1.0:
+            raise ValueError(f"SGLang's Triton MLA casts the query latent to FP8 unscaled; q_nope_scale {q_nope_scale}")
+        q_nope = q_nope.to(q_pe.dtype)
+    return torch.cat([q_nope, q_pe], dim=-1)
+
+
+def run(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, qo_indptr=None, kv_scale=1.0,
+        q_nope_scale=1.0):
     """SGLang's ``triton`` attention backend on DeepSeek's absorbed MLA (page size 1): the query
-    joined to its rotary part, against the latent cache of one KV head; the grouped split-KV decode
-    kernel, or the extend kernel for a causal prefill (the cached prefix from the cache, the new
-    tokens beside it). SGLang's log-sum-exp is scratch: only ``output`` is computed."""
+    joined to its rotary part, against the latent cache of one KV head (an FP8 one read times
+    ``kv_scale``, as SGLang's decode takes the layer's k_scale and v_scale); the grouped split-KV
+    decode kernel, or the extend kernel for a causal prefill (the cached prefix from the cache, the
+    new tokens beside it). SGLang's log-sum-exp is scratch: only ``output`` is computed."""
     if ckv_cache.shape[1] != 1:
         raise ValueError(f"SGLang's triton MLA runs on a token-granular cache; page size {ckv_cache.shape[1]}")
-    q = torch.cat([q_nope, q_pe], dim=-1)
-    out = q_nope.new_empty(q_nope.shape)
+    q = _query(q_nope, q_pe, q_nope_scale)
+    out = q_pe.new_empty(q_nope.shape)
+    scale = float(kv_scale)
     layout = _layout(q, ckv_cache, kpe_cache, kv_indptr, kv_indices, qo_indptr)
     if qo_indptr is None:
         decode_attention_fwd(q, layout["keys"], layout["values"], out, kv_indptr, layout["kv_indices"],
                              layout["attn_logits"], layout["attn_lse"], layout["num_kv_splits"],
-                             layout["max_kv_splits"], float(sm_scale), 1.0, 1.0, logit_cap=0.0, has_mla=True,
+                             layout["max_kv_splits"], float(sm_scale), scale, scale, logit_cap=0.0, has_mla=True,
                              use_pdl=torch.cuda.get_device_capability(q.device)[0] >= 9, page_size=1)
         return out
     extend_attention_fwd(q, layout["k_extend"], layout["v_extend"], out, layout["keys"], layout["values"],
                          layout["qo_indptr"], layout["kv_indptr"], layout["kv_indices"], None, True, None,
-                         layout["max_len_extend"], 1.0, 1.0, float(sm_scale), logit_cap=0.0, page_size=1)
+                         layout["max_len_extend"], scale, scale, float(sm_scale), logit_cap=0.0, page_size=1)
     return out
