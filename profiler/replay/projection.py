@@ -106,7 +106,7 @@ def project(
     definitions: Optional[dict[str, Definition]] = None,
 ) -> list[KernelProjection]:
     rows = []
-    #: solutions that compute only some outputs (``spec.computes``): a baseline, never the best candidate
+    #: solutions that compute only some outputs (``spec.computes``): a baseline, never a candidate to replace it
     partial = {r.source for r in results if r.check is not None and r.check.unchecked}
     unkept = (record.run.unkept_workloads if record.run is not None else None) or {}
     for kernel in record.kernels:
@@ -127,6 +127,9 @@ def project(
             base = REFERENCE
         candidates = {s: t for s, t in times.items() if s != REFERENCE and s not in partial}
         best = min(candidates, key=candidates.__getitem__) if candidates else None
+        if base is not None and (best is None or candidates[best] > times[base]):
+            best = base  # no whole candidate beats the baseline (one computing some outputs): it stays, saving 0
+            candidates[base] = times[base]
         own = [r for r in results if r.kernel_id == kernel.id]
         rows.append(
             KernelProjection(
