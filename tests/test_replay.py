@@ -1037,3 +1037,24 @@ def test_the_engines_moe_and_fp8_gemm_kernels_are_the_ones_their_kernel_accounti
 
     small = fp8_linear.block_gemm_call(4, 512, 256, (64, 64), torch.bfloat16).definition  # CUTLASS takes 128 x 128 only
     assert engine_kernel(_accounted(record, "vLLM", small, [blockwise]), small).label is None
+
+    # vLLM's activation quantization in its compiled forward: Inductor's, fused into the norm's or
+    # SwiGLU's kernel (the H200 run named no kernel of its own); eager, or a _C kernel named: not ours
+    quant = shipped_definition("quant_fp8_per_token_k4096")
+
+    def ran(how, kernels=()):
+        run = RunInfo(execution={quant.name: how})
+        if kernels:
+            run = _accounted(record, "vLLM", quant, list(kernels)).run.model_copy(update={"execution": run.execution})
+        return record.model_copy(update={"framework": "vLLM", "run": run})
+
+    assert engine_kernel(ran("compiled"), quant).label == "torch_compile"
+    assert engine_kernel(ran("compiled", ["triton_red_fused__to_copy_abs_clamp_cutlass_scaled_mm_div_ma_0"]),
+                         quant).label == "torch_compile"
+    assert engine_kernel(ran("compiled", ["void vllm::rms_norm_dynamic_per_token_quant_kernel<c10::BFloat16>"]),
+                         quant).label is None
+    assert engine_kernel(ran("eager"), quant).label is None
+    assert engine_kernel(ran("compiled").model_copy(update={"framework": "SGLang"}), quant).label is None
+    group = shipped_definition("quant_fp8_per_token_group_k7168_g128")
+    assert engine_kernel(record.model_copy(update={"framework": "vLLM", "run": RunInfo(execution={group.name: "compiled"})}),
+                         group).label is None

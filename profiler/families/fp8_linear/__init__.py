@@ -188,6 +188,9 @@ def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
     return natives
 
 
+#: activation quantizations that vLLM's compiled forward leaves to Inductor (``QuantFP8.forward_native``)
+_INDUCTOR_QUANT = ("quant_fp8_per_token", "quant_fp8_per_tensor", "quant_fp8_static_per_tensor")
+
 #: vLLM's Triton block-FP8 GEMM kernel, which its native runs
 _VLLM_TRITON_BLOCK_KERNEL = "_w8a8_triton_block_scaled_mm"
 
@@ -197,7 +200,15 @@ def _engine_kernel(run: EngineRun, definition: Definition) -> Optional[EngineKer
     scaled-mm kernel other than the block-wise one (which ``cutlass_scaled_mm`` picks by card, as
     the native does) for the scaled GEMM; for the block-scale one its Triton block GEMM, or its
     CUTLASS block-wise one. vLLM chooses among several FP8 GEMMs by card and shape, so without the
-    accounting the kernel is not known."""
+    accounting the kernel is not known. vLLM's activation quantizations (``QuantFP8``, a custom op)
+    inside its compiled forward are Inductor's code, fused into the kernel of the norm or SwiGLU
+    before them (H200: ``triton_red_fused__to_copy_abs_clamp_...``), unless the accounting names
+    another kernel for them (a fusion pass's ``_C`` norm-and-quant kernel); the per-token-group one
+    is left unnamed, as vLLM's fusion passes put it into ``_C`` kernels."""
+    if run.framework == "vLLM" and definition.op_type in _INDUCTOR_QUANT and "compiled" in run.execution:
+        if all(k.startswith("triton_") for k in run.kernels):
+            return EngineKernel("torch_compile", "Inductor's generated kernel (vLLM's compiled forward; it fuses the "
+                                                 "quantization into the kernel of the layer before it)")
     if run.framework != "vLLM" or not run.kernels:
         return None
     if definition.op_type == "gemm_fp8_scaled" and any("cutlass" in k and "blockwise" not in k for k in run.kernels):
