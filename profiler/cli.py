@@ -389,7 +389,13 @@ def replay(
     from fi_profile.replay.dataset import DatasetError, load_dataset, load_solutions
     from fi_profile.replay.engine_kernel import ENGINE
     from fi_profile.replay.projection import against_measurement, project
-    from fi_profile.replay.report import print_breakdown, print_measured, print_projection, print_results
+    from fi_profile.replay.report import (
+        bias_routed_dummy,
+        print_breakdown,
+        print_measured,
+        print_projection,
+        print_results,
+    )
     from fi_profile.replay.runner import ReplayOptions
     from fi_profile.replay.runner import replay as run_replay
     from fi_profile.replay.timing import TIMERS
@@ -458,7 +464,8 @@ def replay(
         if measured is not None:  # the projection as the engine ran its kernels, beside what they took
             engine = project(dataset.record, results, captured_workloads, ENGINE, dataset.definitions)
             timers = frozenset(r.timing.method for r in results if r.timing is not None and r.source != "reference")
-            print_measured(out, against_measurement(engine, measured), measured.total_ms, measured.device, timers)
+            print_measured(out, against_measurement(engine, measured), measured.total_ms, measured.device, timers,
+                           bias_routed_dummy(dataset.record, dataset.definitions))
     print_breakdown(out, json.loads((results_dir / BREAKDOWN_FILE).read_text()))
     where = f"Ray cluster {ray}" if ray is not None else f"devices {', '.join(chosen)}"
     out.print(f"results: {results_dir / 'results.jsonl'} ({len(results)} results, {where})")

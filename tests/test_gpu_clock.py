@@ -202,3 +202,43 @@ def test_the_summary_line_gives_the_clock_or_says_it_was_not_sampled():
     assert "SM clock 1,712 MHz" in clocked and "held down for power or heat 58%" in clocked
     assert "not sampled (NVML did not answer)" in engine_kernel_line(EngineKernels.model_validate({**base, "device": "cuda"}))
     assert "SM clock" not in engine_kernel_line(EngineKernels.model_validate({**base, "device": "cpu"}))
+
+
+def test_a_moe_row_off_under_dummy_weights_with_a_correction_bias_says_the_routing_collapsed():
+    """SGLang, DeepSeek-V3 with dummy weights on an H200: the MoE projected at × 1.47 of its
+    measurement, because the bias alone picked the same experts for every token while the replay's
+    logits spread them. The note names such a row only for a bias-routed MoE in a dummy-weights
+    capture."""
+    from rich.console import Console
+
+    from fi_profile.catalog import shipped_definition
+    from fi_profile.replay.projection import KernelProjection, against_measurement
+    from fi_profile.replay.report import bias_routed_dummy, print_measured
+    from fi_profile.schema import KernelCallingRecord
+    from fi_profile.schema.run_info import EngineKernels, RunInfo
+
+    moe = shipped_definition("moe_bf16_ds_routing_topk8_ng8_kg4_e256_h7168_i2048_shared1")
+    softmax = shipped_definition("moe_bf16_softmax_topk8_e64_h2048_i1024")
+    definitions = {moe.name: moe, softmax.name: softmax}
+    record = KernelCallingRecord.model_validate({"model": "m", "framework": "SGLang", "kernels": [],
+                                                 "run": {"weights": "dummy (random)"}})
+    assert bias_routed_dummy(record, definitions) == {moe.name}
+    real = record.model_copy(update={"run": RunInfo(weights="auto")})
+    assert bias_routed_dummy(real, definitions) == frozenset()
+
+    measured = EngineKernels.model_validate({
+        "device": "cuda", "steps": 32, "total_ms": 72.6, "attributed_share": 1.0, "unattributed": [],
+        "by_definition": {moe.name: {"ms": 27.229, "calls": 64, "kernels": ["fused_moe_kernel"]},
+                          softmax.name: {"ms": 20.0, "calls": 64, "kernels": ["fused_moe_kernel"]}}})
+    rows = against_measurement([KernelProjection(moe.name, 64, "sglang", 39.891 / 64, None, None),
+                                KernelProjection(softmax.name, 64, "sglang", 30.0 / 64, None, None)], measured)
+
+    def note(biased):
+        console = Console(record=True, width=400)
+        print_measured(console, rows, 72.6, "cuda", frozenset({"cupti_kernels"}), biased)
+        return [line for line in console.export_text().splitlines() if "dummy weights" in line]
+
+    assert len(note(bias_routed_dummy(record, definitions))) == 1
+    assert moe.name in note(bias_routed_dummy(record, definitions))[0]
+    assert softmax.name not in note(bias_routed_dummy(record, definitions))[0]
+    assert note(bias_routed_dummy(real, definitions)) == []

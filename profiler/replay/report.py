@@ -12,7 +12,7 @@ from rich.table import Table
 from fi_profile.replay.projection import KernelProjection, MeasuredRow
 from fi_profile.replay.runner import REFERENCE, label_of
 from fi_profile.replay.throughput import peak, tflops
-from fi_profile.schema import BenchmarkResult, Definition
+from fi_profile.schema import BenchmarkResult, Definition, KernelCallingRecord
 
 
 def _geomean(values: list[float]) -> float:
@@ -105,10 +105,20 @@ MATTERS, ROW_TOLERANCE, TOTAL_TOLERANCE = 0.02, 0.10, 0.05
 CLOCK_GAP = 0.05
 
 
+def bias_routed_dummy(record: KernelCallingRecord, definitions: Mapping[str, Definition]) -> frozenset[str]:
+    """The MoE Definitions routed through a correction bias (DeepSeek's) in a capture that ran dummy
+    weights: there the bias alone picks the experts, the same for every token."""
+    if record.run is None or not (record.run.weights or "").startswith("dummy"):
+        return frozenset()
+    return frozenset(name for name, d in definitions.items() if {"routing_logits", "routing_bias"} <= set(d.inputs))
+
+
 def print_measured(console: Console, rows: list[MeasuredRow], total_ms: float, device: str,
-                   timers: frozenset[str] = frozenset()) -> None:
+                   timers: frozenset[str] = frozenset(), bias_routed_dummy: frozenset[str] = frozenset()) -> None:
     """The engine-baseline projection beside the engine's kernel time measured in the capture;
-    ``timers``: how the replayed times were taken (the results' ``timing.method``)."""
+    ``timers``: how the replayed times were taken (the results' ``timing.method``);
+    ``bias_routed_dummy``: MoE Definitions routed through a correction bias in a capture with dummy
+    weights, whose routing the replay's random logits do not reproduce."""
     what = "kernel time" if device == "cuda" else "operator time (CPU)"
     how = f"; replay timed by {', '.join(sorted(timers))}" if timers else ""
     table = Table(title=f"projection against the engine's measured {what} (ms, over the captured steps{how})")
@@ -157,6 +167,14 @@ def print_measured(console: Console, rows: list[MeasuredRow], total_ms: float, d
                                       for r in slower)
                           + ": a compute-bound kernel takes longer in proportion", markup=False, highlight=False,
                           soft_wrap=True)
+        collapsed = [r for r in off if set(r.kernels) & bias_routed_dummy]
+        if collapsed:
+            console.print("! " + "; ".join(" + ".join(r.kernels) for r in collapsed) + ": the capture ran dummy "
+                          "weights (every parameter within ±1e-3), so the router's scores hardly differ between "
+                          "tokens and the correction bias sends every token to the same experts, while the replay's "
+                          "random routing logits spread them over the experts as a trained model's do: the engine "
+                          "read fewer experts' weights per step (measured: BENCHMARKS.md, SGLang's FP8 latent cache "
+                          "section)", markup=False, highlight=False, soft_wrap=True)
     if device == "cuda" and any("events" in t or t == "cuda_graph" for t in timers):
         console.print("note: CUDA events time a kernel of a few µs at 2-2.5× the duration the engine's accounting "
                       "measures for it (benchmarks/l2_state.py); --timer kernels times the replay as the accounting "
