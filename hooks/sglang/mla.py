@@ -145,7 +145,7 @@ def captured_absorbed_calls(self: Any, q_nope_out: torch.Tensor, fusion_plan: An
     """While a CUDA graph captures ``forward_absorb_core``: the layer's shape, and how to build its
     calls from each replaying step's batch."""
     _check_absorbed(self, fusion_plan, llama_4_scaling)
-    _shape(self, q_nope_out.dtype)
+    _shape(self, q_nope_out.dtype)  # a layer no Definition computes fails while the graph captures (again at each replay)
     return functools.partial(_in_graph, _absorbed, self, q_nope_out.dtype)
 
 

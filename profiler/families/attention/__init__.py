@@ -101,7 +101,8 @@ def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
     return natives
 
 
-def _fp8(definition: Definition, name: str) -> bool:
+def fp8_input(definition: Definition, name: str) -> bool:
+    """Whether the Definition takes its input ``name`` in FP8 e4m3."""
     spec = definition.inputs.get(name)
     return spec is not None and spec.dtype is DType.float8_e4m3fn
 
@@ -110,10 +111,10 @@ def _sglang_computes(definition: Definition) -> bool:
     """Whether SGLang's Triton kernels compute a Definition: any over a cache of the model's dtype;
     over an FP8 cache its decode only, with FP8 queries where query heads share a KV head (its
     grouped kernel casts them) and queries in the model's dtype where they do not."""
-    if not _fp8(definition, "k_cache"):
+    if not fp8_input(definition, "k_cache"):
         return True
     grouped = definition.const_axes.get("num_qo_heads") != definition.const_axes.get("num_kv_heads")
-    return "qo_indptr" not in definition.inputs and grouped == _fp8(definition, "q")
+    return "qo_indptr" not in definition.inputs and grouped == fp8_input(definition, "q")
 
 
 def _engine_kernel(run: EngineRun, definition: Definition) -> EngineKernel:
@@ -132,7 +133,7 @@ def _rounds_through(definition: Definition) -> Optional[torch.dtype]:
     """With FP8 queries the engine's kernel multiplies FP8 probabilities with FP8 values (vLLM's
     Triton attention and SGLang's grouped Triton decode cast them to V's dtype), which the
     references keep in float32: FP8's precision bounds the check."""
-    return torch.float8_e4m3fn if _fp8(definition, "q") else None
+    return torch.float8_e4m3fn if fp8_input(definition, "q") else None
 
 
 FAMILY = Family(

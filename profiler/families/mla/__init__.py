@@ -189,8 +189,7 @@ def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
 
 
 def _fp8_queries(definition: Definition) -> bool:
-    spec = definition.inputs.get("q_nope")
-    return spec is not None and spec.dtype is DType.float8_e4m3fn
+    return attention.fp8_input(definition, "q_nope")
 
 
 def _rounds_through(definition: Definition) -> Optional[torch.dtype]:
