@@ -355,8 +355,11 @@ def check_tp2_record(tp2: dict) -> None:
     assert c["gemm_bf16_n512_k256"] == 2 * LAYERS * steps and c["silu_and_mul_i256"] == 2 * LAYERS * steps
     assert c["rope_llama3_neox_style_h2_kv1_d64"] == 2 * LAYERS * steps
     assert c["gemm_bf16_n1024_k256"] == 2 * steps  # lm_head: half the vocabulary per rank
+    # the collectives: an all-reduce after each o_proj and down_proj and after the embedding, the logits' all-gather
+    assert c["all_reduce_r2_h256"] == 2 * (2 * LAYERS + 1) * steps and c["all_gather_r2_n1024"] == 2 * steps
     tokens = PROMPTS * INPUT_LEN + PROMPTS * (OUTPUT_LEN - 1)
     assert token_total(tp2["out_dir"], "rmsnorm_h256", "batch_size") == 2 * tokens
+    assert token_total(tp2["out_dir"], "all_reduce_r2_h256", "num_tokens") == 2 * (2 * LAYERS + 1) * tokens
     assert all(len(t) == OUTPUT_LEN for t in tp2["tokens"])
 
 

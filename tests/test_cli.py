@@ -75,6 +75,8 @@ def test_shipped_set_covers_llama_31_8b_and_the_moe_templates():
         "mla_kv_cache_write_ckv512_kpe64_ps64_kv_fp8", "mla_paged_decode_h16_ckv512_kpe64_ps64_kv_fp8",
         # ... and SGLang's Triton decode over its FP8 latent cache, the query latent cast to FP8 too
         "mla_paged_decode_h16_ckv512_kpe64_ps1_q_fp8_kv_fp8",
+        # the collectives under tensor parallelism: the all-reduce (also fused with the next RMSNorm), the logits' all-gather
+        "all_reduce_r2_h4096", "all_reduce_fused_add_rmsnorm_r2_h4096", "all_gather_r2_n64128",
     } == names
     # templates are bfloat16 where their computation has a model dtype (instantiated per dtype); FP8 data is FP8
     assert all(d.inputs[next(iter(d.inputs))].dtype.value in ("bfloat16", "float32", "int32", "float8_e4m3fn")

@@ -29,7 +29,7 @@ def test_every_shipped_definition_has_a_family_and_a_baseline_that_fits_it():
         family = family_of(definition.op_type)
         assert family is not None, definition.name
         labels = {s.name.rsplit("__", 1)[1] for s in baseline_solutions(definition)}
-        assert "torch" in labels, definition.name
+        assert "torch" in labels or family.not_replayed, definition.name  # a collective has none
 
 
 def test_keys_are_distinct_and_each_op_type_has_one_family():

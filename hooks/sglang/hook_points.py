@@ -12,7 +12,19 @@ import torch
 from fi_profile.capture.layers import LayerRule, by_layer_class, covered, require, seen, seen_weights
 from fi_profile.capture.patching import HookPoint
 from fi_profile.families import attention as attention_family
-from fi_profile.families import embedding, fp8_linear, gemm, mla, moe, qk_rmsnorm, rmsnorm, rope, sampling, silu_and_mul
+from fi_profile.families import (
+    collective,
+    embedding,
+    fp8_linear,
+    gemm,
+    mla,
+    moe,
+    qk_rmsnorm,
+    rmsnorm,
+    rope,
+    sampling,
+    silu_and_mul,
+)
 from fi_profile.hooks.sglang import attention, steps
 from fi_profile.hooks.sglang import fp8_linear as sglang_fp8
 from fi_profile.hooks.sglang import mla as sglang_mla
@@ -35,6 +47,38 @@ def _fused_a_gemm(layer: Any, hidden_states: torch.Tensor) -> list:
     require("LoRA adapters on a fused-A GEMM layer (no Definition computes it)" if getattr(layer, "set_lora", False)
             else None)
     return [gemm.call(hidden_states, *gemm.layer_size(layer))]
+
+
+def _group_size(use_attn_tp_group: bool = True) -> int:
+    """The GPUs of the group SGLang's fused all-reduce runs in: attention's TP group, else the MoE's
+    (its expert-parallel group where experts are spread, else its TP group), as its norm reads them."""
+    from sglang.srt.runtime_context import get_parallel
+
+    parallel = get_parallel()
+    if use_attn_tp_group:
+        return int(parallel.attn_tp_size)
+    return int(parallel.moe_ep_size if parallel.moe_ep_size > 1 else parallel.moe_tp_size)
+
+
+def _all_reduce_fused_add_rmsnorm(input_tensor: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                                  eps: float = 1e-6, use_attn_tp_group: bool = True) -> list:
+    """SGLang's all-reduce fused with the residual add and RMSNorm after it (FlashInfer's
+    ``allreduce_fusion``, on Hopper and newer at TP > 1), called with the norm layer's weight in
+    place of the layer's forward and the all-reduce before it. SGLang calls it only where its
+    workspace is up; it declines non-contiguous tensors (SGLang then runs the norm layer, whose
+    own hook records it), and so records nothing for them."""
+    if not (input_tensor.is_contiguous() and residual.is_contiguous() and weight.is_contiguous()):
+        return []
+    seen_weights(weight)
+    return [collective.fused_add_rmsnorm_call(input_tensor, residual, float(eps), _group_size(use_attn_tp_group))]
+
+
+def _symmetric_memory_all_gather(x: torch.Tensor) -> list:
+    """SGLang's all-gather of the logits among the TP group (a Triton kernel on symmetric memory,
+    else ``GroupCoordinator.all_gather``, nested)."""
+    from sglang.srt.runtime_context import get_parallel
+
+    return [collective.all_gather_call(x, int(get_parallel().tp_size))]
 
 
 def _sampler(self: Any, logits_output: Any, sampling_info: Any) -> list:
@@ -83,6 +127,17 @@ POINTS = [
               nested=(silu_and_mul.KEY, gemm.KEY)),
     # a kernel function the models call with the norm layers' weights (looked up in this module)
     HookPoint("sglang.srt.models.utils", "", ("fused_inplace_qknorm",), qk_rmsnorm.KEY, _fused_qk_norm, optional=True),
+    # the collectives of a tensor-parallel group: the all-reduce after row-parallel layers (or fused with
+    # the next norm), the logits' all-gather
+    HookPoint("sglang.srt.distributed.parallel_state", "GroupCoordinator", ("all_reduce",), collective.KEY,
+              collective.group_all_reduce_calls, outside_forward=True),
+    HookPoint("sglang.srt.distributed.parallel_state", "GroupCoordinator", ("all_gather",), collective.KEY,
+              collective.group_all_gather_calls, outside_forward=True),
+    HookPoint("sglang.srt.distributed.device_communicators.triton_symm_mem_ag", "MultimemAllGatherer", ("__call__",),
+              collective.KEY, _symmetric_memory_all_gather, optional=True, outside_forward=True),
+    # a function the norm layers call at TP > 1 on Hopper and newer (looked up in its module at each call)
+    HookPoint(f"{_LAYERS}.flashinfer_comm_fusion", "", ("flashinfer_allreduce_residual_rmsnorm",), collective.KEY,
+              _all_reduce_fused_add_rmsnorm, optional=True),
     HookPoint(f"{_LAYERS}.sampler", "Sampler", ("forward",), sampling.KEY, _sampler, outside_forward=True),
     HookPoint(f"{_EXECUTOR}.model_runner", "ModelRunner", ("forward",), "step", steps.model_step, around=True),
     # graph mode: a graph runner runs a step; the calls each CUDA graph captured, and each replay of it

@@ -16,7 +16,7 @@ import torch
 from fi_profile.capture.layers import LayerRule, by_layer_class, covered, seen
 from fi_profile.capture.patching import HookPoint
 from fi_profile.families import attention as attention_family
-from fi_profile.families import embedding, fp8_linear, gemm, mla, moe, rmsnorm, rope, sampling, silu_and_mul
+from fi_profile.families import collective, embedding, fp8_linear, gemm, mla, moe, rmsnorm, rope, sampling, silu_and_mul
 from fi_profile.hooks.vllm import attention, steps
 from fi_profile.hooks.vllm import fp8_linear as vllm_fp8
 from fi_profile.hooks.vllm import mla as vllm_mla
@@ -95,6 +95,11 @@ POINTS = [
             ("flash_attn", "FlashAttentionMetadataBuilder"),
         )
     ),
+    # the collectives of a tensor-parallel group (the all-reduce after row-parallel layers, the logits' all-gather)
+    HookPoint("vllm.distributed.parallel_state", "GroupCoordinator", ("all_reduce",), collective.KEY,
+              collective.group_all_reduce_calls, outside_forward=True),
+    HookPoint("vllm.distributed.parallel_state", "GroupCoordinator", ("all_gather",), collective.KEY,
+              collective.group_all_gather_calls, outside_forward=True),
     HookPoint("vllm.v1.sample.sampler", "Sampler", ("sample",), sampling.KEY, _sampler_v1, outside_forward=True),
     HookPoint("vllm.v1.sample.ops.topk_topp_sampler", "TopKTopPSampler",
               ("forward_native", "forward_cpu", "forward_cuda", "forward_hip", "forward_xpu"), sampling.KEY, _sampler,

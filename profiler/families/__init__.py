@@ -15,6 +15,7 @@ from typing import Optional
 from fi_profile.families import (
     attention,
     bmm,
+    collective,
     embedding,
     fp8_linear,
     gemm,
@@ -43,6 +44,7 @@ FAMILIES: tuple[Family, ...] = (
     bmm.FAMILY,
     moe.FAMILY,
     sampling.FAMILY,
+    collective.FAMILY,
 )
 
 _BY_OP_TYPE = {op_type: family for family in FAMILIES for op_type in family.op_types}

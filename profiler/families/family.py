@@ -159,3 +159,5 @@ class Family:
     #: (Definition, a workload's axis values, constants included) -> the floating-point operations
     #: one call does (None: not compute-bound work, or not known from the axes alone)
     flops: Callable[[Definition, Mapping[str, int]], Optional[float]] = no_flops
+    #: why the replay runs none of its Definitions (a collective among GPUs), where it runs none
+    not_replayed: Optional[str] = None

@@ -19,6 +19,7 @@ from typing import Callable, Iterable, Optional
 
 import torch
 
+from fi_profile.families import family_of
 from fi_profile.replay.baseline_solutions import baseline_solutions
 from fi_profile.replay.breakdown import TimeBreakdown
 from fi_profile.replay.dataset import Dataset
@@ -96,6 +97,16 @@ def read_results(path: Path) -> list[BenchmarkResult]:
     return [BenchmarkResult.model_validate_json(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def not_replayed(definitions: Iterable[Definition]) -> dict[str, str]:
+    """The Definitions no replay runs (their family's reason, such as a collective among GPUs), by name."""
+    found = {}
+    for definition in definitions:
+        family = family_of(definition.op_type)
+        if family is not None and family.not_replayed:
+            found[definition.name] = family.not_replayed
+    return found
+
+
 def replay(
     dataset: Dataset,
     solutions: list[Solution],
@@ -117,11 +128,12 @@ def replay(
     done = {(r.kernel_id, r.workload, r.source): r.model_dump(mode="json", exclude_none=True) for r in previous}
     largest_of = {name: largest(definition, dataset.workloads.get(name, []))
                   for name, definition in dataset.definitions.items()}
+    skipped = not_replayed(dataset.definitions.values())
     groups = [
         Group(dataset, definition, workload, [None, *solutions_for(definition, solutions, with_baselines)],
               {s: r for (k, w, s), r in done.items() if k == definition.name and w == workload.uuid},
               largest_of[definition.name])
-        for definition in dataset.definitions.values()
+        for definition in dataset.definitions.values() if definition.name not in skipped
         for workload in dataset.workloads.get(definition.name, [])
     ]
     plan(sum(len(g.candidates) for g in groups))
