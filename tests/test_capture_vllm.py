@@ -555,17 +555,18 @@ def test_layers_under_sequence_parallelism_are_said_recorded_at_other_shapes():
         return SimpleNamespace(parallel_config=SimpleNamespace(tensor_parallel_size=tp),
                                compilation_config=SimpleNamespace(mode=CompilationMode[mode], pass_config=passes))
 
-    ((kind, layers),) = sequence_parallel_layers(config(2, True), model).items()
+    ((kind, layers), (reduce, reduces)) = sequence_parallel_layers(config(2, True), model).items()
     assert layers == 5 and "of at least 1024 tokens ran it on 1/2 of the tokens" in kind and "enable_sp" in kind
+    assert reduces == 1 and "ran it as a reduce-scatter and an all-gather" in reduce  # after the row-parallel layer
     both = sequence_parallel_layers(config(2, True, async_tp=True), model)
-    assert sorted(both.values()) == [1, 5] and any(k.startswith("linear layer under vLLM's async TP") for k in both)
+    assert sorted(both.values()) == [1, 1, 5] and any(k.startswith("linear layer under vLLM's async TP") for k in both)
     for off in (config(1, True), config(2, False), config(2, True, "NONE")):
         assert sequence_parallel_layers(off, model) == {}
     older = SimpleNamespace(  # vLLM before 0.11: compilation level 3, the passes' longer names
         parallel_config=SimpleNamespace(tensor_parallel_size=2),
         compilation_config=SimpleNamespace(level=3, pass_config=SimpleNamespace(
             enable_sequence_parallelism=True, enable_async_tp=True, sp_min_token_num=None)))
-    assert sorted(sequence_parallel_layers(older, model).values()) == [1, 5]
+    assert sorted(sequence_parallel_layers(older, model).values()) == [1, 1, 5]
 
 
 MODELS = Path(__file__).parent / "fixtures" / "models"

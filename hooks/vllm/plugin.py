@@ -71,7 +71,11 @@ def sequence_parallel_layers(vllm_config: Any, model: Any) -> dict[str, int]:
                "\"fuse_gemm_comms\": false}}', records exactly")
     names = [type(module).__name__ for module in model.modules()]
     found = {f"RMSNorm under vLLM's sequence parallelism ({steps} ran it on 1/{tp} of the tokens; recorded at the "
-             f"full count; {exactly})": names.count("RMSNorm")}
+             f"full count; {exactly})": names.count("RMSNorm"),
+             # the all-reduce after each row-parallel layer and the embedding, before the norm it feeds
+             f"all-reduce under vLLM's sequence parallelism ({steps} ran it as a reduce-scatter and an all-gather; "
+             f"recorded as one all-reduce; {exactly})": sum(1 for name in names
+                                                            if name in ("RowParallelLinear", "VocabParallelEmbedding"))}
     if async_tp:
         found[f"linear layer under vLLM's async TP ({steps} ran its GEMM fused with an all-gather or reduce-scatter, "
               f"in pieces over the token shards; recorded as one GEMM; {exactly})"] = sum(
