@@ -286,6 +286,8 @@ def test_deepseek_on_sglang_under_tensor_parallelism_records_each_ranks_heads_an
         "mla_paged_decode_h2_ckv512_kpe64_ps1": ranks * layers * (steps - 1),
         "gemm_bf16_n8_k256": ranks * moe_layers * steps,  # the router is whole on every rank
         "moe_bf16_ds_routing_topk2_ng2_kg1_e8_h256_i64_logits_bf16": ranks * moe_layers * steps,
+        # an all-reduce after each layer's o_proj and its MLP or MoE (the shared expert's summed in), and the embedding's
+        "all_reduce_r2_h256": ranks * (2 * layers + 1) * steps,
     }
     assert {k: counts(result).get(k) for k in expected} == expected, counts(result)
 

@@ -604,6 +604,8 @@ def test_deepseek_under_tensor_parallelism_records_each_ranks_heads_and_experts_
     assert decodes > 0 and c["bmm_bf16_b2_n512_k64"] == c["bmm_bf16_b2_n64_k512"] == decodes
     # every step attends: its decode part, its prefill part, or both
     assert ranks * layers * steps <= decodes + c["mla_ragged_prefill_causal_h2_qk128_vo64"] <= 2 * ranks * layers * steps
+    # an all-reduce after each layer's o_proj and its MLP or MoE (the shared expert's summed in), and the embedding's
+    assert c["all_reduce_r2_h256"] == ranks * (2 * layers + 1) * steps
     assert token_total(result["out_dir"], "mla_ragged_prefill_causal_h2_qk128_vo64", "total_q") == \
         ranks * layers * PROMPTS * INPUT_LEN
 
