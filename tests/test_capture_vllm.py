@@ -527,11 +527,13 @@ def test_compiled_tensor_parallel_ranks_record_their_shards(tmp_path):
     assert steps["compiled_forward"] == {"compiled": steps["learned"] + steps["replayed"]}
 
 
-def test_layers_under_sequence_parallelism_are_said_recorded_at_other_shapes():
+def test_layers_vllms_compile_passes_rewrite_are_said_recorded_as_traced():
     """vLLM's sequence parallelism (on by default for TP > 1 on Hopper for models of hidden size
-    >= 8192; never on a CPU) runs each RMSNorm of a large compiled step on 1/TP of the tokens, and
-    async TP fuses the GEMMs beside it with the collectives; the traced forward shows neither: the
-    record says so, naming how to record exactly."""
+    >= 8192; never on a CPU) runs each RMSNorm of a large compiled step on 1/TP of the tokens and
+    the all-reduce before it as a reduce-scatter and an all-gather, and async TP fuses the GEMMs
+    beside them with the collectives; its all-reduce + RMSNorm fusion (on by default for TP > 1 on
+    Hopper where FlashInfer is installed) runs both as one kernel. The traced forward shows none of
+    it: the record says so, naming how to record exactly."""
     from types import SimpleNamespace
 
     import torch
@@ -540,7 +542,7 @@ def test_layers_under_sequence_parallelism_are_said_recorded_at_other_shapes():
     from vllm.model_executor.layers import linear
     from vllm.model_executor.layers.layernorm import RMSNorm
 
-    from fi_profile.hooks.vllm.plugin import sequence_parallel_layers
+    from fi_profile.hooks.vllm.plugin import rewritten_layers
 
     class RowParallelLinear(torch.nn.Module):  # vLLM's needs a TP group to be built; found by its name
         pass
@@ -550,23 +552,28 @@ def test_layers_under_sequence_parallelism_are_said_recorded_at_other_shapes():
     with set_current_vllm_config(VllmConfig()):  # vLLM's layers are built under a config
         model = torch.nn.ModuleList([RMSNorm(16) for _ in range(5)] + [torch.nn.Linear(2, 2), RowParallelLinear()])
 
-    def config(tp: int, sp: bool, mode: str = "VLLM_COMPILE", async_tp: bool = False) -> SimpleNamespace:
-        passes = SimpleNamespace(enable_sp=sp, fuse_gemm_comms=async_tp, sp_min_token_num=1024)
+    def config(tp: int, sp: bool, mode: str = "VLLM_COMPILE", async_tp: bool = False,
+               fused_norms: bool = False) -> SimpleNamespace:
+        passes = SimpleNamespace(enable_sp=sp, fuse_gemm_comms=async_tp, sp_min_token_num=1024,
+                                 fuse_allreduce_rms=fused_norms)
         return SimpleNamespace(parallel_config=SimpleNamespace(tensor_parallel_size=tp),
                                compilation_config=SimpleNamespace(mode=CompilationMode[mode], pass_config=passes))
 
-    ((kind, layers), (reduce, reduces)) = sequence_parallel_layers(config(2, True), model).items()
+    ((kind, layers), (reduce, reduces)) = rewritten_layers(config(2, True), model).items()
     assert layers == 5 and "of at least 1024 tokens ran it on 1/2 of the tokens" in kind and "enable_sp" in kind
     assert reduces == 1 and "ran it as a reduce-scatter and an all-gather" in reduce  # after the row-parallel layer
-    both = sequence_parallel_layers(config(2, True, async_tp=True), model)
+    both = rewritten_layers(config(2, True, async_tp=True), model)
     assert sorted(both.values()) == [1, 1, 5] and any(k.startswith("linear layer under vLLM's async TP") for k in both)
-    for off in (config(1, True), config(2, False), config(2, True, "NONE")):
-        assert sequence_parallel_layers(off, model) == {}
+    ((fused, count),) = rewritten_layers(config(2, False, fused_norms=True), model).items()
+    assert count == 1 and "as one FlashInfer kernel" in fused and "fuse_allreduce_rms" in fused
+    for off in (config(1, True, fused_norms=True), config(2, False), config(2, True, "NONE", fused_norms=True)):
+        assert rewritten_layers(off, model) == {}
     older = SimpleNamespace(  # vLLM before 0.11: compilation level 3, the passes' longer names
         parallel_config=SimpleNamespace(tensor_parallel_size=2),
         compilation_config=SimpleNamespace(level=3, pass_config=SimpleNamespace(
-            enable_sequence_parallelism=True, enable_async_tp=True, sp_min_token_num=None)))
-    assert sorted(sequence_parallel_layers(older, model).values()) == [1, 1, 5]
+            enable_sequence_parallelism=True, enable_async_tp=True, sp_min_token_num=None,
+            enable_fi_allreduce_fusion=True)))
+    assert sorted(rewritten_layers(older, model).values()) == [1, 1, 1, 5]
 
 
 MODELS = Path(__file__).parent / "fixtures" / "models"

@@ -46,48 +46,59 @@ def _unseen(model: Any) -> dict[str, int]:
         return {f"model not inspected for layers never seen ({type(exc).__name__}: {exc})"[:200]: 0}
 
 
-def sequence_parallel_layers(vllm_config: Any, model: Any) -> dict[str, int]:
-    """The layers whose kernels vLLM's sequence parallelism runs on shards of the tokens. With it on
-    (``pass_config.enable_sp``, vLLM's default at -O2 for TP > 1 where the model is large enough:
-    hidden size >= 8192 on Hopper and Blackwell), Inductor rewrites each all-reduce + RMSNorm of a
-    compiled forward of at least ``sp_min_token_num`` tokens into reduce-scatter + RMSNorm on 1/TP
-    of the tokens + all-gather; with async TP on as well (``fuse_gemm_comms``) the GEMMs beside
-    those collectives are fused with them and run in pieces over the token shards. The hooks record
-    the forward as traced (the full token count), so those workloads are not the shapes that ran:
-    said, never silent."""
+def rewritten_layers(vllm_config: Any, model: Any) -> dict[str, int]:
+    """The layers whose kernels vLLM's compile passes run otherwise than the traced forward the hooks
+    record (it is recorded as traced: said, never silent), by what ran:
+
+    - sequence parallelism (``pass_config.enable_sp``, vLLM's default at -O2 for TP > 1 where the
+      model is large enough: hidden size >= 8192 on Hopper and Blackwell): each all-reduce + RMSNorm
+      of a compiled forward of at least ``sp_min_token_num`` tokens becomes reduce-scatter + RMSNorm
+      on 1/TP of the tokens + all-gather; with async TP on as well (``fuse_gemm_comms``) the GEMMs
+      beside those collectives are fused with them and run in pieces over the token shards;
+    - the all-reduce + RMSNorm fusion (``pass_config.fuse_allreduce_rms``, vLLM's default for TP > 1
+      on Hopper and Blackwell where FlashInfer is installed): each all-reduce and the RMSNorm after
+      it run as one FlashInfer kernel in compiled forwards up to its size limit."""
     tp = int(getattr(vllm_config.parallel_config, "tensor_parallel_size", 1) or 1)
     compilation = vllm_config.compilation_config
     passes = getattr(compilation, "pass_config", None)
     # vLLM's own passes run (before 0.11 the mode was ``level`` 3; the passes had longer names)
     compiled = getattr(getattr(compilation, "mode", None), "name", None) == "VLLM_COMPILE" or (
         getattr(compilation, "level", None) == 3)
+    if tp == 1 or not compiled:
+        return {}
     sp = getattr(passes, "enable_sp", None) or getattr(passes, "enable_sequence_parallelism", False)
     async_tp = getattr(passes, "fuse_gemm_comms", None) or getattr(passes, "enable_async_tp", False)
-    if tp == 1 or not compiled or not sp:
-        return {}
-    threshold = getattr(passes, "sp_min_token_num", None)
-    steps = f"compiled steps of at least {threshold} tokens" if threshold is not None else "large compiled steps"
-    exactly = ("--eager, or --engine-arg 'compilation_config={\"pass_config\": {\"enable_sp\": false, "
-               "\"fuse_gemm_comms\": false}}', records exactly")
+    fused_norms = getattr(passes, "fuse_allreduce_rms", None) or getattr(passes, "enable_fi_allreduce_fusion", False)
     names = [type(module).__name__ for module in model.modules()]
-    found = {f"RMSNorm under vLLM's sequence parallelism ({steps} ran it on 1/{tp} of the tokens; recorded at the "
-             f"full count; {exactly})": names.count("RMSNorm"),
-             # the all-reduce after each row-parallel layer and the embedding, before the norm it feeds
-             f"all-reduce under vLLM's sequence parallelism ({steps} ran it as a reduce-scatter and an all-gather; "
-             f"recorded as one all-reduce; {exactly})": sum(1 for name in names
-                                                            if name in ("RowParallelLinear", "VocabParallelEmbedding"))}
-    if async_tp:
-        found[f"linear layer under vLLM's async TP ({steps} ran its GEMM fused with an all-gather or reduce-scatter, "
-              f"in pieces over the token shards; recorded as one GEMM; {exactly})"] = sum(
-            1 for name in names if name.endswith("ParallelLinear"))
+    #: the all-reduce after each row-parallel layer and the embedding, before the norm it feeds
+    all_reduces = sum(1 for name in names if name in ("RowParallelLinear", "VocabParallelEmbedding"))
+    found = {}
+    if sp:
+        threshold = getattr(passes, "sp_min_token_num", None)
+        steps = f"compiled steps of at least {threshold} tokens" if threshold is not None else "large compiled steps"
+        exactly = ("--eager, or --engine-arg 'compilation_config={\"pass_config\": {\"enable_sp\": false, "
+                   "\"fuse_gemm_comms\": false}}', records exactly")
+        found[f"RMSNorm under vLLM's sequence parallelism ({steps} ran it on 1/{tp} of the tokens; recorded at the "
+              f"full count; {exactly})"] = names.count("RMSNorm")
+        found[f"all-reduce under vLLM's sequence parallelism ({steps} ran it as a reduce-scatter and an all-gather; "
+              f"recorded as one all-reduce; {exactly})"] = all_reduces
+        if async_tp:
+            found[f"linear layer under vLLM's async TP ({steps} ran its GEMM fused with an all-gather or "
+                  f"reduce-scatter, in pieces over the token shards; recorded as one GEMM; {exactly})"] = sum(
+                1 for name in names if name.endswith("ParallelLinear"))
+    if fused_norms:
+        found["all-reduce under vLLM's all-reduce + RMSNorm fusion (compiled steps up to its size limit ran it and the "
+              "RMSNorm after it as one FlashInfer kernel; recorded as an all-reduce and an RMSNorm; --eager, or "
+              "--engine-arg 'compilation_config={\"pass_config\": {\"fuse_allreduce_rms\": false}}', records "
+              "exactly)"] = all_reduces
     return {kind: layers for kind, layers in found.items() if layers}
 
 
 def _inexact(worker: Any) -> dict[str, int]:
     try:
-        return sequence_parallel_layers(worker.vllm_config, worker.model_runner.get_model())
+        return rewritten_layers(worker.vllm_config, worker.model_runner.get_model())
     except Exception as exc:  # noqa: BLE001 - reported, never fatal
-        return {f"sequence parallelism not inspected ({type(exc).__name__}: {exc})"[:200]: 0}
+        return {f"compile passes not inspected ({type(exc).__name__}: {exc})"[:200]: 0}
 
 
 class CaptureWorkerExtension:

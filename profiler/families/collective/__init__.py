@@ -12,7 +12,7 @@ is the interconnect's, which one GPU cannot replay, so the replay runs none of t
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import torch
 
@@ -25,36 +25,40 @@ from fi_profile.schema.dtype import schema_dtype
 KEY = "collective"
 
 
-def all_reduce_call(x: torch.Tensor, ranks: int) -> Optional[KernelCall]:
-    """An all-reduce (sum) of ``x`` over its last dimension's rows among ``ranks`` GPUs (None for
-    one: the engines return the tensor untouched)."""
-    if ranks <= 1:
-        return None
-    hidden = x.shape[-1]
+#: each collective's template, and the letter its name gives the width of a rank's tensor with
+_TEMPLATES = {
+    "all_reduce": ("all_reduce_r2_h4096", "h"),
+    "all_reduce_fused_add_rmsnorm": ("all_reduce_fused_add_rmsnorm_r2_h4096", "h"),
+    "all_gather": ("all_gather_r2_n64128", "n"),
+}
+
+
+def _call(kind: str, x: torch.Tensor, ranks: int, consts: Mapping[str, int],
+          constants: tuple[tuple[str, float], ...] = ()) -> KernelCall:
+    """``kind`` of ``x`` (rows of its last dimension's width) among ``ranks`` GPUs."""
+    template, letter = _TEMPLATES[kind]
+    width = x.shape[-1]
 
     def build() -> Definition:
         dtype = schema_dtype(x.dtype)
-        return definition_for("all_reduce_r2_h4096", f"all_reduce_r{ranks}_h{hidden}{dtype_suffix(dtype)}",
-                              {"num_ranks": ranks, "hidden_size": hidden}, dtype)
+        return definition_for(template, f"{kind}_r{ranks}_{letter}{width}{dtype_suffix(dtype)}",
+                              {"num_ranks": ranks, **consts}, dtype, dict(constants))
 
-    definition = cached_definition(("all_reduce", ranks, hidden, x.dtype), build)
-    return KernelCall(definition, {"num_tokens": rows(x, hidden)})
+    definition = cached_definition((kind, ranks, width, x.dtype, constants), build)
+    return KernelCall(definition, {"num_tokens": rows(x, width)})
+
+
+def all_reduce_call(x: torch.Tensor, ranks: int) -> Optional[KernelCall]:
+    """An all-reduce (sum) of ``x`` among ``ranks`` GPUs (None for one: the engines return the
+    tensor untouched)."""
+    return _call("all_reduce", x, ranks, {"hidden_size": x.shape[-1]}) if ranks > 1 else None
 
 
 def fused_add_rmsnorm_call(x: torch.Tensor, residual: torch.Tensor, eps: float, ranks: int) -> Optional[KernelCall]:
     """An all-reduce of ``x`` fused with the residual add and RMSNorm after it (one kernel)."""
     if ranks <= 1:
         return None
-    hidden = x.shape[-1]
-
-    def build() -> Definition:
-        dtype = schema_dtype(x.dtype)
-        return definition_for("all_reduce_fused_add_rmsnorm_r2_h4096",
-                              f"all_reduce_fused_add_rmsnorm_r{ranks}_h{hidden}{dtype_suffix(dtype)}",
-                              {"num_ranks": ranks, "hidden_size": hidden}, dtype, {"EPS": eps})
-
-    definition = cached_definition(("all_reduce_fused_add_rmsnorm", ranks, hidden, x.dtype, eps), build)
-    return KernelCall(definition, {"num_tokens": rows(x, hidden)})
+    return _call("all_reduce_fused_add_rmsnorm", x, ranks, {"hidden_size": x.shape[-1]}, (("EPS", eps),))
 
 
 def all_gather_call(x: torch.Tensor, ranks: int, dim: int = -1) -> Optional[KernelCall]:
@@ -66,14 +70,7 @@ def all_gather_call(x: torch.Tensor, ranks: int, dim: int = -1) -> Optional[Kern
         raise NotImplementedError(f"all-gather along dimension {dim} of a {x.dim()}-D tensor: no Definition "
                                   "computes it (only along the last)")
     shard = x.shape[-1]
-
-    def build() -> Definition:
-        dtype = schema_dtype(x.dtype)
-        return definition_for("all_gather_r2_n64128", f"all_gather_r{ranks}_n{shard}{dtype_suffix(dtype)}",
-                              {"num_ranks": ranks, "shard_size": shard, "gathered_size": ranks * shard}, dtype)
-
-    definition = cached_definition(("all_gather", ranks, shard, x.dtype), build)
-    return KernelCall(definition, {"num_tokens": rows(x, shard)})
+    return _call("all_gather", x, ranks, {"shard_size": shard, "gathered_size": ranks * shard})
 
 
 def group_all_reduce_calls(self: Any, input_: torch.Tensor) -> list:
@@ -95,7 +92,7 @@ FAMILY = Family(
     key=KEY,
     package=__name__,
     op_types=("all_reduce", "all_gather"),
-    templates=("all_reduce_r2_h4096", "all_reduce_fused_add_rmsnorm_r2_h4096", "all_gather_r2_n64128"),
+    templates=tuple(template for template, _ in _TEMPLATES.values()),
     engine_kernel=_engine_kernel,
     # NCCL's ``ncclDevKernel_AllReduce_Sum_bf16_RING_LL``, vLLM's and SGLang's custom all-reduce
     # (``cross_device_reduce_1stage``), symmetric-memory ones (``multimem_all_reduce_kernel``),
