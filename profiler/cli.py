@@ -189,7 +189,7 @@ def _run_capture(engine: Callable[..., Engine], options: CaptureOptions, framewo
     """The capture, with the engine's output in ``DIR/engine.log`` (or here, ``verbose``) under a
     progress line; its summary printed. An engine that could not start or died mid-run exits 1,
     saying why (and what its processes saved)."""
-    from fi_profile.capture.engine_failure import known_cause
+    from fi_profile.capture.engine_failure import known_cause, root_cause
     from fi_profile.capture.engine_output import ProgressLine, engine_output_to
     from fi_profile.capture.engine_run import EngineFailed, clear_output, run_capture
     from fi_profile.capture.report import print_summary
@@ -214,8 +214,10 @@ def _run_capture(engine: Callable[..., Engine], options: CaptureOptions, framewo
         if cause is not None:  # a host the engine cannot run this model on: that, in one line
             err.print(f"[red]cannot run {options.model} here: {cause}{where}[/red]", highlight=False, soft_wrap=True)
             raise typer.Exit(code=1) from None
+        first = root_cause(log)
+        said = f"{type(crash).__name__}: {(str(crash).strip().splitlines() or [''])[0]}"
         err.print(
-            f"[red]the engine failed: {type(crash).__name__}: {(str(crash).strip().splitlines() or [''])[0]}{where}[/red]",
+            f"[red]the engine failed: {said}{f'; first in its log: {first}' if first and first != said else ''}{where}[/red]",
             highlight=False,
         )
         _print_log_tail(log)

@@ -129,3 +129,31 @@ def test_capture_is_a_command_and_the_default():
                  ["--model", "fi-profile/tiny-llama", "--input-len", "64:16"]):
         result = runner.invoke(app, args)
         assert result.exit_code == 2 and "MIN is above MAX" in result.output, args
+
+
+def test_an_engine_that_failed_to_start_is_said_by_the_first_exception_its_log_shows(tmp_path):
+    """The exception raised in fi-profile's process often says only "see root cause above" (vLLM's
+    engine core, SGLang's scheduler): the first exception a traceback in the engine's log ends
+    with is the cause a user reads beside it, whatever the engine's line prefix."""
+    from fi_profile.capture.engine_failure import root_cause
+
+    vllm_log = tmp_path / "vllm.log"
+    vllm_log.write_text(
+        "(Worker pid=7) INFO 11-29 08:08:00 [__init__.py:797] Selected ChannelWiseTorchFP8ScaledMMLinearKernel\n"
+        "(Worker pid=7) ERROR 11-29 08:08:01 [multiproc_executor.py:953] Traceback (most recent call last):\n"
+        "(Worker pid=7) ERROR 11-29 08:08:01 [multiproc_executor.py:953]   File \"x.py\", line 1, in f\n"
+        "(Worker pid=7) ERROR 11-29 08:08:01 [multiproc_executor.py:953] RuntimeError: _C::static_scaled_fp8_quant() "
+        "expected at most 0 argument(s)\n"
+        "(EngineCore pid=6) ERROR 11-29 08:08:03 [core.py:1510] Traceback (most recent call last):\n"
+        "(EngineCore pid=6) ERROR 11-29 08:08:03 [core.py:1510] Exception: WorkerProc initialization failed\n")
+    assert root_cause(vllm_log) == "RuntimeError: _C::static_scaled_fp8_quant() expected at most 0 argument(s)"
+    sglang_log = tmp_path / "sglang.log"
+    sglang_log.write_text(
+        "[2026-11-29 08:08:01] ValueError: not after a traceback, not a cause\n"
+        "[2026-11-29 08:08:01] Scheduler hit an exception: Traceback (most recent call last):\n"
+        "  File \"scheduler.py\", line 3, in run\n"
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+    assert root_cause(sglang_log) == "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    clean = tmp_path / "clean.log"
+    clean.write_text("INFO all well\n")
+    assert root_cause(clean) is None and root_cause(tmp_path / "missing.log") is None
