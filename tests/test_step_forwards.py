@@ -89,6 +89,40 @@ def test_a_graph_run_is_the_steps_forward(recording, tmp_path):
     assert recording.workloads == {("gemm_bf16_n64_k32", (("M", 8),)): 1}
 
 
+@pytest.mark.parametrize("count_only", [True, False])
+def test_a_replayed_graph_gives_the_accounting_the_calls_its_learned_run_did(recording, monkeypatch, tmp_path, count_only):
+    """A CUDA graph's first run at a size is learned, later ones replayed: the kernel accounting is
+    handed the graph's calls in launch order each time, the live ones (attention, whose layout
+    changes every step) labelled with their Definitions. A count-only replay takes those labels from
+    the learned step, which holds them in the templates' group order, not in launch order: found on
+    an H200 (SGLang, DeepSeek-V3), where replayed decode graphs gave the MLA layers the MoE's and the
+    lm_head's labels, and 18% of the kernel time went unattributed."""
+    from fi_profile.capture import graph_runs
+    from fi_profile.families import silu_and_mul
+
+    monkeypatch.setattr(recording, "count_only", count_only)
+    monkeypatch.setattr(graph_runs.ACCOUNTING, "active", True)
+    seen = []
+    monkeypatch.setattr(graph_runs.ACCOUNTING, "graph_index", lambda key, calls: seen.append(calls()) or len(seen))
+
+    def live(n):
+        return lambda: [silu_and_mul.sized_call(4, n, torch.bfloat16)]
+
+    gemm_call, embedding = _symbolic_gemm(), gemm.sized_call(8, 16, 32, torch.bfloat16)
+    layer = [Template("gemm", calls=[gemm_call]), Template("attention", live=live(64)), Template("moe", live=live(128))]
+    # the layers of one shape are one group each, in the order each first appears: a fixed group
+    # (the embedding's) before the live ones, and another after them
+    trace = Trace(0, {"s0": ("input_ids", 0)}, [Template("embedding", calls=[embedding]), Template("lm_head", live=live(32)),
+                                                 *layer, *layer])
+    run = engine(lambda t: graph_runs.count_graph_run(trace, {"s0": t}, "full_cuda_graph", t))
+    for _ in range(3):
+        run(8)
+    recording.flush(tmp_path)
+    assert not recording.errors and len(seen) == 3 and seen[0] == seen[1] == seen[2]
+    assert [names for _, names in seen[0]] == [(embedding.definition.name,), ("silu_and_mul_i32",)] + [
+        (gemm_call.definition.name,), ("silu_and_mul_i64",), ("silu_and_mul_i128",)] * 2
+
+
 def _symbolic_gemm() -> KernelCall:
     call = gemm.call(torch.zeros(1, 32, dtype=torch.bfloat16), 64, 32)
     return KernelCall(call.definition, {"M": sympy.Symbol("s0")}, {}, {})

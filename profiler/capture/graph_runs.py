@@ -27,16 +27,16 @@ def count_graph_run(trace: Trace, sizes: Mapping[str, int], mode: str, ran_with:
     where = trace.where
     replay = RECORDER.replay
     live_labels: list[str] = []  # this step's Definitions of each live group, for the accounting
-    if replay is not None:  # a step like one learned: its calls counted in one go
+    if replay is not None and RECORDER.count_only:  # a step like one learned, live groups and all: counted in
+        # one go; the learned step holds each group's labels in the groups' order (as learned, below)
+        live_labels = replay.count_at(len(trace.templates), trace.live_offsets())
+    elif replay is not None:  # a step like one learned but for its live groups, recorded each step
         replay.count("", trace.fixed)
         for op, live, layers in trace.live_groups():
-            if RECORDER.count_only:
-                live_labels.append(replay.count(op, layers))
-            else:
-                try:
-                    live_labels.append(RECORDER.record(live(), op, learned=False, where=where, times=layers))
-                except Exception as exc:  # noqa: BLE001 - a hook must never break the engine
-                    live_labels.append(RECORDER.lost(op, exc, learned=False, times=layers))
+            try:
+                live_labels.append(RECORDER.record(live(), op, learned=False, where=where, times=layers))
+            except Exception as exc:  # noqa: BLE001 - a hook must never break the engine
+                live_labels.append(RECORDER.lost(op, exc, learned=False, times=layers))
     else:
         for op, template, layers in trace.groups():  # a step being learned: layers of one shape at once
             label = observe(op, functools.partial(_realize, template, sizes), live=template.live is not None,

@@ -58,6 +58,13 @@ class StepReplay:
         labels = self.step.labels
         return labels[index] if index < len(labels) else op
 
+    def count_at(self, times: int, offsets: tuple[int, ...]) -> list[str]:
+        """``times`` invocations at once; returns the labels of those at ``offsets`` among them."""
+        index = self.replayed
+        self.replayed = index + times
+        labels = self.step.labels
+        return [labels[index + offset] if index + offset < len(labels) else "" for offset in offsets]
+
     @property
     def matches(self) -> bool:
         """As many hooked invocations as the learned step had."""

@@ -57,7 +57,8 @@ class Trace:
     #: how its calls ran, for the record: ``compiled`` (inside a torch.compile graph) or
     #: ``cuda_graph`` (each its own kernel, replayed from a CUDA graph)
     where: str = "compiled"
-    _groups: Optional[tuple[int, list, list, int]] = None  # (templates seen, groups, live groups, fixed), computed once
+    #: (templates seen, groups, live groups, fixed, live groups' offsets), computed once
+    _groups: Optional[tuple[int, list, list, int, tuple[int, ...]]] = None
 
     def groups(self) -> list[tuple[str, "Template", int]]:
         """The templates as (op, template, layers): templates that make the same calls (the
@@ -70,7 +71,9 @@ class Trace:
             grouped = [tuple(g) for g in groups.values()]
             live = [(op, t.live, n) for op, t, n in grouped if t.live is not None]
             fixed = len(self.templates) - sum(n for _, _, n in live)
-            self._groups = (len(self.templates), grouped, live, fixed)
+            ends = [sum(n for _, _, n in grouped[:i]) for i in range(len(grouped))]
+            offsets = tuple(end for end, (_, t, _) in zip(ends, grouped) if t.live is not None)
+            self._groups = (len(self.templates), grouped, live, fixed, offsets)
         return self._groups[1]  # type: ignore[return-value]
 
     def live_groups(self) -> list[tuple[str, LiveCalls, int]]:
@@ -79,6 +82,14 @@ class Trace:
         self.groups()
         assert self._groups is not None
         return self._groups[2]
+
+    def live_offsets(self) -> tuple[int, ...]:
+        """Where each live group's first invocation is among a step's invocations recorded group
+        by group (:meth:`groups`' order, each group's layers in a row): a step learned with every
+        group in it (count-only) has their labels there."""
+        self.groups()
+        assert self._groups is not None
+        return self._groups[4]
 
     @property
     def fixed(self) -> int:
