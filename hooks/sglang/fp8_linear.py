@@ -1,5 +1,6 @@
-"""SGLang's FP8 linear layers (``Fp8LinearMethod``) as the ``fp8_linear`` family's calls: two per
-layer and step, the activations' quantization, then the FP8 GEMM.
+"""SGLang's FP8 linear layers (``Fp8LinearMethod``, and compressed-tensors' W8A8 FP8 scheme, which
+runs the same kernels) as the ``fp8_linear`` family's calls: two per layer and step, the
+activations' quantization, then the FP8 GEMM.
 
 - 128x128 block-scale weights (DeepSeek-V3/R1, Qwen3-FP8 checkpoints: ``weight_block_size``):
   SGLang quantizes the activations per token and group of ``block_k`` columns and runs the
@@ -12,7 +13,8 @@ layer and step, the activations' quantization, then the FP8 GEMM.
 What it runs otherwise is another computation and the layer is listed by what it is (or, where
 only the call tells, the hook error names it): Marlin's weight-only FP8, MXFP8, the AMX CPU kernel,
 DeepGEMM's power-of-two (UE8M0) scales, a bias, static activation scales, an FP8 GEMM without
-blocks off CUDA, an input the layer before quantized (a tuple).
+blocks off CUDA, an input the layer before quantized (a tuple); a compressed-tensors layer of
+another scheme (W8A8 int8, W4A16, NVFP4, ...) by its scheme's name.
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ from fi_profile.capture.layers import LayerRule, recorded_elsewhere, require, se
 from fi_profile.families import fp8_linear, gemm
 
 BASE = "sglang.srt.layers.quantization.fp8:Fp8LinearMethod"
+#: compressed-tensors' linear method, which runs each layer through the layer's own scheme
+COMPRESSED_TENSORS = "sglang.srt.layers.quantization.compressed_tensors.compressed_tensors:" \
+    "CompressedTensorsLinearMethod"
+#: the compressed-tensors scheme that runs SGLang's FP8 kernels (W8A8 FP8: per tensor, channel or block)
+_FP8_SCHEME = "CompressedTensorsW8A8Fp8"
 
 
 @functools.lru_cache(maxsize=None)  # a process constant: read once, not on every hooked call
@@ -57,13 +64,29 @@ def _cuda_weight(layer: Any) -> bool:
     return weight is None or _on_cuda(weight)
 
 
+def _runner(layer: Any) -> Any:
+    """What runs an FP8 layer's kernels: its ``Fp8LinearMethod``, or its compressed-tensors scheme."""
+    method = layer.quant_method
+    return getattr(layer, "scheme", None) if type(method).__name__ == "CompressedTensorsLinearMethod" else method
+
+
+def _weight_blocks(runner: Any) -> Optional[Any]:
+    """The weight's block shape ``[block_n, block_k]``, or None without blocks."""
+    if type(runner).__name__ == _FP8_SCHEME:
+        return getattr(runner, "weight_block_size", None)
+    return getattr(runner, "weight_block_size", None) if getattr(runner, "block_quant", False) else None
+
+
 def layer_problem(layer: Any) -> Optional[str]:
     """Why an FP8 linear layer is not the two calls, or None."""
-    method = layer.quant_method
-    block = getattr(method, "weight_block_size", None) if getattr(method, "block_quant", False) else None
+    method, runner = layer.quant_method, _runner(layer)
+    name = type(method).__name__ if runner is method else f"{type(method).__name__}, scheme {type(runner).__name__}"
+    if runner is not method and type(runner).__name__ != _FP8_SCHEME:
+        return f"{type(layer).__name__} with {name} (no Definition computes it)"
+    block = _weight_blocks(runner)
     found = [what for what, applies in {
-        "Marlin (weight-only FP8)": bool(getattr(method, "use_marlin", False)),
-        "MXFP8": bool(getattr(method, "use_mxfp8", False)),
+        "Marlin (weight-only FP8)": bool(getattr(runner, "use_marlin", False)),
+        "MXFP8": bool(getattr(runner, "use_mxfp8", False)),
         "the AMX CPU kernel": bool(getattr(layer, "use_intel_amx_backend", False)),
         "DeepGEMM's power-of-two (UE8M0) scales": block is not None and ue8m0_scales(),
         "a bias": getattr(layer, "bias", None) is not None,
@@ -72,14 +95,15 @@ def layer_problem(layer: Any) -> Optional[str]:
         "no blocks, off CUDA": block is None and not _cuda_weight(layer),
     }.items() if applies]
     if found:
-        return f"{type(layer).__name__} with {type(method).__name__}: {', '.join(found)} (no Definition computes it)"
+        return f"{type(layer).__name__} with {name}: {', '.join(found)} (no Definition computes it)"
     return None
 
 
 def linear_calls(self: Any, layer: Any, x: Any, bias: Optional[torch.Tensor] = None) -> list:
-    """``Fp8LinearMethod.apply(layer, x, bias)``: the quantization of ``x`` (per token and group
-    with block-scale weights, per token without blocks), then the FP8 GEMM (the layer's logical
-    sizes, never its packed weight's)."""
+    """``Fp8LinearMethod.apply(layer, x, bias)`` (or ``CompressedTensorsLinearMethod.apply``'s, for
+    its W8A8 FP8 scheme): the quantization of ``x`` (per token and group with block-scale weights,
+    per token without blocks), then the FP8 GEMM (the layer's logical sizes, never its packed
+    weight's)."""
     seen(layer)
     require(layer_problem(layer))
     if isinstance(x, tuple):
@@ -90,8 +114,9 @@ def linear_calls(self: Any, layer: Any, x: Any, bias: Optional[torch.Tensor] = N
     if recorded_elsewhere(layer):
         return []
     n, k = gemm.layer_size(layer)
-    if getattr(self, "block_quant", False):
-        return fp8_linear.block_linear_calls(x, n, k, self.weight_block_size)
+    block = _weight_blocks(_runner(layer))
+    if block is not None:
+        return fp8_linear.block_linear_calls(x, n, k, block)
     if not _on_cuda(x):
         raise NotImplementedError(f"an FP8 linear layer without blocks on {x.device.type} (no Definition computes "
                                   "its quantization there)")
@@ -99,3 +124,5 @@ def linear_calls(self: Any, layer: Any, x: Any, bias: Optional[torch.Tensor] = N
 
 
 LAYER_RULE = LayerRule(BASE, layer_problem)
+#: compressed-tensors' layers: those of its W8A8 FP8 scheme judged as above, others listed by scheme
+COMPRESSED_TENSORS_RULE = LayerRule(COMPRESSED_TENSORS, layer_problem)

@@ -99,6 +99,8 @@ POINTS = [
     HookPoint(f"{_LAYERS}.quantization.unquant", "UnquantizedLinearMethod", ("apply",), gemm.KEY, gemm.linear_calls),
     # block-scale FP8 linear layers: the activations' quantization, then the GEMM
     HookPoint(f"{_LAYERS}.quantization.fp8", "Fp8LinearMethod", ("apply",), fp8_linear.KEY, sglang_fp8.linear_calls),
+    HookPoint(f"{_LAYERS}.quantization.compressed_tensors.compressed_tensors", "CompressedTensorsLinearMethod",
+              ("apply",), fp8_linear.KEY, sglang_fp8.linear_calls, optional=True),
     # lm_head: the logits projection, and the method it may apply (nested calls count once)
     HookPoint(f"{_LAYERS}.logits_processor", "LogitsProcessor", ("_compute_lm_head",), gemm.KEY, gemm.lm_head_calls),
     HookPoint(f"{_LAYERS}.quantization.unquant", "UnquantizedEmbeddingMethod", ("apply",), gemm.KEY, gemm.linear_calls),
@@ -173,6 +175,7 @@ LAYER_RULES = [
     LayerRule("sglang.srt.models.deepseek_v2:MoEGate", sglang_moe.gate_problem),
     LayerRule(f"{_LAYERS}.logits_processor:LogitsProcessor", covered),
     sglang_fp8.LAYER_RULE,
+    sglang_fp8.COMPRESSED_TENSORS_RULE,
     LayerRule(f"{_LAYERS}.quantization.fp8:Fp8MoEMethod", sglang_moe.fp8_block_problem),
     # an FP8 checkpoint's attention layers hold their KV-cache scales in a quantization method; the
     # cache's dtype is the engine's (the attention hooks judge it at each call)

@@ -1,4 +1,5 @@
-"""vLLM's FP8 linear layers (``Fp8LinearMethod``) as the ``fp8_linear`` family's calls.
+"""vLLM's FP8 linear layers (``Fp8LinearMethod``, compressed-tensors' W8A8 FP8 scheme) as the
+``fp8_linear`` family's calls.
 
 With block-scale weights (DeepSeek-V3/R1, Qwen3-FP8: ``weight_block_size``) vLLM's method hands
 the layer to a block-scaled kernel (``Fp8BlockScaledMMLinearKernel``: DeepGEMM, CUTLASS, Triton,
@@ -14,12 +15,17 @@ block kernel), runs its own ``apply_weights`` (vLLM's CPU kernels), or quantizes
 checkpoint's static activation scales, Marlin's weight-only FP8, a bias (added by its own
 kernel after the GEMM) or vLLM's batch-invariant mode are another computation: the layer is listed
 by what it is.
+
+Compressed-tensors checkpoints (``quant_method: compressed-tensors``: the FP8-dynamic releases of
+Llama, Qwen3 and others) run their layers through ``CompressedTensorsLinearMethod``, which hands each
+to the layer's scheme: ``CompressedTensorsW8A8Fp8`` holds the same FP8 kernels (``fp8_linear``) and
+is recorded as above; any other scheme (W8A8 int8, W4A16, NVFP4, ...) is listed by its name.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -28,6 +34,11 @@ from fi_profile.capture.layers import LayerRule, recorded_elsewhere, require, se
 from fi_profile.families import fp8_linear, gemm
 
 BASE = "vllm.model_executor.layers.quantization.fp8:Fp8LinearMethod"
+#: compressed-tensors' linear method, which runs each layer through the layer's own scheme
+COMPRESSED_TENSORS = "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors:" \
+    "CompressedTensorsLinearMethod"
+#: the compressed-tensors scheme that holds vLLM's FP8 kernels (W8A8 FP8: per tensor, channel or block)
+_FP8_SCHEME = "CompressedTensorsW8A8Fp8"
 #: the block-scaled kernels' base, whose ``apply_weights`` is the quantization, then the GEMM
 _BLOCK_KERNEL = "Fp8BlockScaledMMLinearKernel"
 #: the scaled-mm kernels' base (per-tensor or per-channel weight scales), likewise
@@ -96,26 +107,56 @@ def _scaled_kernel_problem(kernel: Any) -> Optional[str]:
     return problem
 
 
+def _runner(layer: Any) -> Any:
+    """What holds an FP8 layer's kernels: its ``Fp8LinearMethod``, or its compressed-tensors scheme."""
+    method = layer.quant_method
+    return getattr(layer, "scheme", None) if type(method).__name__ == "CompressedTensorsLinearMethod" else method
+
+
+def _weight_blocks(runner: Any) -> Optional[Sequence[int]]:
+    """The weight's block shape ``[block_n, block_k]``, or None without blocks."""
+    if type(runner).__name__ == _FP8_SCHEME:
+        return getattr(runner, "weight_block_size", None)
+    return getattr(runner, "weight_block_size", None) if getattr(runner, "block_quant", False) else None
+
+
+def _group_size(kernel: Any, block: Sequence[int]) -> int:
+    """The columns per activation scale the kernel's quantization takes (its ``QuantFP8``'s own
+    group, which vLLM's compressed-tensors scheme sets from the weight block's first side)."""
+    return int(getattr(getattr(kernel, "quant_fp8", None), "group_size", None) or block[1])
+
+
+def _method_name(layer: Any, runner: Any) -> str:
+    method = type(layer.quant_method).__name__
+    return method if runner is layer.quant_method else f"{method}, scheme {type(runner).__name__}"
+
+
 def layer_problem(layer: Any) -> Optional[str]:
     """Why an FP8 linear layer is not its activation quantization then its FP8 GEMM, or None."""
-    method = layer.quant_method
-    block = getattr(method, "weight_block_size", None) if getattr(method, "block_quant", False) else None
+    runner = _runner(layer)
+    name = _method_name(layer, runner)
+    if runner is not layer.quant_method and type(runner).__name__ != _FP8_SCHEME:
+        return f"{type(layer).__name__} with {name} (no Definition computes it)"
+    block = _weight_blocks(runner)
+    kernel = getattr(runner, "fp8_linear", None)
     found = [what for what, applies in {
-        "Marlin (weight-only FP8)": bool(getattr(method, "use_marlin", False)),
+        "Marlin (weight-only FP8)": bool(getattr(runner, "use_marlin", False)),
         "a bias": getattr(layer, "bias", None) is not None,
         "vLLM's batch-invariant mode": _batch_invariant(),
     }.items() if applies]
     if not found:
-        kernel = getattr(method, "fp8_linear", None)
         problem = _block_kernel_problem(kernel) if block is not None else _scaled_kernel_problem(kernel)
+        if problem is None and block is not None and _group_size(kernel, block) != int(block[1]):
+            problem = f"activation groups of {_group_size(kernel, block)} columns beside {list(block)} weight blocks"
         found += [problem] if problem else []
     if found:
-        return f"{type(layer).__name__} with {type(method).__name__}: {', '.join(found)} (no Definition computes it)"
+        return f"{type(layer).__name__} with {name}: {', '.join(found)} (no Definition computes it)"
     return None
 
 
 def linear_calls(self: Any, layer: Any, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> list:
-    """``Fp8LinearMethod.apply(layer, x, bias)``: the quantization of ``x`` (per token and group of
+    """``Fp8LinearMethod.apply(layer, x, bias)`` (or ``CompressedTensorsLinearMethod.apply``'s, for its
+    W8A8 FP8 scheme): the quantization of ``x`` (per token and group of
     ``block_k`` columns with block-scale weights, else dynamically per tensor or per token), then
     the FP8 GEMM (the layer's logical sizes, never its weight's, which the kernels repack). An input
     an earlier op already quantized (vLLM's fusion of the quantization into the norm before it)
@@ -139,17 +180,19 @@ def sized_calls(layer: Any, m: int, dtype: torch.dtype) -> list:
     """An FP8 layer's two calls on ``m`` tokens of ``dtype`` (also where another hook records the
     layer: vLLM's MoE, for shared experts inside its opaque op)."""
     n, k = gemm.layer_size(layer)
-    method = layer.quant_method
-    if getattr(method, "block_quant", False):
-        block = method.weight_block_size
+    runner = _runner(layer)
+    block = _weight_blocks(runner)
+    if block is not None:
         # DeepGEMM's power-of-two (UE8M0) scales where vLLM uses them (Hopper and Blackwell with
         # DeepGEMM: vLLM's default there): the quantization's own Definition, the same GEMM after it
-        power_of_two = bool(getattr(method.fp8_linear.quant_fp8, "use_ue8m0", False))
+        power_of_two = bool(getattr(runner.fp8_linear.quant_fp8, "use_ue8m0", False))
         return [fp8_linear.quant_call(m, k, int(block[1]), dtype, power_of_two),
                 fp8_linear.block_gemm_call(m, n, k, block, dtype)]
-    activation, weight = scaled_kinds(method.fp8_linear)
+    activation, weight = scaled_kinds(runner.fp8_linear)
     return [fp8_linear.dynamic_quant_call(m, k, activation, dtype),
             fp8_linear.scaled_gemm_call(m, n, k, activation, weight, dtype)]
 
 
 LAYER_RULE = LayerRule(BASE, layer_problem)
+#: compressed-tensors' layers: those of its W8A8 FP8 scheme judged as above, others listed by scheme
+COMPRESSED_TENSORS_RULE = LayerRule(COMPRESSED_TENSORS, layer_problem)

@@ -69,6 +69,8 @@ POINTS = [
     HookPoint(f"{_LAYERS}.linear", "UnquantizedLinearMethod", ("apply",), gemm.KEY, gemm.linear_calls),
     # block-scale FP8 linear layers: the activations' quantization, then the GEMM
     HookPoint(f"{_LAYERS}.quantization.fp8", "Fp8LinearMethod", ("apply",), fp8_linear.KEY, vllm_fp8.linear_calls),
+    HookPoint(f"{_LAYERS}.quantization.compressed_tensors.compressed_tensors", "CompressedTensorsLinearMethod",
+              ("apply",), fp8_linear.KEY, vllm_fp8.linear_calls, optional=True),
     # an op of its own: where it runs its linear method instead, that method's GEMM is not nested in it
     HookPoint("vllm.model_executor.models.deepseek_v2", "DeepSeekV2FusedQkvAProjLinear", ("forward",),
               "fused_qkv_a_gemm", _fused_qkv_a_proj, optional=True),
@@ -138,6 +140,7 @@ LAYER_RULES = [
     # cache's dtype is the layer's ``kv_cache_dtype``, judged by the attention rules
     LayerRule(f"{_LAYERS}.quantization.kv_cache:BaseKVCacheMethod", by_layer_class),
     vllm_fp8.LAYER_RULE,
+    vllm_fp8.COMPRESSED_TENSORS_RULE,
 ]
 KERNEL_LAYERS = [
     "vllm.model_executor.custom_op:CustomOp",

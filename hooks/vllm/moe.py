@@ -196,12 +196,12 @@ def _shared_expert_calls(runner: Any, hidden_states: torch.Tensor) -> list:
 
 
 def _projection_calls(layer: Any, tokens: int, dtype: torch.dtype) -> list:
-    """A shared expert's projection as its own hook would record it: a GEMM, or a block-scale FP8
-    layer's quantization and GEMM; none for a layer of another method (listed by its method)."""
+    """A shared expert's projection as its own hook would record it: a GEMM, or an FP8 layer's
+    quantization and GEMM; none for a layer of another method (listed by its method)."""
     method = type(getattr(layer, "quant_method", None)).__name__
     if method == "UnquantizedLinearMethod":
         return [gemm.sized_call(tokens, *gemm.layer_size(layer), dtype)]
-    if method == "Fp8LinearMethod" and vllm_fp8.layer_problem(layer) is None:
+    if method in ("Fp8LinearMethod", "CompressedTensorsLinearMethod") and vllm_fp8.layer_problem(layer) is None:
         return vllm_fp8.sized_calls(layer, tokens, dtype)
     return []
 
