@@ -154,7 +154,8 @@ def test_scaled_fp8_gemm_references_dequantize_by_tensor_or_by_token_and_channel
     """The scaled GEMM's reference is one formula for every scale layout (activations per tensor or
     per token, weights per tensor or per channel, the mixed ones vLLM and compressed-tensors run
     too): against float64 dequantized operands; vLLM's CUTLASS scaled-mm is offered for every
-    layout, ``torch._scaled_mm`` where both scales are of one kind; another layout is refused by name."""
+    layout, SGLang's (sgl-kernel's) for the per-token / per-channel one it runs, ``torch._scaled_mm``
+    where both scales are of one kind; another layout is refused by name."""
     for activation, weight, name in (("tensor", "tensor", "per_tensor"), ("token", "channel", "per_token_channel"),
                                      ("token", "tensor", "per_token_tensor"), ("tensor", "channel", "per_tensor_channel")):
         (quant, gemm_call) = fp8_linear.scaled_linear_calls(torch.zeros(5, 256, dtype=torch.bfloat16), 384, 256,
@@ -163,6 +164,7 @@ def test_scaled_fp8_gemm_references_dequantize_by_tensor_or_by_token_and_channel
         definition = gemm_call.definition
         assert definition.name == f"gemm_fp8_{name}_scale_n384_k256"
         assert [n.label for _, n in native_candidates(definition)] == ["vllm_cutlass"] + (
+            ["sglang_cutlass"] if (activation, weight) == ("token", "channel") else []) + (
             ["torch_scaled_mm"] if (activation == "tensor") == (weight == "tensor") else [])
         inputs = synthesize_inputs(definition, {"M": 5}, seed=2)
         a = inputs["A"].double() * inputs["A_scale"].double().reshape(-1, 1)

@@ -1026,6 +1026,16 @@ def test_the_engines_moe_and_fp8_gemm_kernels_are_the_ones_their_kernel_accounti
     assert engine_kernel(_accounted(record, "vLLM", scaled, [sm90]), scaled).label == "vllm_cutlass"
     assert engine_kernel(record.model_copy(update={"framework": "vLLM", "run": RunInfo()}), scaled).label is None
     assert engine_kernel(_accounted(record, "vLLM", scaled, ["nvjet_sm90_tst_fp8_128x64"]), scaled).label is None
+    # SGLang's: sgl-kernel's CUTLASS GEMM (outside vLLM's namespace) and per-token quantization, as an H200 run of
+    # Llama-3.1-8B FP8-dynamic named them
+    sglang_sm90 = "void cutlass::device_kernel<cutlass_3x_gemm_sm90_fp8<cutlass::float_e4m3_t, cutlass::bfloat16_t"
+    assert engine_kernel(_accounted(record, "SGLang", scaled, [sglang_sm90]), scaled).label == "sglang_cutlass"
+    assert engine_kernel(_accounted(record, "SGLang", scaled, [sm90]), scaled).label is None
+    per_tensor = shipped_definition("gemm_fp8_per_tensor_scale_n4096_k4096")  # SGLang runs torch._scaled_mm there
+    assert engine_kernel(_accounted(record, "SGLang", per_tensor, [sglang_sm90]), per_tensor).label is None
+    token_quant = shipped_definition("quant_fp8_per_token_k4096")
+    sglang_quant = "void per_token_quant_fp8_small_batch_kernel<__nv_bfloat16, __nv_fp8_e4m3, 16>(__nv_bfloat16 const*"
+    assert engine_kernel(_accounted(record, "SGLang", token_quant, [sglang_quant]), token_quant).label == "sglang"
     block = shipped_definition("gemm_fp8_block_scale_n7168_k2048")
     blockwise = "void cutlass::device_kernel<vllm::cutlass_3x_gemm_fp8_blockwise<cutlass::float_e4m3_t"
     assert engine_kernel(_accounted(record, "vLLM", block, [blockwise]), block).label == "vllm_cutlass"

@@ -167,12 +167,24 @@ def _cutlass_blocks(definition: Definition) -> bool:
     return [reference_constant(definition.reference, name) for name in ("BLOCK_N", "BLOCK_K")] == ["128", "128"]
 
 
+#: sgl-kernel, whose CUTLASS FP8 GEMM and per-token quantization SGLang runs for layers without blocks
+_SGLANG_KERNEL = "sgl_kernel"
+
+
+def _per_token_channel(definition: Definition) -> bool:
+    """Whether the scaled GEMM takes one scale per token of A and one per channel of B."""
+    return [len(definition.inputs[name].shape or ()) for name in ("A_scale", "B_scale")] == [1, 1]
+
+
 def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
     """For the block-scale GEMM: vLLM's Triton block-FP8 GEMM, and its CUTLASS one (128 x 128 blocks
-    only). For the scaled GEMM: vLLM's CUTLASS scaled-mm (any mix of scales), and ``torch._scaled_mm``
+    only). For the scaled GEMM: vLLM's CUTLASS scaled-mm (any mix of scales), SGLang's (sgl-kernel's
+    ``fp8_scaled_mm``: per token and per channel, the layout SGLang gives it), and ``torch._scaled_mm``
     (cuBLASLt's FP8 GEMM, per-tensor or row-wise scales on both operands) where its two scales are
     of one kind (a mixed layout would need one expanded in the timed call, which is not what the
-    engines run)."""
+    engines run). For the per-token quantization: SGLang's (sgl-kernel's)."""
+    if definition.op_type == "quant_fp8_per_token":
+        return [Native("sglang", "sglang_quant_fp8_per_token.py", requires=_SGLANG_KERNEL)]
     if definition.op_type == "gemm_fp8_block_scale":
         natives = [Native("vllm", "vllm_triton_block_fp8_gemm.py", constants=("BLOCK_N", "BLOCK_K"), must_fit=True,
                           requires=_VLLM_BLOCK_TRITON, label="vllm_triton")]
@@ -183,6 +195,9 @@ def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
     if definition.op_type != "gemm_fp8_scaled":
         return []
     natives = [Native("vllm", "vllm_cutlass_scaled_mm.py", must_fit=True, requires=_VLLM_C, label="vllm_cutlass")]
+    if _per_token_channel(definition):
+        natives.append(Native("sglang", "sglang_cutlass_scaled_mm.py", must_fit=True, requires=_SGLANG_KERNEL,
+                              label="sglang_cutlass"))
     if len(definition.inputs["A_scale"].shape or ()) == len(definition.inputs["B_scale"].shape or ()):
         natives.append(Native("torch", "torch_scaled_mm.py", must_fit=True, label="torch_scaled_mm"))
     return natives
@@ -209,6 +224,8 @@ def _engine_kernel(run: EngineRun, definition: Definition) -> Optional[EngineKer
         if all(k.startswith("triton_") for k in run.kernels):
             return EngineKernel("torch_compile", "Inductor's generated kernel (vLLM's compiled forward; it fuses the "
                                                  "quantization into the kernel of the layer before it)")
+    if run.framework == "SGLang" and run.kernels:
+        return _sglang_engine_kernel(run, definition)
     if run.framework != "vLLM" or not run.kernels:
         return None
     if definition.op_type == "gemm_fp8_scaled" and any("cutlass" in k and "blockwise" not in k for k in run.kernels):
@@ -218,6 +235,20 @@ def _engine_kernel(run: EngineRun, definition: Definition) -> Optional[EngineKer
     if (definition.op_type == "gemm_fp8_block_scale" and _cutlass_blocks(definition)
             and any("cutlass" in k and "blockwise" in k for k in run.kernels)):
         return EngineKernel("vllm_cutlass", "vLLM's CUTLASS block-FP8 GEMM (the kernel its accounting names)")
+    return None
+
+
+def _sglang_engine_kernel(run: EngineRun, definition: Definition) -> Optional[EngineKernel]:
+    """SGLang's FP8 kernels where its accounting names the one a native runs: sgl-kernel's CUTLASS
+    GEMM (``cutlass_3x_gemm_sm90_fp8``, outside vLLM's namespace) for a per-token / per-channel
+    scaled GEMM, and its per-token quantization kernels."""
+    if (definition.op_type == "gemm_fp8_scaled" and _per_token_channel(definition)
+            and any("cutlass_3x_gemm" in k and "vllm::" not in k for k in run.kernels)):
+        return EngineKernel("sglang_cutlass", "SGLang's CUTLASS FP8 GEMM (sgl-kernel's fp8_scaled_mm, the kernel its "
+                                              "accounting names)")
+    if definition.op_type == "quant_fp8_per_token" and any("per_token_quant_fp8" in k for k in run.kernels):
+        return EngineKernel("sglang", "SGLang's per-token FP8 quantization (sgl-kernel's sgl_per_token_quant_fp8, "
+                                      "the kernel its accounting names)")
     return None
 
 
