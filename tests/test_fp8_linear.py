@@ -101,15 +101,22 @@ def test_a_layers_calls_are_its_quantization_then_its_gemm():
     assert only.definition.name == "gemm_fp8_block_scale_n512_k256_b64x64"
     assert "BLOCK_N = 64" in only.definition.reference and only.definition.const_axes["num_k_blocks"] == 4
     assert only.definition.inputs["A"].dtype is DType.float8_e4m3fn
-    # vLLM's Triton block-FP8 GEMM serves every block shape: the Definition's block set in its source;
-    # its CUTLASS one takes 128 x 128 blocks only
+    # vLLM's and SGLang's Triton block-FP8 GEMMs serve every block shape: the Definition's block set
+    # in their sources; vLLM's CUTLASS one takes 128 x 128 blocks only
     from fi_profile.replay.baseline_solutions import native_solution
 
-    ((family, native),) = native_candidates(only.definition)
-    assert native.label == "vllm_triton"
-    source = native_solution(only.definition, family, native).sources[0].content
-    assert "BLOCK_N = 64" in source and "BLOCK_K = 64" in source
-    assert [n.label for _, n in native_candidates(gemm.definition)] == ["vllm_triton", "vllm_cutlass"]
+    natives = native_candidates(only.definition)
+    assert [native.label for _, native in natives] == ["vllm_triton", "sglang_triton"]
+    for family, native in natives:
+        source = native_solution(only.definition, family, native).sources[0].content
+        assert "BLOCK_N = 64" in source and "BLOCK_K = 64" in source
+    assert [n.label for _, n in native_candidates(gemm.definition)] == ["vllm_triton", "sglang_triton", "vllm_cutlass"]
+    # the quantization before it: SGLang's, with the Definition's group size, where its scales are float32
+    ((family, native),) = native_candidates(quant.definition)
+    assert native.library == "sglang" and "GROUP_SIZE = 128" in native_solution(quant.definition, family,
+                                                                            native).sources[0].content
+    power_of_two = fp8_linear.quant_call(6, 256, 128, torch.bfloat16, power_of_two=True).definition
+    assert native_candidates(power_of_two) == []
 
 
 def test_small_fp8_definitions_replay_with_their_baselines_on_cpu(tmp_path):

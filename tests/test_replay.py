@@ -1041,6 +1041,11 @@ def test_the_engines_moe_and_fp8_gemm_kernels_are_the_ones_their_kernel_accounti
     assert engine_kernel(_accounted(record, "vLLM", block, [blockwise]), block).label == "vllm_cutlass"
     assert engine_kernel(_accounted(record, "vLLM", block, ["_w8a8_triton_block_scaled_mm"]), block).label == "vllm_triton"
     assert engine_kernel(_accounted(record, "SGLang", block, ["_w8a8_triton_block_scaled_mm"]), block).label is None
+    for sglang_kernel in ("_w8a8_block_fp8_matmul", "_w8a8_block_fp8_matmul_unrolledx4"):  # SGLang's own Triton GEMM
+        assert engine_kernel(_accounted(record, "SGLang", block, [sglang_kernel]), block).label == "sglang_triton"
+    group_quant = shipped_definition("quant_fp8_per_token_group_k7168_g128")
+    sglang_group = "void per_token_group_quant_8bit_kernel<__nv_bfloat16, __nv_fp8_e4m3, false>(__nv_bfloat16 const*"
+    assert engine_kernel(_accounted(record, "SGLang", group_quant, [sglang_group]), group_quant).label == "sglang"
     import torch
 
     from fi_profile.families import fp8_linear

@@ -169,11 +169,21 @@ def _cutlass_blocks(definition: Definition) -> bool:
 
 #: sgl-kernel, whose CUTLASS FP8 GEMM and per-token quantization SGLang runs for layers without blocks
 _SGLANG_KERNEL = "sgl_kernel"
+#: where SGLang's FP8 linear layers import their block kernels from (their own modules moved between versions)
+_SGLANG_FP8 = "sglang.srt.layers.quantization.fp8_utils"
+#: SGLang's Triton block-FP8 GEMM kernels (and their ``_unrolledx4`` variant), which its native runs
+_SGLANG_TRITON_BLOCK_KERNEL = "_w8a8_block_fp8_matmul"
 
 
 def _per_token_channel(definition: Definition) -> bool:
     """Whether the scaled GEMM takes one scale per token of A and one per channel of B."""
     return [len(definition.inputs[name].shape or ()) for name in ("A_scale", "B_scale")] == [1, 1]
+
+
+def _sglang_natives_fit(definition: Definition) -> bool:
+    """Whether a per-token-group quantization keeps float32 scales (SGLang's power-of-two ones are
+    packed for DeepGEMM: another layout than the Definition's)."""
+    return reference_constant(definition.reference, "POWER_OF_TWO_SCALES") in (None, "0")
 
 
 def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
@@ -182,12 +192,18 @@ def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
     ``fp8_scaled_mm``: per token and per channel, the layout SGLang gives it), and ``torch._scaled_mm``
     (cuBLASLt's FP8 GEMM, per-tensor or row-wise scales on both operands) where its two scales are
     of one kind (a mixed layout would need one expanded in the timed call, which is not what the
-    engines run). For the per-token quantization: SGLang's (sgl-kernel's)."""
+    engines run). For the per-token quantization: SGLang's (sgl-kernel's). For the block GEMM and the
+    per-token-group quantization before it (float32 scales): SGLang's Triton GEMM and its quantization."""
     if definition.op_type == "quant_fp8_per_token":
         return [Native("sglang", "sglang_quant_fp8_per_token.py", requires=_SGLANG_KERNEL)]
+    if definition.op_type == "quant_fp8_per_token_group":
+        return [Native("sglang", "sglang_quant_fp8_per_token_group.py", constants=("GROUP_SIZE",), requires=_SGLANG_FP8)
+                ] if _sglang_natives_fit(definition) else []
     if definition.op_type == "gemm_fp8_block_scale":
         natives = [Native("vllm", "vllm_triton_block_fp8_gemm.py", constants=("BLOCK_N", "BLOCK_K"), must_fit=True,
-                          requires=_VLLM_BLOCK_TRITON, label="vllm_triton")]
+                          requires=_VLLM_BLOCK_TRITON, label="vllm_triton"),
+                   Native("sglang", "sglang_triton_block_fp8_gemm.py", constants=("BLOCK_N", "BLOCK_K"), must_fit=True,
+                          requires=_SGLANG_FP8, label="sglang_triton")]
         if _cutlass_blocks(definition):
             natives.append(Native("vllm", "vllm_cutlass_block_fp8_gemm.py", must_fit=True, requires=_VLLM_C,
                                   label="vllm_cutlass"))
@@ -249,6 +265,12 @@ def _sglang_engine_kernel(run: EngineRun, definition: Definition) -> Optional[En
     if definition.op_type == "quant_fp8_per_token" and any("per_token_quant_fp8" in k for k in run.kernels):
         return EngineKernel("sglang", "SGLang's per-token FP8 quantization (sgl-kernel's sgl_per_token_quant_fp8, "
                                       "the kernel its accounting names)")
+    if (definition.op_type == "quant_fp8_per_token_group" and _sglang_natives_fit(definition)
+            and any("per_token_group_quant" in k for k in run.kernels)):
+        return EngineKernel("sglang", "SGLang's per-token-group FP8 quantization (the kernel its accounting names)")
+    if definition.op_type == "gemm_fp8_block_scale" and any(k.startswith(_SGLANG_TRITON_BLOCK_KERNEL)
+                                                              for k in run.kernels):
+        return EngineKernel("sglang_triton", "SGLang's Triton block-FP8 GEMM (the kernel its accounting names)")
     return None
 
 
