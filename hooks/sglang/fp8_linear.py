@@ -32,8 +32,6 @@ BASE = "sglang.srt.layers.quantization.fp8:Fp8LinearMethod"
 #: compressed-tensors' linear method, which runs each layer through the layer's own scheme
 COMPRESSED_TENSORS = "sglang.srt.layers.quantization.compressed_tensors.compressed_tensors:" \
     "CompressedTensorsLinearMethod"
-#: the compressed-tensors scheme that runs SGLang's FP8 kernels (W8A8 FP8: per tensor, channel or block)
-_FP8_SCHEME = "CompressedTensorsW8A8Fp8"
 
 
 @functools.lru_cache(maxsize=None)  # a process constant: read once, not on every hooked call
@@ -64,26 +62,13 @@ def _cuda_weight(layer: Any) -> bool:
     return weight is None or _on_cuda(weight)
 
 
-def _runner(layer: Any) -> Any:
-    """What runs an FP8 layer's kernels: its ``Fp8LinearMethod``, or its compressed-tensors scheme."""
-    method = layer.quant_method
-    return getattr(layer, "scheme", None) if type(method).__name__ == "CompressedTensorsLinearMethod" else method
-
-
-def _weight_blocks(runner: Any) -> Optional[Any]:
-    """The weight's block shape ``[block_n, block_k]``, or None without blocks."""
-    if type(runner).__name__ == _FP8_SCHEME:
-        return getattr(runner, "weight_block_size", None)
-    return getattr(runner, "weight_block_size", None) if getattr(runner, "block_quant", False) else None
-
-
 def layer_problem(layer: Any) -> Optional[str]:
     """Why an FP8 linear layer is not the two calls, or None."""
-    method, runner = layer.quant_method, _runner(layer)
-    name = type(method).__name__ if runner is method else f"{type(method).__name__}, scheme {type(runner).__name__}"
-    if runner is not method and type(runner).__name__ != _FP8_SCHEME:
-        return f"{type(layer).__name__} with {name} (no Definition computes it)"
-    block = _weight_blocks(runner)
+    runner = fp8_linear.layer_runner(layer)
+    scheme = fp8_linear.unknown_scheme(layer, runner)
+    if scheme is not None:
+        return scheme
+    block = fp8_linear.weight_blocks(runner)
     found = [what for what, applies in {
         "Marlin (weight-only FP8)": bool(getattr(runner, "use_marlin", False)),
         "MXFP8": bool(getattr(runner, "use_mxfp8", False)),
@@ -95,7 +80,8 @@ def layer_problem(layer: Any) -> Optional[str]:
         "no blocks, off CUDA": block is None and not _cuda_weight(layer),
     }.items() if applies]
     if found:
-        return f"{type(layer).__name__} with {name}: {', '.join(found)} (no Definition computes it)"
+        return (f"{type(layer).__name__} with {fp8_linear.runner_name(layer, runner)}: {', '.join(found)} "
+                "(no Definition computes it)")
     return None
 
 
@@ -114,7 +100,7 @@ def linear_calls(self: Any, layer: Any, x: Any, bias: Optional[torch.Tensor] = N
     if recorded_elsewhere(layer):
         return []
     n, k = gemm.layer_size(layer)
-    block = _weight_blocks(_runner(layer))
+    block = fp8_linear.weight_blocks(fp8_linear.layer_runner(layer))
     if block is not None:
         return fp8_linear.block_linear_calls(x, n, k, block)
     if not _on_cuda(x):

@@ -37,8 +37,6 @@ BASE = "vllm.model_executor.layers.quantization.fp8:Fp8LinearMethod"
 #: compressed-tensors' linear method, which runs each layer through the layer's own scheme
 COMPRESSED_TENSORS = "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors:" \
     "CompressedTensorsLinearMethod"
-#: the compressed-tensors scheme that holds vLLM's FP8 kernels (W8A8 FP8: per tensor, channel or block)
-_FP8_SCHEME = "CompressedTensorsW8A8Fp8"
 #: the block-scaled kernels' base, whose ``apply_weights`` is the quantization, then the GEMM
 _BLOCK_KERNEL = "Fp8BlockScaledMMLinearKernel"
 #: the scaled-mm kernels' base (per-tensor or per-channel weight scales), likewise
@@ -107,37 +105,19 @@ def _scaled_kernel_problem(kernel: Any) -> Optional[str]:
     return problem
 
 
-def _runner(layer: Any) -> Any:
-    """What holds an FP8 layer's kernels: its ``Fp8LinearMethod``, or its compressed-tensors scheme."""
-    method = layer.quant_method
-    return getattr(layer, "scheme", None) if type(method).__name__ == "CompressedTensorsLinearMethod" else method
-
-
-def _weight_blocks(runner: Any) -> Optional[Sequence[int]]:
-    """The weight's block shape ``[block_n, block_k]``, or None without blocks."""
-    if type(runner).__name__ == _FP8_SCHEME:
-        return getattr(runner, "weight_block_size", None)
-    return getattr(runner, "weight_block_size", None) if getattr(runner, "block_quant", False) else None
-
-
 def _group_size(kernel: Any, block: Sequence[int]) -> int:
     """The columns per activation scale the kernel's quantization takes (its ``QuantFP8``'s own
     group, which vLLM's compressed-tensors scheme sets from the weight block's first side)."""
     return int(getattr(getattr(kernel, "quant_fp8", None), "group_size", None) or block[1])
 
 
-def _method_name(layer: Any, runner: Any) -> str:
-    method = type(layer.quant_method).__name__
-    return method if runner is layer.quant_method else f"{method}, scheme {type(runner).__name__}"
-
-
 def layer_problem(layer: Any) -> Optional[str]:
     """Why an FP8 linear layer is not its activation quantization then its FP8 GEMM, or None."""
-    runner = _runner(layer)
-    name = _method_name(layer, runner)
-    if runner is not layer.quant_method and type(runner).__name__ != _FP8_SCHEME:
-        return f"{type(layer).__name__} with {name} (no Definition computes it)"
-    block = _weight_blocks(runner)
+    runner = fp8_linear.layer_runner(layer)
+    scheme = fp8_linear.unknown_scheme(layer, runner)
+    if scheme is not None:
+        return scheme
+    block = fp8_linear.weight_blocks(runner)
     kernel = getattr(runner, "fp8_linear", None)
     found = [what for what, applies in {
         "Marlin (weight-only FP8)": bool(getattr(runner, "use_marlin", False)),
@@ -146,11 +126,13 @@ def layer_problem(layer: Any) -> Optional[str]:
     }.items() if applies]
     if not found:
         problem = _block_kernel_problem(kernel) if block is not None else _scaled_kernel_problem(kernel)
-        if problem is None and block is not None and _group_size(kernel, block) != int(block[1]):
-            problem = f"activation groups of {_group_size(kernel, block)} columns beside {list(block)} weight blocks"
+        group = _group_size(kernel, block) if problem is None and block is not None else None
+        if group is not None and group != int(block[1]):
+            problem = f"activation groups of {group} columns beside {list(block)} weight blocks"
         found += [problem] if problem else []
     if found:
-        return f"{type(layer).__name__} with {name}: {', '.join(found)} (no Definition computes it)"
+        return (f"{type(layer).__name__} with {fp8_linear.runner_name(layer, runner)}: {', '.join(found)} "
+                "(no Definition computes it)")
     return None
 
 
@@ -180,8 +162,8 @@ def sized_calls(layer: Any, m: int, dtype: torch.dtype) -> list:
     """An FP8 layer's two calls on ``m`` tokens of ``dtype`` (also where another hook records the
     layer: vLLM's MoE, for shared experts inside its opaque op)."""
     n, k = gemm.layer_size(layer)
-    runner = _runner(layer)
-    block = _weight_blocks(runner)
+    runner = fp8_linear.layer_runner(layer)
+    block = fp8_linear.weight_blocks(runner)
     if block is not None:
         # DeepGEMM's power-of-two (UE8M0) scales where vLLM uses them (Hopper and Blackwell with
         # DeepGEMM: vLLM's default there): the quantization's own Definition, the same GEMM after it

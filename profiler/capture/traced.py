@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 from dataclasses import dataclass, field
 from types import CodeType
 from typing import Any, Callable, Hashable, Mapping, Optional
@@ -71,8 +72,8 @@ class Trace:
             grouped = [tuple(g) for g in groups.values()]
             live = [(op, t.live, n) for op, t, n in grouped if t.live is not None]
             fixed = len(self.templates) - sum(n for _, _, n in live)
-            ends = [sum(n for _, _, n in grouped[:i]) for i in range(len(grouped))]
-            offsets = tuple(end for end, (_, t, _) in zip(ends, grouped) if t.live is not None)
+            starts = itertools.accumulate((n for _, _, n in grouped), initial=0)
+            offsets = tuple(start for start, (_, t, _) in zip(starts, grouped) if t.live is not None)
             self._groups = (len(self.templates), grouped, live, fixed, offsets)
         return self._groups[1]  # type: ignore[return-value]
 

@@ -21,7 +21,7 @@ takes bfloat16's atol relative to the reference's largest magnitude (``Family.at
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -96,6 +96,37 @@ def block_linear_calls(x: torch.Tensor, n: int, k: int, block: Sequence[int], qu
     m = rows(x, k)
     calls = [quant_call(m, k, int(block[1]), x.dtype)] if quantized_here else []
     return calls + [block_gemm_call(m, n, k, block, x.dtype)]
+
+
+#: the compressed-tensors scheme that runs the engines' FP8 kernels (W8A8 FP8: per tensor, channel or block)
+FP8_SCHEME = "CompressedTensorsW8A8Fp8"
+
+
+def layer_runner(layer: Any) -> Any:
+    """What runs an FP8 linear layer's kernels, in both engines: its ``Fp8LinearMethod``, or, under
+    compressed-tensors' ``CompressedTensorsLinearMethod``, the layer's own scheme."""
+    method = layer.quant_method
+    return getattr(layer, "scheme", None) if type(method).__name__ == "CompressedTensorsLinearMethod" else method
+
+
+def runner_name(layer: Any, runner: Any) -> str:
+    """The layer's quantization method as a listing names it (with its compressed-tensors scheme)."""
+    method = type(layer.quant_method).__name__
+    return method if runner is layer.quant_method else f"{method}, scheme {type(runner).__name__}"
+
+
+def unknown_scheme(layer: Any, runner: Any) -> Optional[str]:
+    """Why a compressed-tensors layer of a scheme other than W8A8 FP8 is listed, or None."""
+    if runner is layer.quant_method or type(runner).__name__ == FP8_SCHEME:
+        return None
+    return f"{type(layer).__name__} with {runner_name(layer, runner)} (no Definition computes it)"
+
+
+def weight_blocks(runner: Any) -> Optional[Sequence[int]]:
+    """The weight's block shape ``[block_n, block_k]`` (:func:`layer_runner`'s), or None without blocks."""
+    if type(runner).__name__ == FP8_SCHEME:
+        return getattr(runner, "weight_block_size", None)
+    return getattr(runner, "weight_block_size", None) if getattr(runner, "block_quant", False) else None
 
 
 def _dtype_suffix(dtype: torch.dtype, prefix: str = "_") -> str:
