@@ -671,3 +671,46 @@ def test_sglangs_fp8_moe_keeps_its_swiglu_between_the_quantization_and_the_exper
     assert found[moe] >= sum(ns for name, ns in units if any(word in name for word in own))
     assert not any("act_and_mul" in name or "router" in name for name in result.unattributed)
     assert sum(found.values()) > 0.99 * sum(ns for _, ns in units)
+
+
+GEMMA_OP_TYPES = {**OP_TYPES, "gemm_gate_up": "gemm", "gemm_down": "gemm", "gqa_paged_decode_h4": "gqa_paged",
+                  "moe_x": "moe", "silu": "activation"}
+
+
+def test_a_kernel_named_after_another_family_never_goes_to_a_neighbouring_gemm():
+    """vLLM 0.26 on an H200, Gemma-3 in graph mode with its sliding-window attention and its
+    Gemma RMSNorms unhooked (listed): the graph holds the layers' GEMMs and one global attention
+    layer's call. The sliding layers' ``kernel_unified_attention`` and Inductor's norm kernels, with
+    no call of their family left after them, were credited to the GEMM around them (64 of 99 ms to
+    one down projection). A kernel whose name fits attention, a norm, an activation or a MoE goes to
+    a call of its family or is not attributed."""
+    layer = [("gemm", ("gemm_qkv",)), ("gemm", ("gemm_o",)), ("gemm", ("gemm_gate_up",)), ("gemm", ("gemm_down",))]
+    kernels = [("nvjet_qkv", 20), ("triton_red_fused_add_mul_pow_rsqrt_0", 3), ("kernel_unified_attention_2d", 30),
+               ("nvjet_o", 10), ("triton_red_fused_add_mul_pow_rsqrt_1", 3), ("nvjet_gate_up", 40),
+               ("act_and_mul_kernel", 2), ("nvjet_down", 30)]
+    calls = [*layer, ("attention", ("kv_cache_write_kv2", "gqa_paged_decode_h4")), *layer]
+    profile = GpuProfile()
+    profile.range(f"{GRAPH_RANGE}0", lambda: profile.launch(*kernels, ("reshape_and_cache_kernel_flash", 5),
+                                                            ("kernel_unified_attention_2d", 30), *kernels, graph=True))
+    result = attribute(profile.events, [GraphCalls(tuple(calls))], KERNEL_WORDS, GEMMA_OP_TYPES,
+                       **{k: v for k, v in KERNEL_NAMING.items() if k != "kernel_words"})
+    found = by_definition(result)
+    # the GEMMs keep their own kernels only (each name appears in two layers), the global layer its own
+    assert (found["gemm_qkv"], found["gemm_o"], found["gemm_gate_up"], found["gemm_down"]) == (40, 20, 80, 60)
+    assert found["gqa_paged_decode_h4"] + found["kv_cache_write_kv2"] == 35
+    assert result.unattributed == {"kernel_unified_attention_2d": [2, 60], "act_and_mul_kernel": [2, 4],
+                                   "triton_red_fused_add_mul_pow_rsqrt_0": [2, 6],
+                                   "triton_red_fused_add_mul_pow_rsqrt_1": [2, 6]}
+
+
+def test_a_fused_moes_own_activation_still_goes_to_it_where_no_activation_call_follows():
+    """The exception, declared by the MoE family (``launches``): the routed experts' SwiGLU between
+    their two fused GEMMs, in a model whose every layer is a MoE (no activation call anywhere)."""
+    calls = [("gemm", ("gemm_qkv",)), ("moe", ("moe_x",)), ("gemm", ("gemm_o",))]
+    kernels = [("nvjet_qkv", 20), ("moe_align_block_size_kernel", 1), ("fused_moe_kernel", 40),
+               ("act_and_mul_kernel", 3), ("fused_moe_kernel", 20), ("nvjet_o", 10)]
+    profile = GpuProfile()
+    profile.range(f"{GRAPH_RANGE}0", lambda: profile.launch(*kernels, graph=True))
+    result = attribute(profile.events, [GraphCalls(tuple(calls))], KERNEL_WORDS, GEMMA_OP_TYPES,
+                       **{k: v for k, v in KERNEL_NAMING.items() if k != "kernel_words"})
+    assert by_definition(result) == {"gemm_qkv": 20, "moe_x": 64, "gemm_o": 10} and result.unattributed == {}

@@ -26,7 +26,12 @@ graph range is aligned, in launch order, with the graph's calls by the words eac
 are named with (:attr:`fi_profile.families.family.Family.kernel_words`); a run of units whose names
 fit no family, between two units placed, goes to the one call left between them (Inductor's
 ``triton_poi_fused_3`` between the QKV GEMM and the KV-cache write is the RoPE). What is left is
-listed as not attributed, by name: never given to a call it cannot be shown to belong to.
+listed as not attributed, by name: never given to a call it cannot be shown to belong to. A
+kernel named after one family never goes to a call of another (an unhooked attention layer's kernel
+is not the GEMM's beside it), except where that family's calls launch such kernels themselves
+(:attr:`fi_profile.families.family.Family.launches`: a fused MoE's SwiGLU); nor does a kernel whose
+next named neighbour belongs to an earlier invocation take a later call of its family (it is a
+kernel of a call the graph lacks: taking it there would skip every call between).
 """
 
 from __future__ import annotations
@@ -350,21 +355,22 @@ def attribute(events: Sequence[Any], graphs: Sequence[GraphCalls], kernel_words:
               op_types: Mapping[str, str], on_gpu: Optional[bool] = None, trace: bool = False,
               clock: Optional[ClockTrace] = None, clock_marked_ns: Optional[int] = None,
               tail_words: Optional[Mapping[str, Sequence[str]]] = None,
-              head_words: Optional[Mapping[str, Sequence[str]]] = None, reducing: frozenset[str] = frozenset()
-              ) -> Attributed:
+              head_words: Optional[Mapping[str, Sequence[str]]] = None, reducing: frozenset[str] = frozenset(),
+              launches: Optional[Mapping[str, frozenset[str]]] = None) -> Attributed:
     """Attribute the profiler's ``events`` (Kineto's) to the hooked calls' and graphs' ranges. A
     call range names Definitions of the record (``op_types``: name -> op type; a range naming none
     is a hook that failed: not attributed); ``kernel_words``: op type -> its kernels' words;
     ``tail_words`` / ``head_words``: op type -> the words of an unnamed kernel that may end / begin
     its calls; ``reducing``:
-    the op types whose calls always reduce (:class:`fi_profile.families.family.Family`).
+    the op types whose calls always reduce; ``launches``: op type -> the op types of other families
+    whose kind of kernel its calls launch inside them (:class:`fi_profile.families.family.Family`).
     ``on_gpu``: whether the GPU's kernels were profiled (None: whether any is among the events); a
     GPU run whose profile holds no kernel then says it measured nothing, rather than its CPU time.
     ``clock``: the GPU's SM clock sampled over the run (:mod:`fi_profile.capture.gpu_clock`), put on
     the profiler's timeline by the sync range opened at ``clock_marked_ns``: each kernel's time is
     then weighed by the clock it ran at, per Definition and in total."""
     known = frozenset(op_types)
-    fits = _Fits(kernel_words, op_types, tail_words or {}, head_words or {}, reducing)
+    fits = _Fits(kernel_words, op_types, tail_words or {}, head_words or {}, reducing, launches or {})
     cpu_events, device_events, spans = [], [], []
     for e in events:
         if _device_kind(e) == "cpu":
@@ -538,9 +544,10 @@ class _Fits:
 
     def __init__(self, kernel_words: Mapping[str, Sequence[str]], op_types: Mapping[str, str],
                  tail_words: Mapping[str, Sequence[str]], head_words: Mapping[str, Sequence[str]],
-                 reducing: frozenset[str]) -> None:
+                 reducing: frozenset[str], launches: Mapping[str, frozenset[str]]) -> None:
         self.kernel_words, self.op_types = kernel_words, op_types
         self.tail_words, self.head_words, self.reducing = tail_words, head_words, reducing
+        self.launches = launches
         self._fits: dict[str, frozenset[str]] = {}
         self._best: dict[str, frozenset[str]] = {}
 
@@ -564,6 +571,11 @@ class _Fits:
         (a family's op types share its words: ``gqa_paged`` and ``gqa_ragged``)."""
         words = self.kernel_words.get(op_type)
         return op_type in types and all(self.kernel_words.get(t) == words for t in types)
+
+    def launched_by(self, op_type: str, types: frozenset[str]) -> bool:
+        """Whether a kernel named after ``types`` (another family's) may run inside a call of
+        ``op_type``: that family launches such kernels itself (a fused MoE's SwiGLU)."""
+        return bool(types & self.launches.get(op_type, frozenset()))
 
     def single(self, types: frozenset[str]) -> bool:
         """Whether ``types`` are one family's (they share its words)."""
@@ -645,6 +657,21 @@ def _align(units: list[tuple[int, str, int]], calls: Sequence[tuple[str, tuple[s
             position, current = found + 1, found
         return False
 
+    def later_call_first(i: int, call: int) -> bool:
+        """Whether the next unit after unit ``i`` named after one family only (not unit ``i``'s)
+        belongs to a call of another invocation before ``call``: a graph launches its invocations'
+        kernels in their order (one invocation's may interleave: a MoE's shared experts on their own
+        stream), so unit ``i`` is not ``call``'s but a kernel of a call the graph lacks (an unhooked
+        sliding-window layer's attention before a global layer's), and taking it there would skip
+        the calls between."""
+        for j in range(i + 1, len(units)):
+            types = names[j]
+            if not types or not fits.single(types) or types & names[i]:
+                continue
+            found = next_of(types, position)
+            return found is not None and found < call and calls[found][2] != calls[call][2]
+        return False
+
     invocation_calls: dict[int, list[int]] = defaultdict(list)
     for c, call in enumerate(calls):
         invocation_calls[call[2]].append(c)
@@ -692,9 +719,12 @@ def _align(units: list[tuple[int, str, int]], calls: Sequence[tuple[str, tuple[s
                 and not (position < len(calls) and calls[position][0] in types):
             # a kernel not of the current call's family, nor of the next call's
             own = [c for c in invocation_calls[calls[current][2]] if calls[c][0] in types]
-            if (own or nxt is None) and within(i, current, past_others=not own):
-                # inside the current call, of a type its invocation also has or no later call has
-                # (the routed experts' SwiGLU between a fused MoE's two expert GEMMs)
+            if (own or (nxt is None and fits.launched_by(calls[current][0], types))) \
+                    and within(i, current, past_others=not own):
+                # inside the current call, of a type its invocation also has, or that no later call
+                # has and the current call's family launches itself (the routed experts' SwiGLU
+                # between a fused MoE's two expert GEMMs); never another family's kernel for
+                # nothing else to take it (an unhooked attention layer's, between two GEMMs)
                 assigned[i] = current
                 continue
             empty = [c for c in own if c not in filled]
@@ -710,7 +740,7 @@ def _align(units: list[tuple[int, str, int]], calls: Sequence[tuple[str, tuple[s
         stays = current is not None and calls[current][0] in types
         if stays and (nxt is None or covered_later(i, nxt, position, current)):
             assigned[i] = current
-        elif nxt is not None:
+        elif nxt is not None and not later_call_first(i, nxt):
             assigned[i] = current = nxt
             position = nxt + 1
         if assigned[i] is not None:

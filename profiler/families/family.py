@@ -153,6 +153,11 @@ class Family:
     #: the same for a kernel that begins the family's call (cuBLAS's split-K GEMMs clear their
     #: workspace first: ``Memset (Device)``), fitted only to unnamed kernels right before the call's own
     head_words: tuple[str, ...] = ()
+    #: keys of other families whose kind of kernel the family's own calls launch inside them (a fused
+    #: MoE runs its SwiGLU between its two expert GEMMs): a graph's kernel named after one of those
+    #: may go to a call of this family. A kernel named after another family never goes to a call of
+    #: this one otherwise (an unhooked attention layer's kernel is never a neighbouring GEMM's)
+    launches: tuple[str, ...] = ()
     #: every call of the family reduces (a norm): Inductor's pointwise kernels (``triton_poi_*``)
     #: alone never compute one
     reduces: bool = False

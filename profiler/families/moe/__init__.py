@@ -308,4 +308,7 @@ FAMILY = Family(
     # the top-k outputs' sum, compiled by Inductor (SGLang up to 32 tokens); vLLM's MoE op copying
     # its output into the layer's output buffer
     tail_words=("sum", "memcpy"),
+    # the routed experts' activation between their two GEMMs (``act_and_mul_kernel``), and an FP8
+    # MoE's quantization of its output for the second GEMM
+    launches=("silu_and_mul", "fp8_linear"),
 )
