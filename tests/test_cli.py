@@ -77,6 +77,9 @@ def test_shipped_set_covers_llama_31_8b_and_the_moe_templates():
         "mla_paged_decode_h16_ckv512_kpe64_ps1_q_fp8_kv_fp8",
         # the collectives under tensor parallelism: the all-reduce (also fused with the next RMSNorm), the logits' all-gather
         "all_reduce_r2_h4096", "all_reduce_fused_add_rmsnorm_r2_h4096", "all_gather_r2_n64128",
+        # attention variants: gpt-oss-20b's sliding layers (window 128, learned sinks), Gemma-3-27B's (window 1024)
+        *(f"gqa_paged_{kind}_{shape}_ps{ps}{variant}" for kind in ("decode", "prefill_causal") for ps in (1, 16)
+          for shape, variant in (("h64_kv8_d64", "_swa128_sink"), ("h32_kv16_d128", "_swa1024"))),
     } == names
     # templates are bfloat16 where their computation has a model dtype (instantiated per dtype); FP8 data is FP8
     assert all(d.inputs[next(iter(d.inputs))].dtype.value in ("bfloat16", "float32", "int32", "float8_e4m3fn")

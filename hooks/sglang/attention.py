@@ -5,12 +5,12 @@ rows are the page ids)."""
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 
 from fi_profile.capture.kernel_call import KernelCall
-from fi_profile.capture.layers import require, seen
+from fi_profile.capture.layers import KnownAttributes, require, seen
 from fi_profile.capture.paged_layout import paged_batches
 from fi_profile.capture.recorder import RECORDER
 from fi_profile.families import attention, kv_cache
@@ -54,20 +54,78 @@ def step_batches(batch: Any) -> Batches:
     return paged_batches(*layout, request_pages(batch), 1)
 
 
+#: what the hook knows of a ``RadixAttention`` layer's attributes (SGLang 0.5.16 and 0.5.23): any
+#: other is listed by name (:class:`~fi_profile.capture.layers.KnownAttributes`)
+LAYER_ATTRIBUTES = KnownAttributes(
+    read=frozenset({"tp_q_head_num", "tp_k_head_num", "tp_v_head_num", "head_dim", "qk_head_dim", "v_head_dim",
+                    "scaling", "logit_cap", "logit_capping_method", "sliding_window_size", "is_cross_attention",
+                    "attn_type", "k_scale", "v_scale", "k_scale_float", "v_scale_float"}),
+    neutral={"use_irope": False, "pos_encoding_mode": "NONE", "idx_q_scale_float": None, "idx_k_scale_float": None,
+             "idx_v_scale_float": None},
+    inert=frozenset({"layer_id", "use_prefill_attention_wrapper", "quant_method", "q_scale_float", "q_scale",
+                     "prob_scale"}),
+)
+#: the keyword arguments of ``RadixAttention.forward`` a GQA layer may pass that the hook reads
+FORWARD_KEYWORDS = frozenset({"sinks"})
+#: SGLang's attention backends and the variant parts each computes (a window: ``sliding_window_size``
+#: keys to the left; a tanh logit cap; sinks passed to the layer's forward): its ``torch_native``
+#: backend (CPU) masks by the window and ignores a cap and sinks
+VARIANT_BACKENDS = {"TritonAttnBackend": ("window", "soft_cap", "sinks"), "TorchNativeAttnBackend": ("window",)}
+
+
+def variant(layer: Any, sinks: Any = None) -> attention.Variant:
+    """What the layer computes beyond plain causal attention: SGLang's ``sliding_window_size`` is
+    FlashInfer's ``window_left`` (W - 1: vLLM's and HF's window of W keys), its tanh ``logit_cap``,
+    and the ``sinks`` its model passes to the layer's forward (gpt-oss)."""
+    left = getattr(layer, "sliding_window_size", -1)
+    left = -1 if left is None else int(left)
+    cap = float(getattr(layer, "logit_cap", 0.0) or 0.0)
+    return attention.Variant(window=left + 1 if left >= 0 else None, soft_cap=cap if cap > 0 else None,
+                             sinks=sinks is not None)
+
+
 def layer_problem(layer: Any) -> Optional[str]:
     """Why an attention layer is not a paged GQA call the Definitions compute, or None: only
-    ``RadixAttention`` as plain causal decoder self-attention (MLA runs through the same class with
-    a latent value head; windows, soft caps, cross attention are other computations)."""
+    ``RadixAttention`` as causal decoder self-attention (MLA runs through the same class with a
+    latent value head), with a sliding window or a tanh logit cap where it has them
+    (:func:`variant`); every other attribute that may change what it computes is judged against
+    what the hook knows, and listed by name where unknown."""
     attn_type = str(getattr(getattr(layer, "attn_type", "decoder"), "value", getattr(layer, "attn_type", "decoder")))
     head_dim = getattr(layer, "head_dim", None)
+    method = getattr(layer, "logit_capping_method", "tanh")
     return attention.layer_problem(layer, "RadixAttention", {
         f"latent attention (MLA: value head {getattr(layer, 'v_head_dim', None)} of qk head {head_dim})":
             getattr(layer, "v_head_dim", head_dim) != head_dim,
         f"attention type {attn_type}": attn_type.lower() not in ("decoder", "attentiontype.decoder"),
-        f"sliding window {getattr(layer, 'sliding_window_size', -1)}": (getattr(layer, "sliding_window_size", -1) or -1) != -1,
-        "logit cap": bool(getattr(layer, "logit_cap", 0) or 0),
+        f"logit capping method {method}": bool(getattr(layer, "logit_cap", 0) or 0) and method != "tanh",
         "cross attention": bool(getattr(layer, "is_cross_attention", False)),
+        **{what: True for what in LAYER_ATTRIBUTES.problems(layer)},
     })
+
+
+def _keyword_problem(extra: Mapping[str, Any]) -> Optional[str]:
+    """A keyword argument of the layer's forward (beyond its own) that the hook does not know."""
+    unknown = sorted(name for name, value in extra.items() if name not in FORWARD_KEYWORDS and value is not None)
+    if unknown:
+        return f"RadixAttention called with {', '.join(unknown)} (arguments fi-profile does not know: no Definition)"
+    return None
+
+
+def _variant_problem(kind: attention.Variant) -> Optional[str]:
+    """A part of the layer's variant that the step's attention backend does not compute."""
+    parts = [part for part, on in (("window", kind.window is not None), ("soft_cap", kind.soft_cap is not None),
+                                   ("sinks", kind.sinks)) if on]
+    if not parts:
+        return None
+    runner = STEP.context.get("runner")
+    backend = getattr(runner, "decode_attn_backend", None) or getattr(runner, "attn_backend", None)
+    name = type(backend).__name__ if backend is not None else None
+    missing = [part for part in parts if part not in VARIANT_BACKENDS.get(name, ())]
+    if not missing:
+        return None
+    return (f"RadixAttention with {' and '.join(missing)} ({kind.suffix()[1:]}) on "
+            f"{'SGLang' + chr(39) + 's ' + name if name else 'an attention backend the runner does not name'}, "
+            "which does not compute it as its Definition does (no Definition says what it ran)")
 
 
 def _cache_dtype() -> Any:
@@ -167,12 +225,14 @@ def _cache_write(batch: Any, kv_heads: int, head_dim: int, dtype: Any,
 
 
 def layer_calls(self: Any, q: torch.Tensor, forward_batch: Any, k: Optional[torch.Tensor] = None,
-                save_kv_cache: bool = True) -> list[KernelCall]:
+                save_kv_cache: bool = True, **extra: Any) -> list[KernelCall]:
     """``RadixAttention.forward``: the KV-cache write (where the layer saves its new keys and
-    values), then the attention, as they run."""
+    values), then the attention, as they run; ``extra``: the keyword arguments its model passed
+    beyond the forward's own (``sinks``)."""
     seen(self)
     dtype = schema_dtype(q.dtype)
-    require(layer_problem(self) or cache_problem(dtype))
+    kind = variant(self, extra.get("sinks"))
+    require(layer_problem(self) or _keyword_problem(extra) or _variant_problem(kind) or cache_problem(dtype))
     STEP.batches(forward_batch, step_batches)
     scales = cache_scales(self)
     attended = _attended_scales(forward_batch, scales)
@@ -180,17 +240,18 @@ def layer_calls(self: Any, q: torch.Tensor, forward_batch: Any, k: Optional[torc
         if k is not None and save_kv_cache else []
     return writes + STEP.calls((self.tp_q_head_num, self.tp_k_head_num, self.head_dim, 1, RECORDER.num_pages or 0,
                                 dtype, float(self.scaling), attended,
-                                query_scale(self.tp_q_head_num, self.tp_k_head_num, attended is not None)))
+                                query_scale(self.tp_q_head_num, self.tp_k_head_num, attended is not None), kind))
 
 
 def captured_layer_calls(self: Any, q: torch.Tensor, k: Optional[torch.Tensor] = None,
-                         save_kv_cache: bool = True) -> Callable[[], list[KernelCall]]:
+                         save_kv_cache: bool = True, **extra: Any) -> Callable[[], list[KernelCall]]:
     """While a CUDA graph captures an attention layer: its shape, and how to build its calls in
     each step that replays the graph, from that step's batch (the replay runs no Python layer)."""
     seen(self)
-    require(layer_problem(self))
+    kind = variant(self, extra.get("sinks"))
+    require(layer_problem(self) or _keyword_problem(extra))
     return functools.partial(_calls_in_graph, (self.tp_q_head_num, self.tp_k_head_num, self.head_dim,
-                                               schema_dtype(q.dtype), float(self.scaling), self),
+                                               schema_dtype(q.dtype), float(self.scaling), self, kind),
                              k is not None and save_kv_cache)
 
 
@@ -199,10 +260,10 @@ def _calls_in_graph(layer: tuple, writes: bool = False) -> list[KernelCall]:
     if batch is None:
         raise RuntimeError("a CUDA graph replayed outside a model step: its attention layout is unknown")
     STEP.batches(batch, step_batches)
-    heads, kv_heads, head_dim, dtype, scale, attention_layer = layer
-    require(cache_problem(dtype))
+    heads, kv_heads, head_dim, dtype, scale, attention_layer, kind = layer
+    require(cache_problem(dtype) or _variant_problem(kind))
     scales = cache_scales(attention_layer)  # judged at each replay: the runner says the cache's dtype
     written = _cache_write(batch, kv_heads, head_dim, dtype, scales) if writes else []
     attended = _attended_scales(batch, scales)
     return written + STEP.calls((heads, kv_heads, head_dim, 1, RECORDER.num_pages or 0, dtype, scale, attended,
-                                 query_scale(heads, kv_heads, attended is not None)))
+                                 query_scale(heads, kv_heads, attended is not None), kind))

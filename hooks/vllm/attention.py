@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from fi_profile.capture.kernel_call import KernelCall
-from fi_profile.capture.layers import require, seen
+from fi_profile.capture.layers import KnownAttributes, require, seen
 from fi_profile.capture.paged_layout import paged_batches, step_shape
 from fi_profile.capture.recorder import RECORDER
 from fi_profile.families import attention, fp8_linear, kv_cache
@@ -129,19 +129,81 @@ def cache_scales(layer: Any) -> Optional[tuple[float, float]]:
     return (float(layer._k_scale_float), float(layer._v_scale_float)) if fp8_cache(layer) else None
 
 
+#: what the hook knows of an ``Attention`` layer's attributes (vLLM 0.26 and 0.32): any other is
+#: listed by name (:class:`~fi_profile.capture.layers.KnownAttributes`)
+LAYER_ATTRIBUTES = KnownAttributes(
+    read=frozenset({"num_heads", "head_size", "head_size_v", "num_kv_heads", "sliding_window", "has_sink",
+                    "kv_cache_dtype", "attn_type", "kv_sharing_target_layer_name", "query_quant", "impl", "dtype",
+                    "calculate_kv_scales", "_q_scale_float", "_k_scale_float", "_v_scale_float"}),
+    neutral={"use_mm_prefix": False, "use_alibi_sqrt": False, "mm_prefix_clamp_sliding_window": False,
+             "_prob_scale_float": 1.0, "_o_scale_float": None},
+    inert=frozenset({"kv_cache_torch_dtype", "quant_config", "quant_method", "layer_name", "attn_backend", "backend",
+                     "use_direct_call", "kv_cache", "isa", "_k_scale_cpu", "_v_scale_cpu", "_q_scale_cpu",
+                     "_k_scale", "_v_scale", "_q_scale", "_prob_scale", "k_scale", "v_scale", "q_scale", "prob_scale",
+                     "q_range", "k_range", "v_range"}),
+)
+#: the same of its implementation (vLLM's CPU, Triton, FlashInfer and FlashAttention backends)
+IMPL_ATTRIBUTES = KnownAttributes(
+    read=frozenset({"num_heads", "head_size", "num_kv_heads", "scale", "sliding_window", "window_left",
+                    "logits_soft_cap", "sinks", "kv_cache_dtype", "attn_type", "kv_sharing_target_layer_name"}),
+    neutral={"alibi_slopes": None, "use_alibi_sqrt": False, "chunk_lookback": -1, "dcp_world_size": 1,
+             "pcp_world_size": 1, "total_cp_world_size": 1, "need_to_return_lse_for_decode": False,
+             "_is_per_token_head_quant": False},
+    inert=frozenset({"dcp_rank", "pcp_rank", "total_cp_rank", "num_queries_per_kv", "is_fp8_kv_cache",
+                     "use_zentorch_sdpa", "fp8_dtype", "supports_quant_query_input", "use_td", "_kv_quant_mode",
+                     "_k_scale_cache", "_v_scale_cache", "cache_dtype", "bmm1_scale", "bmm2_scale", "o_sf_scale",
+                     "fp4_data_dim", "is_kvcache_nvfp4", "nvfp4_fa2", "nvfp4_trtllm", "_nvfp4_fp8_out", "_sinks_source",
+                     "supports_xqa_or_trtllm_gen_decode", "vllm_first_call", "_dcp_dtype", "_dcp_max_num_tokens",
+                     "batch_invariant_enabled", "fa4_hd256", "vllm_flash_attn_version", "dcp_combine",
+                     "can_return_lse_for_decode"}),
+)
+
+
+def variant(layer: Any) -> attention.Variant:
+    """What the layer computes beyond plain causal attention: vLLM's ``sliding_window`` (W keys per
+    query, itself included), its implementation's logit soft cap (0 or None: none) and sinks."""
+    impl = layer.impl
+    cap = getattr(impl, "logits_soft_cap", None)
+    return attention.Variant(window=getattr(layer, "sliding_window", None), soft_cap=float(cap) if cap else None,
+                             sinks=getattr(impl, "sinks", None) is not None)
+
+
+def _window_problem(layer: Any) -> Optional[str]:
+    """Why the implementation's window is not the layer's ``sliding_window`` (vLLM's CPU backend
+    holds W or -1, its Triton and FlashAttention backends (W - 1, 0) or (-1, -1), FlashInfer's
+    ``window_left`` W - 1 or -1), or None."""
+    window = getattr(layer, "sliding_window", None)
+    impl = layer.impl
+    held = getattr(impl, "sliding_window", None)
+    left = -1 if window is None else window - 1
+    agrees = held is None or held in (window, (left, 0)) or (window is None and held in (-1, (-1, -1)))
+    if agrees and getattr(impl, "window_left", left) == left:
+        return None
+    return f"a window the layer and its implementation disagree on (layer {window}, impl {held})"
+
+
 def layer_problem(layer: Any) -> Optional[str]:
     """Why an attention layer is not a paged GQA call the Definitions compute, or None: only
-    vLLM's ``Attention`` itself (MLA, chunked-local, encoder, cross, sink ... are other classes),
-    causal decoder self-attention without a window or soft cap, its KV cache of the model's dtype
-    or FP8 (e4m3) with static scales on vLLM's Triton attention (its queries quantized first by one
-    static scale where vLLM does so)."""
+    vLLM's ``Attention`` itself (MLA, chunked-local, encoder and cross attention are other classes),
+    causal decoder self-attention, with a sliding window, a logit soft cap or sinks where it has
+    them (:func:`variant`), its KV cache of the model's dtype or (plain attention only) FP8 (e4m3)
+    with static scales on vLLM's Triton attention (its queries quantized first by one static scale
+    where vLLM does so). Every other attribute of the layer and its implementation that may change
+    what it computes is judged against what the hook knows, and listed by name where unknown."""
     attn_type = str(getattr(getattr(layer, "attn_type", "decoder"), "value", getattr(layer, "attn_type", "decoder")))
     cache = _cache_problem(layer)
+    impl = getattr(layer, "impl", None)
+    unknown = LAYER_ATTRIBUTES.problems(layer) + (IMPL_ATTRIBUTES.problems(impl, "impl.") if impl is not None else [])
+    window = _window_problem(layer) if impl is not None else None
+    kind = attention.PLAIN if impl is None else variant(layer)
     return attention.layer_problem(layer, "Attention", {
         f"attention type {attn_type}": attn_type.lower() != "decoder",
-        f"sliding window {getattr(layer, 'sliding_window', None)}": getattr(layer, "sliding_window", None) is not None,
-        "logits soft cap": bool(getattr(getattr(layer, "impl", None), "logits_soft_cap", None)),
+        f"value head {getattr(layer, 'head_size_v', None)} of head {getattr(layer, 'head_size', None)}":
+            getattr(layer, "head_size_v", getattr(layer, "head_size", None)) != getattr(layer, "head_size", None),
+        str(window): window is not None,
         str(cache): cache is not None,
+        f"attention{kind.suffix()} over an FP8 KV cache": not kind.plain and fp8_cache(layer),
+        **{what: True for what in unknown},
     })
 
 
@@ -204,7 +266,7 @@ def layer_calls(self: Any, query: torch.Tensor, key: Optional[torch.Tensor] = No
         if _writes_cache(self, key) else []
     return _query_quant(self, int(query.shape[0]), dtype) + writes + STEP.calls((
         self.num_heads, self.num_kv_heads, self.head_size, page_size, RECORDER.num_pages or 0, dtype,
-        float(self.impl.scale), scales, query_scale(self)))
+        float(self.impl.scale), scales, query_scale(self), variant(self)))
 
 
 def traced_layer_calls(self: Any, query: torch.Tensor, key: Optional[torch.Tensor] = None) -> Callable[[], list[KernelCall]]:
@@ -214,7 +276,7 @@ def traced_layer_calls(self: Any, query: torch.Tensor, key: Optional[torch.Tenso
     seen(self)
     require(layer_problem(self))
     layer = (self.num_heads, self.num_kv_heads, self.head_size, schema_dtype(query.dtype), float(self.impl.scale),
-             cache_scales(self), query_scale(self))
+             cache_scales(self), query_scale(self), variant(self))
     return functools.partial(_calls_in_graph, layer, _writes_cache(self, key))
 
 
@@ -225,10 +287,10 @@ def _calls_in_graph(layer: tuple, writes: bool = False) -> list[KernelCall]:
     if common is None or RECORDER.page_size is None:
         raise RuntimeError("a compiled forward ran without the step's attention metadata")
     STEP.batches(common, layout)
-    heads, kv_heads, head_size, dtype, scale, scales, q_scale = layer
+    heads, kv_heads, head_size, dtype, scale, scales, q_scale, kind = layer
     written = _cache_write(None, kv_heads, head_size, dtype, scales) if writes else []
     # the queries' quantization runs on the step's tokens as the graph runs them (its padded batch)
     quant = [] if q_scale is None else [
         fp8_linear.static_quant_call(int(slot_mapping(None).shape[0]), heads * head_size, torch_dtype(dtype))]
     return quant + written + STEP.calls((heads, kv_heads, head_size, RECORDER.page_size, RECORDER.num_pages or 0, dtype,
-                                         scale, scales, q_scale))
+                                         scale, scales, q_scale, kind))

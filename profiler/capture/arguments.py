@@ -45,12 +45,17 @@ def engine_signature(fn: Callable[..., Any], cls: Optional[type] = None) -> insp
 
 
 class ArgumentReader:
-    """``reader(args, kwargs)`` -> the arguments ``wanted`` names, by name."""
+    """``reader(args, kwargs)`` -> the arguments ``wanted`` names, by name; where ``wanted`` takes
+    ``**extra``, also the keyword arguments a call passed that the engine method does not name
+    (those its own ``**kwargs`` takes: SGLang's attention layer's ``sinks``), so that the hook can
+    read them and list any it does not know."""
 
-    __slots__ = ("plan",)
+    __slots__ = ("plan", "extra", "engine_names")
 
     def __init__(self, engine: inspect.Signature, wanted: inspect.Signature, where: str) -> None:
         params = engine.parameters
+        self.extra = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in wanted.parameters.values())
+        self.engine_names = frozenset(params)
         positional = [p.name for p in params.values() if p.kind in _POSITIONAL]
         open_keywords = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
         plan = []
@@ -76,6 +81,8 @@ class ArgumentReader:
                 named[name] = default
             else:
                 raise TypeError(f"argument {name!r} was not passed")
+        if self.extra:
+            named.update((k, v) for k, v in kwargs.items() if k not in self.engine_names and k not in named)
         return named
 
 

@@ -5,10 +5,11 @@ helpers the families' hooks use for both (:func:`seen`, :func:`require`)."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections import Counter
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Optional
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
 #: A layer's exact class decides its Definition: a subclass or a sibling computes something else
 #: (another RoPE scaling, a norm with another weight convention), so it is either known here by its
@@ -56,6 +57,85 @@ def record_by(op: str, *layers: Any) -> None:
 
 def recorded_elsewhere(layer: Any) -> bool:
     return layer.__dict__.get("_fi_profile_recorded_by") is not None
+
+
+@dataclass(frozen=True)
+class KnownAttributes:
+    """What a layer class's hook knows of the attributes of its instances (a layer's, or the
+    implementation object it runs), so that one an engine version adds (vLLM's attention sinks
+    were one) is listed by name instead of ignored: ``read``, those the hook reads into the
+    Definition or judges itself; ``neutral``, name -> the value under which an attribute changes
+    nothing the Definitions compute (ALiBi slopes None), or a test of its value; ``inert``, those
+    that change no math (the layer's name, its backend, its cache tensor). Any other attribute is
+    unknown: listed unless its value is empty (None, False, 0, -1, an empty container or tensor: a
+    feature that is off)."""
+
+    read: frozenset[str] = frozenset()
+    neutral: Mapping[str, Any] = field(default_factory=dict)
+    inert: frozenset[str] = frozenset()
+
+    def problems(self, obj: Any, where: str = "") -> list[str]:
+        """What of ``obj`` (``where``: how to name it, ``impl.``) may change what it computes and no
+        Definition accounts for: a neutral attribute off its neutral value, an unknown one not empty."""
+        found = []
+        for name, value in _attributes(obj):
+            if name in self.read or name in self.inert or name.startswith("_fi_profile"):
+                continue
+            if name in self.neutral:
+                neutral = self.neutral[name]
+                if not (neutral(value) if callable(neutral) else _equal(value, neutral)):
+                    found.append(f"{where}{name}={_shown(value)}")
+            elif not _empty(value):
+                found.append(f"{where}{name}={_shown(value)} (an attribute fi-profile does not know)")
+        return found
+
+
+#: what frameworks set on any module, whatever it computes (transformers marks the modules whose
+#: weights it initialised)
+_BOOKKEEPING = frozenset({"_is_hf_initialized"})
+
+
+@functools.lru_cache(maxsize=1)
+def _module_internals() -> frozenset[str]:
+    import torch
+
+    return frozenset(vars(torch.nn.Module())) | _BOOKKEEPING
+
+
+def _attributes(obj: Any) -> Iterator[tuple[str, Any]]:
+    """An object's own attributes; a torch module's parameters, buffers and children among them, its
+    own bookkeeping (hooks, training mode) not."""
+    own = vars(obj) if hasattr(obj, "__dict__") else {}
+    internals = _module_internals() if "_parameters" in own else frozenset()
+    for name, value in own.items():
+        if name not in internals:
+            yield name, value
+    for group in ("_parameters", "_buffers", "_modules"):
+        yield from (own.get(group) or {}).items() if internals else ()
+
+
+def _empty(value: Any) -> bool:
+    if value is None or value is False or (isinstance(value, (int, float)) and value in (0, -1)):
+        return True
+    if isinstance(value, (str, tuple, list, dict, set, frozenset)):
+        return len(value) == 0 or (isinstance(value, tuple) and all(_empty(v) for v in value))
+    numel = getattr(value, "numel", None)
+    return callable(numel) and hasattr(value, "shape") and numel() == 0
+
+
+def _equal(value: Any, neutral: Any) -> bool:
+    try:
+        return bool(value == neutral)
+    except Exception:  # noqa: BLE001 - a tensor compared with a scalar: not the neutral value
+        return False
+
+
+def _shown(value: Any) -> str:
+    shape = getattr(value, "shape", None)
+    if shape is not None and hasattr(value, "dtype"):
+        return f"{type(value).__name__}{list(shape)}"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def require(problem: Optional[str]) -> None:

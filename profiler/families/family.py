@@ -27,6 +27,10 @@ class Baseline:
 
     file: str
     constants: tuple[str, ...] = ()
+    #: assignments at its top set from the Definition where it gives them; where it does not, the
+    #: source's own values are the plain op's (an attention variant's window and soft cap): the
+    #: Definitions of a variant must each give them
+    optional_constants: tuple[str, ...] = ()
     #: also run under torch.compile (not for a ``run`` that loops in Python over data-dependent
     #: values: Dynamo would specialize on them and compile again for every workload)
     compiled: bool = True

@@ -61,6 +61,8 @@ def fitted_baseline(definition: Definition) -> Optional[tuple[Family, Baseline, 
         values = {name: _constant(definition, name) for name in baseline.constants}
         if any(value is None for value in values.values()):
             continue
+        values.update({name: value for name in baseline.optional_constants
+                       if (value := _constant(definition, name)) is not None})
         return family, baseline, set_constants(source, values, f"{family.package}/{baseline.file}")
     return None
 

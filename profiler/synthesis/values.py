@@ -56,6 +56,11 @@ def tensor_value(
     if name in ("input_ids", "token_ids"):
         bound = axes.get("vocab_size", 2)
         return torch.randint(0, bound, shape, generator=gen, device=device).to(dtype)
+    if name == "sinks":
+        # attention sinks: one logit per query head, U(-1, 5). Random queries and keys give logits
+        # of about unit variance, so a sink then takes from a few percent to most of a head's
+        # attention over tens to hundreds of keys, as trained sinks do (gpt-oss's)
+        return (torch.rand(shape, generator=gen, device=device) * 6 - 1).to(dtype)
     if spec.dtype is DType.bool:
         return torch.rand(shape, generator=gen, device=device) < 0.5
     if spec.dtype.is_packed:

@@ -6,6 +6,7 @@ the calls of every layer of a step are built here, once per shape (:mod:`.step`)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 import torch
@@ -17,6 +18,7 @@ from fi_profile.families.family import Baseline, EngineKernel, EngineRun, Family
 from fi_profile.families.kv_cache import FP8_CACHE, GQA_CACHES, fp8_cache_scalars, fp8_dtypes
 from fi_profile.schema.definition import Definition
 from fi_profile.schema.dtype import DType
+from fi_profile.schema.reference import reference_constant
 
 KEY = "attention"
 #: the name part of Definitions whose queries come quantized to FP8 (over an FP8 cache)
@@ -27,27 +29,82 @@ KERNEL_WORDS = ("attention", "attn", "flash", "paged", "fwd", "stage1", "stage2"
                 "mla", "softmax_reduce")
 
 
+@dataclass(frozen=True)
+class Variant:
+    """What an attention layer computes beyond plain causal softmax attention, each part in the
+    Definition's name (``_swa{W}``, ``_cap{C}``, ``_sink``) and its reference (``WINDOW_LEFT``,
+    ``LOGITS_SOFT_CAP``, the ``sinks`` input). Its softmax scale is the call's ``sm_scale``
+    whatever it is (Gemma's ``query_pre_attn_scalar``)."""
+
+    #: each query attends its ``window`` latest keys, itself included (FlashInfer's ``window_left``
+    #: is ``window - 1``; vLLM's ``sliding_window`` is ``window``, SGLang's ``sliding_window_size``
+    #: ``window - 1``); None: every key
+    window: Optional[int] = None
+    #: the logits become ``soft_cap * tanh(logits / soft_cap)`` (Gemma-2's, Grok's); None: no cap
+    soft_cap: Optional[float] = None
+    #: one learned logit per query head joins every softmax, with a value of zero (gpt-oss)
+    sinks: bool = False
+
+    def __post_init__(self) -> None:
+        if self.window is not None and self.window < 1:
+            raise ValueError(f"a sliding window of {self.window} keys")
+        if self.soft_cap is not None and not self.soft_cap > 0:
+            raise ValueError(f"a logit soft cap of {self.soft_cap}")
+
+    @property
+    def plain(self) -> bool:
+        return self == PLAIN
+
+    def suffix(self) -> str:
+        cap = "" if self.soft_cap is None else f"_cap{self.soft_cap:g}".replace(".", "p")
+        return (f"_swa{self.window}" if self.window is not None else "") + cap + ("_sink" if self.sinks else "")
+
+    def constants(self) -> dict[str, float]:
+        """The variant templates' reference constants it sets."""
+        return {"WINDOW_LEFT": -1 if self.window is None else self.window - 1,
+                "LOGITS_SOFT_CAP": 0.0 if self.soft_cap is None else float(self.soft_cap)}
+
+
+PLAIN = Variant()
+#: the reference constants a variant's Definition sets (a plain Definition sets none: its
+#: baseline's defaults, no window and no cap, are then the plain op's)
+VARIANT_CONSTANTS = tuple(PLAIN.constants())
+
+
+def variant_template(kind: str, page_size: int, sinks: bool) -> str:
+    """The shipped Definition a variant's calls are instantiated from (gpt-oss-20b's sliding layers
+    for those with sinks, Gemma-3-27B's for those without)."""
+    shape = "h64_kv8_d64" if sinks else "h32_kv16_d128"
+    return f"gqa_paged_{kind}_{shape}_ps{1 if page_size == 1 else 16}_swa{128 if sinks else 1024}{'_sink' if sinks else ''}"
+
+
 def call(batch: PagedBatch, stage: str, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
          num_pages: int, dtype: DType, sm_scale: float, cache_scales: Optional[tuple[float, float]] = None,
-         q_scale: Optional[float] = None) -> KernelCall:
+         q_scale: Optional[float] = None, variant: Variant = PLAIN) -> KernelCall:
     """One stage's call; ``cache_scales``: (k_scale, v_scale) of an FP8 (e4m3) KV cache, whose
     Definitions (``*_kv_fp8``) take the caches in FP8 and dequantize them by those scales;
-    ``q_scale``: the queries come quantized to FP8 by it too (``*_q_fp8_kv_fp8``)."""
+    ``q_scale``: the queries come quantized to FP8 by it too (``*_q_fp8_kv_fp8``); ``variant``: a
+    window, soft cap or sinks (:class:`Variant`)."""
     fp8, fp8_q = cache_scales is not None, q_scale is not None
     if fp8_q and not fp8:
         raise NotImplementedError("FP8 queries over a KV cache that is not FP8: no Definition")
+    if fp8 and not variant.plain:
+        raise NotImplementedError(f"attention{variant.suffix()} over an FP8 KV cache: no Definition")
 
     def build() -> Definition:
         consts = {"num_qo_heads": num_q_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim, "page_size": page_size}
         quantized = (FP8_QUERY if fp8_q else "") + (FP8_CACHE if fp8 else "")
         shape = f"h{num_q_heads}_kv{num_kv_heads}_d{head_dim}_ps{page_size}{dtype_suffix(dtype)}{quantized}"
         kind = "decode" if stage == "decode" else "prefill_causal"
+        if not variant.plain:
+            return definition_for(variant_template(kind, page_size, variant.sinks),
+                                  f"gqa_paged_{kind}_{shape}{variant.suffix()}", consts, dtype, variant.constants())
         template = f"gqa_paged_{kind}_h32_kv8_d128_ps{1 if page_size == 1 else 16}{quantized}"
         return definition_for(template, f"gqa_paged_{kind}_{shape}", consts, dtype,
                               input_dtypes={**fp8_dtypes(GQA_CACHES, fp8), **fp8_dtypes(("q",), fp8_q)})
 
     definition = cached_definition(("paged_attention", stage, num_q_heads, num_kv_heads, head_dim, page_size, dtype, fp8,
-                                    fp8_q), build)
+                                    fp8_q, variant), build)
     if stage == "decode":
         axes = {"batch_size": batch.batch_size, "len_indptr": batch.batch_size + 1}
     else:
@@ -89,12 +146,24 @@ _VLLM_TRITON = "vllm.v1.attention.ops.triton_unified_attention"
 _SGLANG_TRITON = "sglang.kernels.ops.attention.extend_attention"
 
 
+def is_variant(definition: Definition) -> bool:
+    """Whether a Definition computes more than plain causal attention: a window or soft cap its
+    reference sets, or sinks among its inputs (:class:`Variant`)."""
+    window, cap = (reference_constant(definition.reference, name) for name in VARIANT_CONSTANTS)
+    return "sinks" in definition.inputs or (window is not None and float(window) >= 0) or \
+        (cap is not None and float(cap) > 0)
+
+
 def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
     kind = {"gqa_paged": "paged", "gqa_ragged": "ragged"}[definition.op_type]
+    # vLLM's Triton kernel takes a window, a soft cap and sinks; the others are offered plain attention only
+    vllm = Native("vllm", "vllm_triton_attention.py", must_fit=True, requires=_VLLM_TRITON, label="vllm_triton",
+                  computes=("output",), constants=VARIANT_CONSTANTS)
+    if is_variant(definition):
+        return [vllm] if kind == "paged" else []
     natives = [Native("flashinfer", f"flashinfer_{kind}_attention.py", must_fit=True)]
     if kind == "paged":  # neither Triton kernel computes the log-sum-exp: ``output`` only
-        natives.append(Native("vllm", "vllm_triton_attention.py", must_fit=True, requires=_VLLM_TRITON,
-                              label="vllm_triton", computes=("output",)))
+        natives.append(vllm)
         if definition.const_axes.get("page_size") == 1 and _sglang_computes(definition):
             natives.append(Native("sglang", "sglang_triton_attention.py", must_fit=True, requires=_SGLANG_TRITON,
                                   label="sglang_triton", computes=("output",)))
@@ -124,7 +193,7 @@ def _engine_kernel(run: EngineRun, definition: Definition) -> EngineKernel:
     if definition.op_type == "gqa_paged" and (framework, backend) == ("vllm", "triton_attn"):
         return EngineKernel("vllm_triton", "vLLM's TRITON_ATTN backend (its Triton unified attention kernel)")
     if definition.op_type == "gqa_paged" and (framework, backend) == ("sglang", "triton") \
-            and definition.const_axes.get("page_size") == 1:
+            and definition.const_axes.get("page_size") == 1 and not is_variant(definition):
         return EngineKernel("sglang_triton", "SGLang's triton attention backend (its decode and extend kernels)")
     return EngineKernel(None, f"the {run.attention_backend} attention backend, which the replay has no solution of")
 
@@ -141,8 +210,11 @@ FAMILY = Family(
     package=__name__,
     op_types=("gqa_paged", "gqa_ragged"),
     templates=tuple(f"gqa_paged_{kind}_h32_kv8_d128_ps{ps}{quantized}" for kind in ("decode", "prefill_causal")
-                    for ps in (1, 16) for quantized in ("", FP8_CACHE, FP8_QUERY + FP8_CACHE)),
-    baselines=(Baseline("torch_paged_attention.py", compiled=False, op_type="gqa_paged"),
+                    for ps in (1, 16) for quantized in ("", FP8_CACHE, FP8_QUERY + FP8_CACHE))
+    + tuple(variant_template(kind, ps, sinks) for kind in ("decode", "prefill_causal") for ps in (1, 16)
+            for sinks in (False, True)),
+    baselines=(Baseline("torch_paged_attention.py", compiled=False, op_type="gqa_paged",
+                        optional_constants=VARIANT_CONSTANTS),
                Baseline("torch_ragged_attention.py", compiled=False, op_type="gqa_ragged")),
     natives=_natives,
     engine_kernel=_engine_kernel,

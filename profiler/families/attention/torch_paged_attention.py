@@ -2,12 +2,17 @@ import math
 
 import torch
 
+#: set from a variant's Definition (a plain one sets neither: no window, no cap)
+WINDOW_LEFT = -1  # each query attends its WINDOW_LEFT + 1 latest keys, itself included (-1: every key)
+LOGITS_SOFT_CAP = 0.0  # the logits become cap * tanh(logits / cap) (0: no cap)
+
 
 def run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale, qo_indptr=None, kv_last_page_len=None, k_scale=None,
-        v_scale=None, q_scale=None):
+        v_scale=None, q_scale=None, sinks=None):
     """Per request: gather its pages, attend in float32 (causal, bottom-right aligned), log2 LSE; an
     FP8 cache (``k_scale``, ``v_scale`` given) and FP8 queries (``q_scale``) dequantized by their
-    scales, the output then in bfloat16."""
+    scales, the output then in bfloat16; a sliding window, a logit soft cap, and ``sinks`` (one
+    logit per query head joining every softmax, its value zero) where the Definition has them."""
     k_scale = 1.0 if k_scale is None else float(k_scale)
     v_scale = 1.0 if v_scale is None else float(v_scale)
     out_dtype = q.dtype if q_scale is None else torch.bfloat16
@@ -34,9 +39,18 @@ def run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale, qo_indptr=None, kv
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         qb = q[qo[b] : qo[b + 1]].float() * q_scale
         logits = torch.einsum("qhd,khd->hqk", qb, k) * sm_scale
+        if LOGITS_SOFT_CAP > 0:
+            logits = LOGITS_SOFT_CAP * torch.tanh(logits / LOGITS_SOFT_CAP)
         n_q = qb.shape[0]
-        causal = torch.arange(n_kv, device=q.device)[None, :] > torch.arange(n_q, device=q.device)[:, None] + (n_kv - n_q)
-        logits.masked_fill_(causal[None], -float("inf"))
+        q_pos = torch.arange(n_q, device=q.device)[:, None] + (n_kv - n_q)
+        kv_pos = torch.arange(n_kv, device=q.device)[None, :]
+        masked = kv_pos > q_pos
+        if WINDOW_LEFT >= 0:
+            masked |= kv_pos < q_pos - WINDOW_LEFT
+        logits.masked_fill_(masked[None], -float("inf"))
+        if sinks is not None:
+            logits = torch.cat([logits, sinks.float()[:, None, None].expand(-1, n_q, 1)], dim=-1)
         lse[qo[b] : qo[b + 1]] = (torch.logsumexp(logits, dim=-1) / math.log(2.0)).T
-        output[qo[b] : qo[b + 1]] = torch.einsum("hqk,khd->qhd", logits.softmax(-1), v).to(out_dtype)
+        probs = logits.softmax(-1)[..., :n_kv]
+        output[qo[b] : qo[b + 1]] = torch.einsum("hqk,khd->qhd", probs, v).to(out_dtype)
     return output, lse

@@ -2,6 +2,10 @@ import torch
 from vllm.v1.attention.backends.triton_attn import MIN_LAUNCH_GRID_SIZE_2D, NUM_PAR_SOFTMAX_SEGMENTS
 from vllm.v1.attention.ops.triton_unified_attention import unified_attention
 
+#: set from a variant's Definition (a plain one sets neither: no window, no cap)
+WINDOW_LEFT = -1  # each query attends its WINDOW_LEFT + 1 latest keys, itself included (-1: every key)
+LOGITS_SOFT_CAP = 0.0  # the logits become cap * tanh(logits / cap) (0: no cap)
+
 #: layout -> (the kernel's index arguments, the index tensors they were built from, kept alive so
 #: that their addresses cannot be taken by other tensors while the layout is cached)
 _LAYOUTS = {}
@@ -65,12 +69,13 @@ def _descales(layout, num_kv_heads, k_scale, v_scale, q_scale):
 
 
 def run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale, qo_indptr=None, kv_last_page_len=None, k_scale=1.0,
-        v_scale=1.0, q_scale=None):
+        v_scale=1.0, q_scale=None, sinks=None):
     """vLLM's Triton unified attention (the TRITON_ATTN backend's kernel) on the paged cache, causal,
     as vLLM calls it: decode steps of few sequences on its split-softmax (3D) path; an FP8 (e4m3)
     cache dequantized in the kernel by ``k_scale`` and ``v_scale``, the queries in bfloat16 or (on
-    CUDA, as its TRITON_ATTN backend runs ``kv_cache_dtype="fp8"``) in FP8 by ``q_scale``. It
-    returns no log-sum-exp: only ``output`` is computed."""
+    CUDA, as its TRITON_ATTN backend runs ``kv_cache_dtype="fp8"``) in FP8 by ``q_scale``; a sliding
+    window, soft cap and sinks as vLLM passes its layer's (``window_size`` is vLLM's ``(W - 1, 0)``).
+    It returns no log-sum-exp: only ``output`` is computed."""
     if len(_LAYOUTS) > 64:
         _LAYOUTS.clear()
         _DESCALES.clear()
@@ -78,5 +83,6 @@ def run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale, qo_indptr=None, kv
     descales = _descales(layout, k_cache.shape[2], k_scale, v_scale, q_scale)
     out = torch.empty(q.shape, dtype=torch.bfloat16 if q_scale is not None else q.dtype, device=q.device)
     unified_attention(q=q, k=k_cache, v=v_cache, out=out, softmax_scale=float(sm_scale), causal=True,
-                      window_size=(-1, -1), softcap=0, **layout, **descales)
+                      window_size=(WINDOW_LEFT, 0) if WINDOW_LEFT >= 0 else (-1, -1), softcap=LOGITS_SOFT_CAP,
+                      sinks=None if sinks is None else sinks.float(), **layout, **descales)
     return out

