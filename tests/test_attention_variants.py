@@ -211,3 +211,42 @@ def test_vllms_attention_layer_is_judged_by_everything_it_holds():
     ]:
         problem = layer_problem(layer(**changed))
         assert problem is not None and listed in problem, (changed, problem)
+
+
+def test_sglangs_attention_layer_is_judged_by_everything_it_holds_and_is_passed():
+    """SGLang's ``RadixAttention`` (its attributes as SGLang 0.5.23 builds them): its window is
+    ``sliding_window_size`` keys to the left (W - 1), its cap a tanh ``logit_cap``, its sinks a
+    keyword argument of ``forward``. A backend that does not compute a part of the variant, an
+    unknown keyword, another capping method, or an unknown attribute is listed by name."""
+    from fi_profile.hooks.sglang import attention as sglang_attention
+
+    class RadixAttention(SimpleNamespace):
+        pass
+
+    def layer(**changes):
+        fields = {"tp_q_head_num": H, "tp_k_head_num": KV, "tp_v_head_num": KV, "head_dim": D, "qk_head_dim": D,
+                  "v_head_dim": D, "scaling": 0.125, "layer_id": 0, "logit_cap": 0.0, "sliding_window_size": -1,
+                  "is_cross_attention": False, "use_irope": False, "use_prefill_attention_wrapper": True,
+                  "k_scale": None, "v_scale": None, "k_scale_float": None, "v_scale_float": None, "q_scale_float": None,
+                  "quant_method": None, "attn_type": "decoder", "pos_encoding_mode": "NONE",
+                  "logit_capping_method": "tanh", "xai_temperature_len": -1}
+        fields.update(changes)
+        return RadixAttention(**fields)
+
+    assert sglang_attention.layer_problem(layer()) is None
+    assert sglang_attention.variant(layer(sliding_window_size=127), torch.zeros(H)) == \
+        attention.Variant(window=128, sinks=True)
+    assert sglang_attention.variant(layer(logit_cap=30.0)) == attention.Variant(soft_cap=30.0)
+    assert "use_irope=True" in sglang_attention.layer_problem(layer(use_irope=True))
+    assert "logit capping method" in sglang_attention.layer_problem(layer(logit_cap=1.0, logit_capping_method="idk"))
+    assert "newer=3 (an attribute fi-profile does not know)" in sglang_attention.layer_problem(layer(newer=3))
+    assert "k_rope" in sglang_attention._keyword_problem({"k_rope": torch.zeros(1), "sinks": None})
+    assert sglang_attention._keyword_problem({"sinks": torch.zeros(H)}) is None
+    runner = SimpleNamespace(attn_backend=type("TorchNativeAttnBackend", (), {})())
+    sglang_attention.STEP.begin(runner=runner)
+    try:
+        assert sglang_attention._variant_problem(attention.Variant(window=8)) is None
+        problem = sglang_attention._variant_problem(attention.Variant(window=8, sinks=True))
+        assert problem is not None and "sinks (swa8_sink) on SGLang's TorchNativeAttnBackend" in problem
+    finally:
+        sglang_attention.STEP.begin()

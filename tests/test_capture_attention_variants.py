@@ -99,8 +99,9 @@ def test_gpt_oss_attention_is_recorded_with_its_sinks_on_every_layer_and_its_win
 
 def test_gemma3s_sliding_and_global_layers_are_each_their_own_definition_with_gemmas_scale(tmp_path):
     """Gemma-3: two sliding-window layers (window 8) for each global one, softmax scale
-    ``query_pre_attn_scalar ** -0.5`` (48 here, not the head dim's 64). Its Gemma RMSNorm, GELU
-    and linear RoPE are listed by name (not recorded yet)."""
+    ``query_pre_attn_scalar ** -0.5`` (48 here, not the head dim's 64); Gemma's norms (``x * (1 +
+    w)``: four per layer, the q/k norms per head, the final one) and GeGLU (GELU's tanh form) per
+    layer and step. Its global layer's linear-scaled RoPE is listed by name (not recorded yet)."""
     model = str(MODELS / "tiny-gemma3")
     eager = capture(tmp_path, "gemma3", model=model, single_process=True)
     steps, decode_steps = steps_of(eager)
@@ -113,10 +114,17 @@ def test_gemma3s_sliding_and_global_layers_are_each_their_own_definition_with_ge
         "gqa_paged_prefill_causal_h4_kv2_d64_ps128": steps - decode_steps,
     }, found
     assert scales(eager["out_dir"], "gqa_paged_decode_h4_kv2_d64_ps128_swa8") == pytest.approx([48 ** -0.5])
-    assert "GemmaRMSNorm (a layer class no hook records)" in eager["record"]["run"]["not_covered"]
+    layers = 3
+    mlp = {  # per step: the first layer's input norm, each layer's post-attention and post-MLP norms, the
+        # others' input norms and every pre-MLP norm fused with the residual add, as is the final norm
+        "gemma_rmsnorm_h256": (1 + 2 * layers) * steps, "gemma_fused_add_rmsnorm_inplace_h256": 2 * layers * steps,
+        "gemma_rmsnorm_h64": 2 * layers * steps, "gelu_tanh_and_mul_i512": layers * steps,
+    }
+    assert {k: counts(eager)[k] for k in mlp} == mlp
+    assert eager["record"]["run"]["not_covered"] == {"LinearScalingRotaryEmbedding (a RoPE no Definition computes)": 1}
     compiled = capture(tmp_path, "gemma3-compiled", model=model, single_process=True, eager=False,
                        kernel_accounting=False)
-    assert attention_counts(compiled) == found
+    assert attention_counts(compiled) == found and {k: counts(compiled)[k] for k in mlp} == mlp
 
 
 sglang_only = pytest.mark.skipif(not SGLANG_PYTHON.is_file() and not os.environ.get("CI"),
@@ -137,6 +145,9 @@ def test_sglang_records_gemma3s_windows_on_its_page_size_one_cache(tmp_path):
     }
     assert scales(result["out_dir"], "gqa_paged_decode_h4_kv2_d64_ps1_swa8") == pytest.approx([48 ** -0.5])
     assert not any(error.startswith("attention") for error in result["record"]["run"]["hook_errors"])
+    # SGLang's Gemma3RMSNorm and GeluAndMul, as vLLM's (one step more of them there: vLLM's two prefill steps)
+    assert {k: counts(result)[k] for k in ("gemma_rmsnorm_h256", "gemma_rmsnorm_h64", "gelu_tanh_and_mul_i512")} == \
+        {"gemma_rmsnorm_h256": 7 * steps, "gemma_rmsnorm_h64": 6 * steps, "gelu_tanh_and_mul_i512": 3 * steps}
 
 
 @sglang_only

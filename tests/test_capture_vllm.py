@@ -582,9 +582,6 @@ MODELS = Path(__file__).parent / "fixtures" / "models"
 @pytest.mark.parametrize("model, not_covered, absent", [
     # YaRN is a RoPE of its own (it was recorded as Llama-3's, with Llama-3's constants)
     ("tiny-qwen3-yarn", {"YaRNScalingRotaryEmbedding (a RoPE no Definition computes)": 2}, "rope"),
-    # Gemma's norm (1 + weight) and GELU activation are other classes than those hooked
-    ("tiny-gemma", {"GemmaRMSNorm (a layer class no hook records)": 5, "GeluAndMul (a layer class no hook records)": 2},
-     "rmsnorm"),
 ])
 def test_layer_classes_no_hook_knows_are_listed_never_recorded_as_another(tmp_path, model, not_covered, absent):
     result = capture(tmp_path, model, model=str(MODELS / model), single_process=True)
@@ -593,6 +590,19 @@ def test_layer_classes_no_hook_knows_are_listed_never_recorded_as_another(tmp_pa
     assert not any(k["id"].startswith(absent) for k in result["record"]["kernels"]), counts(result)
     assert counts(result)["gemm_bf16_n512_k256"] == LAYERS * OUTPUT_LEN  # the layers it knows are recorded
     assert run["steps"]["engine"] == OUTPUT_LEN
+
+
+def test_gemma_is_recorded_whole_with_its_own_norm_and_gelu_never_as_llamas(tmp_path):
+    """Gemma's norm scales by ``1 + weight`` and its MLP is GeGLU with GELU's tanh form: each has
+    Definitions of its own (``gemma_*rmsnorm*``, ``gelu_tanh_and_mul_*``), none recorded as Llama's
+    RMSNorm or SwiGLU."""
+    result = capture(tmp_path, "gemma", model=str(MODELS / "tiny-gemma"), single_process=True)
+    run = result["record"]["run"]
+    assert run["not_covered"] == {} and not run["hook_errors"] and "incomplete" not in run, run
+    c = counts(result)
+    assert not any(k.startswith(("rmsnorm", "fused_add_rmsnorm", "silu_and_mul")) for k in c), c
+    assert c["gemma_rmsnorm_h256"] == OUTPUT_LEN and c["gemma_fused_add_rmsnorm_inplace_h256"] == 2 * LAYERS * OUTPUT_LEN
+    assert c["gelu_tanh_and_mul_i512"] == LAYERS * OUTPUT_LEN
 
 
 def test_deepseek_under_tensor_parallelism_records_each_ranks_heads_and_experts_shard(tmp_path):

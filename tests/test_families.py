@@ -127,3 +127,32 @@ def test_sglangs_fused_moe_is_offered_for_every_moe_definition_a_baseline_comput
         fp8 = "hidden_states_scale" in definition.inputs
         assert solution.spec.overwrites == (None if fp8 else {"hidden_states": "output"}), definition.name
         assert {s.path for s in solution.sources[1:]} == {"sglang_fused_experts.py", "expert_layout.py"}
+
+
+@pytest.mark.parametrize("name, constant, value", [
+    ("gemma_rmsnorm_h5376", "WEIGHT_OFFSET", "1.0"), ("gemma_fused_add_rmsnorm_inplace_h5376", "WEIGHT_OFFSET", "1.0"),
+    ("rmsnorm_h4096", "WEIGHT_OFFSET", "0.0"), ("gelu_tanh_and_mul_i21504", "APPROXIMATE", "'tanh'"),
+    ("gelu_and_mul_i21504", "APPROXIMATE", "'none'")])
+def test_a_variant_is_served_by_a_baseline_set_to_compute_it(name, constant, value):
+    """One baseline serves a family's variants by a constant its Definitions give (Gemma's weight
+    offset, GELU's form); a Definition that gives none gets the baseline's own value, the plain op's.
+    The engines' natives of Llama's norm are not offered for Gemma's."""
+    import ast
+
+    from fi_profile.entry_points import load_function, run_reference
+    from fi_profile.synthesis import synthesize_inputs
+
+    definition = shipped_definition(name)
+    (torch_solution,) = [s for s in baseline_solutions(definition) if s.name.endswith("__torch")]
+    source = torch_solution.sources[0].content
+    assert ast.literal_eval(top_level_assignments(source)[constant].value) == ast.literal_eval(value)
+    axes = {axis: 3 for axis in definition.var_axes}
+    inputs = synthesize_inputs(definition, axes, seed=0)
+    expected = run_reference(definition, inputs)
+    found = load_function(source, "run", label=name)(**inputs)
+    first = found[0] if isinstance(found, tuple) else found
+    import torch
+
+    torch.testing.assert_close(first, expected["output"], atol=1e-2, rtol=1.6e-2)
+    if name.startswith("gemma"):
+        assert family_of(definition.op_type).natives(definition, None) == []

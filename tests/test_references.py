@@ -244,3 +244,25 @@ def test_generated_silu_and_mul_keeps_its_constraint_and_computes_swiglu():
     inputs = synthesize_inputs(definition, {"num_tokens": 3})
     gate, up = inputs["input"].float().chunk(2, dim=-1)
     torch.testing.assert_close(run_reference(definition, inputs)["output"], (F.silu(gate) * up).to(torch.bfloat16), **BF16)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_gemma_rmsnorm_scales_by_one_plus_its_weight_as_vllms_gemma_norm(fused):
+    """Gemma's norm: ``x / rms(x) * (1 + w)`` in float32, then rounded (vLLM's ``GemmaRMSNorm``
+    and SGLang's compute it so; FlashInfer's ``gemma_rmsnorm``)."""
+    name = "gemma_fused_add_rmsnorm_inplace_h5376" if fused else "gemma_rmsnorm_h5376"
+    inputs, out = reference(name, {"batch_size": 5})
+    x = inputs["hidden_states"].float() + (inputs["residual"].float() if fused else 0)
+    expected = F.rms_norm(x, (5376,), inputs["weight"].float() + 1.0, eps=1e-6).to(torch.bfloat16)
+    torch.testing.assert_close(out["output"], expected, **BF16)
+    assert not torch.allclose(out["output"].float(), F.rms_norm(x, (5376,), inputs["weight"].float(), eps=1e-6), atol=0.1)
+    if fused:
+        torch.testing.assert_close(out["residual_out"], x.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("name, approximate", [("gelu_tanh_and_mul_i21504", "tanh"), ("gelu_and_mul_i21504", "none")])
+def test_gelu_and_mul(name, approximate):
+    inputs, out = reference(name, {"num_tokens": 4})
+    gate, up = inputs["input"].float().chunk(2, dim=-1)
+    expected = (F.gelu(gate, approximate=approximate) * up).to(torch.bfloat16)
+    torch.testing.assert_close(out["output"], expected, **BF16)

@@ -94,7 +94,12 @@ _MLA = "sglang.srt.models.deepseek_common.attention_forward_methods"
 
 POINTS = [
     HookPoint(f"{_LAYERS}.layernorm", "RMSNorm", ("forward",), rmsnorm.KEY, rmsnorm.layer_calls),
+    HookPoint(f"{_LAYERS}.layernorm", "GemmaRMSNorm", ("forward",), rmsnorm.KEY, rmsnorm.gemma_layer_calls,
+              optional=True),
+    HookPoint(f"{_LAYERS}.layernorm", "Gemma3RMSNorm", ("forward",), rmsnorm.KEY, rmsnorm.gemma_layer_calls,
+              optional=True),
     HookPoint(f"{_LAYERS}.activation", "SiluAndMul", ("forward",), silu_and_mul.KEY, silu_and_mul.layer_calls),
+    HookPoint(f"{_LAYERS}.activation", "GeluAndMul", ("forward",), silu_and_mul.KEY, silu_and_mul.gelu_layer_calls),
     HookPoint(f"{_LAYERS}.rotary_embedding.base", "RotaryEmbedding", ("forward",), rope.KEY, rope.layer_calls),
     HookPoint(f"{_LAYERS}.quantization.unquant", "UnquantizedLinearMethod", ("apply",), gemm.KEY, gemm.linear_calls),
     # block-scale FP8 linear layers: the activations' quantization, then the GEMM
@@ -167,7 +172,10 @@ POINTS = [
 #: no hook knows
 LAYER_RULES = [
     LayerRule(f"{_LAYERS}.layernorm:RMSNorm", rmsnorm.layer_problem),
+    LayerRule(f"{_LAYERS}.layernorm:GemmaRMSNorm", rmsnorm.gemma_layer_problem),
+    LayerRule(f"{_LAYERS}.layernorm:Gemma3RMSNorm", rmsnorm.gemma_layer_problem),
     LayerRule(f"{_LAYERS}.activation:SiluAndMul", silu_and_mul.layer_problem),
+    LayerRule(f"{_LAYERS}.activation:GeluAndMul", silu_and_mul.gelu_layer_problem),
     LayerRule(f"{_LAYERS}.rotary_embedding.base:RotaryEmbedding", rope.layer_problem),
     sglang_mla.LAYER_RULE,
     LayerRule(f"{_LAYERS}.radix_attention:RadixAttention", attention.layer_problem),

@@ -62,7 +62,9 @@ _LAYERS = "vllm.model_executor.layers"
 
 POINTS = [
     HookPoint(f"{_LAYERS}.layernorm", "RMSNorm", ("forward",), rmsnorm.KEY, rmsnorm.layer_calls),
+    HookPoint(f"{_LAYERS}.layernorm", "GemmaRMSNorm", ("forward",), rmsnorm.KEY, rmsnorm.gemma_layer_calls),
     HookPoint(f"{_LAYERS}.activation", "SiluAndMul", ("forward",), silu_and_mul.KEY, silu_and_mul.layer_calls),
+    HookPoint(f"{_LAYERS}.activation", "GeluAndMul", ("forward",), silu_and_mul.KEY, silu_and_mul.gelu_layer_calls),
     HookPoint(f"{_LAYERS}.rotary_embedding.base", "RotaryEmbedding", ("forward",), rope.KEY, rope.layer_calls),
     HookPoint(f"{_LAYERS}.rotary_embedding.deepseek_scaling_rope", "DeepseekScalingRotaryEmbedding", ("forward",),
               rope.KEY, rope.layer_calls),
@@ -128,7 +130,9 @@ POINTS = [
 #: their own rules; any other layer of vLLM's custom-op or attention bases is a class no hook knows
 LAYER_RULES = [
     LayerRule(f"{_LAYERS}.layernorm:RMSNorm", rmsnorm.layer_problem),
+    LayerRule(f"{_LAYERS}.layernorm:GemmaRMSNorm", rmsnorm.gemma_layer_problem),
     LayerRule(f"{_LAYERS}.activation:SiluAndMul", silu_and_mul.layer_problem),
+    LayerRule(f"{_LAYERS}.activation:GeluAndMul", silu_and_mul.gelu_layer_problem),
     LayerRule(f"{_LAYERS}.rotary_embedding.base:RotaryEmbedding", rope.layer_problem),
     LayerRule(f"{_LAYERS}.rotary_embedding.deepseek_scaling_rope:DeepseekScalingRotaryEmbedding", rope.layer_problem),
     LayerRule(f"{_LAYERS}.attention.mla_attention:MLAAttention", vllm_mla.layer_problem),

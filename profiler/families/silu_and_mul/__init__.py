@@ -1,5 +1,6 @@
-"""SwiGLU's activation: ``silu(gate) * up`` over a ``[tokens, 2 * intermediate]`` input. Op type
-``activation``; hooked on the engines' ``SiluAndMul`` layers."""
+"""Gated activations over a ``[tokens, 2 * intermediate]`` input, gate half first: SwiGLU's
+``silu(gate) * up``, and GeGLU's ``gelu(gate) * up`` (Gemma: GELU's tanh approximation, or exact).
+Op type ``activation``; hooked on the engines' ``SiluAndMul`` and ``GeluAndMul`` layers."""
 
 from __future__ import annotations
 
@@ -37,6 +38,41 @@ def sized_call(num_tokens: int, intermediate_size: int, dtype: torch.dtype) -> K
 
 layer_problem = exact_class("SiluAndMul")
 
+#: GELU's forms as the engines' ``GeluAndMul`` names them (``approximate``) -> the Definitions' names
+GELU_FORMS = {"tanh": "gelu_tanh_and_mul", "none": "gelu_and_mul"}
+
+
+def gelu_call(x: torch.Tensor, approximate: str) -> KernelCall:
+    """GeGLU: ``gelu(gate) * up`` in GELU's form ``approximate`` (``gelu_tanh_and_mul_i{I}``,
+    ``gelu_and_mul_i{I}``; from Gemma-3-27B's templates)."""
+    kind = GELU_FORMS[approximate]
+    intermediate, dtype = x.shape[-1] // 2, x.dtype
+
+    def build() -> Definition:
+        schema = schema_dtype(dtype)
+        return definition_for(f"{kind}_i21504", f"{kind}_i{intermediate}{dtype_suffix(schema)}",
+                              {"intermediate_size": intermediate, "gate_up_size": 2 * intermediate}, schema)
+
+    definition = cached_definition((kind, 2 * intermediate, dtype), build)
+    return KernelCall(definition, {"num_tokens": rows(x, x.shape[-1])})
+
+
+def gelu_layer_problem(layer: Any) -> Optional[str]:
+    """Why a ``GeluAndMul`` layer is not a GeGLU the Definitions compute (another class, another
+    GELU form), or None."""
+    problem = exact_class("GeluAndMul")(layer)
+    approximate = getattr(layer, "approximate", None)
+    if problem is None and approximate not in GELU_FORMS:
+        return f"GeluAndMul with approximate={approximate!r} (no Definition computes it)"
+    return problem
+
+
+def gelu_layer_calls(self: Any, x: torch.Tensor) -> list:
+    """``GeluAndMul.forward`` (vLLM and SGLang alike)."""
+    seen(self)
+    require(gelu_layer_problem(self))
+    return [gelu_call(x, self.approximate)]
+
 
 def layer_calls(self: Any, x: torch.Tensor) -> list:
     """``SiluAndMul.forward`` (vLLM and SGLang alike)."""
@@ -61,7 +97,10 @@ def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
 def _engine_kernel(run: EngineRun, definition: Definition) -> Optional[EngineKernel]:
     """SGLang's ``SiluAndMul`` runs its own JIT kernel on CUDA (``sglang.jit_kernel.activation``;
     ``act_and_mul_kernel`` in the profile), not sgl-kernel's FlashInfer one; vLLM's as its other
-    custom ops."""
+    custom ops. GeGLU's kernel (vLLM's ``gelu_tanh_and_mul``, SGLang's, or Inductor's) has no
+    replayed solution."""
+    if not definition.name.startswith("silu_and_mul"):
+        return EngineKernel(None, f"{run.framework}'s GeluAndMul kernel, which the replay has no solution of")
     if run.framework == "SGLang" and not engine_kernels.sglang_on_cpu(run):
         return EngineKernel("sglang", f"SGLang's JIT activation kernel ({_SGLANG})")
     return engine_kernels.custom_op(run, definition)
@@ -71,9 +110,10 @@ FAMILY = Family(
     key=KEY,
     package=__name__,
     op_types=("activation",),
-    templates=("silu_and_mul_i14336",),
-    baselines=(Baseline("torch_silu_and_mul.py"),),
+    templates=("silu_and_mul_i14336", "gelu_tanh_and_mul_i21504", "gelu_and_mul_i21504"),
+    # GeGLU's first: only Definitions that say GELU's form (APPROXIMATE) fit it, SwiGLU's then fit the other
+    baselines=(Baseline("torch_gelu_and_mul.py", ("APPROXIMATE",)), Baseline("torch_silu_and_mul.py")),
     natives=_natives,
     engine_kernel=_engine_kernel,
-    kernel_words=("silu", "act", "swiglu", "act_and_mul"),
+    kernel_words=("silu", "act", "swiglu", "act_and_mul", "gelu"),
 )
