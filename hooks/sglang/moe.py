@@ -9,7 +9,7 @@ from typing import Any, Optional
 import torch
 
 from fi_profile.capture.kernel_call import rows
-from fi_profile.capture.layers import require, seen
+from fi_profile.capture.layers import KnownAttributes, require, seen
 from fi_profile.families import gemm, moe
 from fi_profile.hooks.sglang import fp8_linear as sglang_fp8
 from fi_profile.hooks.sglang.attention import STEP
@@ -174,6 +174,30 @@ def fp8_block_problem(layer: Any) -> Optional[str]:
     return f"{name} with {', '.join(found)}" if found else None
 
 
+#: what the hook knows of a ``FusedMoE`` layer's runner configuration (SGLang 0.5.16 and 0.5.23):
+#: gpt-oss's experts set ``gemm1_alpha`` 1.702 and ``gemm1_clamp_limit`` 7.0 there (its SwiGLU
+#: variant) and were recorded as a plain SwiGLU MoE; any other field is listed by name
+RUNNER_CONFIG = KnownAttributes(
+    read=frozenset({"num_experts", "num_local_experts", "hidden_size", "intermediate_size_per_partition", "top_k",
+                    "num_fused_shared_experts", "activation", "is_gated", "apply_router_weight_on_input",
+                    "routed_scaling_factor"}),
+    neutral={"gemm1_alpha": None, "gemm1_beta": None, "gemm1_clamp_limit": None, "swiglu_limit": None,
+             "no_combine": False, "no_combine_keep_router_weight": False, "use_tp_all_gather_activation": False,
+             "silu_mul_keep_fp32": False},
+    inert=frozenset({"layer_id", "params_dtype", "routing_method_type", "runner_backend", "inplace",
+                     "gate_up_interleaved", "layer"}),
+)
+
+
+def _experts_problems(layer: Any) -> list[str]:
+    """What the experts do beyond SwiGLU experts without bias: their runner configuration's fields
+    off their neutral values or unknown, and expert biases (gpt-oss's ``with_bias``)."""
+    found = RUNNER_CONFIG.problems(layer.moe_runner_config, "moe_runner_config.")
+    if any(getattr(layer, name, None) is not None for name in ("w13_weight_bias", "w2_weight_bias")):
+        found.append("expert bias")
+    return found
+
+
 def layer_calls(self: Any, hidden_states: torch.Tensor) -> list:
     """``FusedMoE``: routing (from the ``TopK`` call before it) and SwiGLU experts as one call."""
     seen(self)
@@ -192,7 +216,7 @@ def layer_calls(self: Any, hidden_states: torch.Tensor) -> list:
         router_weight_on_input=bool(getattr(runner, "apply_router_weight_on_input", False)),
         expert_parallel=self.num_local_experts != self.num_experts,
         expert_parallel_recorded=local_experts(self) is not None,
-    ) + _expert_parallel_problems(self)
+    ) + _expert_parallel_problems(self) + _experts_problems(self)
     fp8_problem = fp8_block_problem(self) if fp8_block else None
     if fp8_problem is not None:
         found.append(fp8_problem)
