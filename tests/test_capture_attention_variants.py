@@ -101,7 +101,8 @@ def test_gemma3s_sliding_and_global_layers_are_each_their_own_definition_with_ge
     """Gemma-3: two sliding-window layers (window 8) for each global one, softmax scale
     ``query_pre_attn_scalar ** -0.5`` (48 here, not the head dim's 64); Gemma's norms (``x * (1 +
     w)``: four per layer, the q/k norms per head, the final one) and GeGLU (GELU's tanh form) per
-    layer and step. Its global layer's linear-scaled RoPE is listed by name (not recorded yet)."""
+    layer and step; the sliding layers' RoPE (base 10k) and the global layer's linear-scaled one
+    (base 1M, positions / 8). Nothing is missing (exit 0)."""
     model = str(MODELS / "tiny-gemma3")
     eager = capture(tmp_path, "gemma3", model=model, single_process=True)
     steps, decode_steps = steps_of(eager)
@@ -121,7 +122,9 @@ def test_gemma3s_sliding_and_global_layers_are_each_their_own_definition_with_ge
         "gemma_rmsnorm_h64": 2 * layers * steps, "gelu_tanh_and_mul_i512": layers * steps,
     }
     assert {k: counts(eager)[k] for k in mlp} == mlp
-    assert eager["record"]["run"]["not_covered"] == {"LinearScalingRotaryEmbedding (a RoPE no Definition computes)": 1}
+    mlp.update({"rope_neox_style_h4_kv2_d64_theta10000": 2 * steps, "rope_linear_neox_style_h4_kv2_d64_theta1000000_f8": steps})
+    run = eager["record"]["run"]
+    assert run["not_covered"] == {} and not run["hook_errors"] and "incomplete" not in run, run
     compiled = capture(tmp_path, "gemma3-compiled", model=model, single_process=True, eager=False,
                        kernel_accounting=False)
     assert attention_counts(compiled) == found and {k: counts(compiled)[k] for k in mlp} == mlp

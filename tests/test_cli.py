@@ -80,6 +80,9 @@ def test_shipped_set_covers_llama_31_8b_and_the_moe_templates():
         # attention variants: gpt-oss-20b's sliding layers (window 128, learned sinks), Gemma-3-27B's (window 1024)
         *(f"gqa_paged_{kind}_{shape}_ps{ps}{variant}" for kind in ("decode", "prefill_causal") for ps in (1, 16)
           for shape, variant in (("h64_kv8_d64", "_swa128_sink"), ("h32_kv16_d128", "_swa1024"))),
+        # Gemma-3-27B: its norms (1 + weight), GeGLU (GELU's tanh form, and the exact one), its global layers' linear RoPE
+        "gemma_rmsnorm_h5376", "gemma_fused_add_rmsnorm_inplace_h5376", "gelu_tanh_and_mul_i21504", "gelu_and_mul_i21504",
+        "rope_linear_neox_style_h32_kv16_d128",
     } == names
     # templates are bfloat16 where their computation has a model dtype (instantiated per dtype); FP8 data is FP8
     assert all(d.inputs[next(iter(d.inputs))].dtype.value in ("bfloat16", "float32", "int32", "float8_e4m3fn")

@@ -266,3 +266,16 @@ def test_gelu_and_mul(name, approximate):
     gate, up = inputs["input"].float().chunk(2, dim=-1)
     expected = (F.gelu(gate, approximate=approximate) * up).to(torch.bfloat16)
     torch.testing.assert_close(out["output"], expected, **BF16)
+
+
+def test_linear_rope_divides_each_position_by_its_factor():
+    """Gemma-3's global layers: a position p rotates as p / 8 would without scaling (HF's and the
+    engines' ``rope_type: linear``)."""
+    inputs, out = reference("rope_linear_neox_style_h32_kv16_d128", {"num_tokens": 6})
+    plain = inputs["positions"].double() / 8.0
+    inv = 1.0 / 1e6 ** (torch.arange(0, 128, 2, dtype=torch.float64) / 128)
+    angles = (plain[:, None] * inv[None, :]).float()
+    cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]
+    x1, x2 = inputs["q"].float().chunk(2, dim=-1)
+    expected = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(torch.bfloat16)
+    torch.testing.assert_close(out["q_out"], expected, **BF16)

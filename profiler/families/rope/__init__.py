@@ -1,7 +1,8 @@
-"""Rotary position embedding on queries and keys: full-head NeoX style, plain or with Llama-3
-frequency scaling; and DeepSeek's YaRN-scaled RoPE (interleaved pairs, on MLA's rotary parts
-``q_pe`` / ``k_pe``). Op type ``rope``; hooked on the engines' ``RotaryEmbedding`` layers and
-vLLM's ``DeepseekScalingRotaryEmbedding`` (SGLang's derives from its ``RotaryEmbedding``)."""
+"""Rotary position embedding on queries and keys: full-head NeoX style, plain, with Llama-3
+frequency scaling or with linear position scaling (Gemma-3's global layers); and DeepSeek's
+YaRN-scaled RoPE (interleaved pairs, on MLA's rotary parts ``q_pe`` / ``k_pe``). Op type ``rope``;
+hooked on the engines' ``RotaryEmbedding`` layers and vLLM's ``DeepseekScalingRotaryEmbedding``
+(SGLang's derives from its ``RotaryEmbedding``)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ class RopeParams:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position: int = 8192
+    #: positions divided by it (``rope_type: linear``, Gemma-3's global layers); 1: none
+    linear_factor: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,15 @@ def call(query: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int
 
 
 def _definition(num_q_heads: int, num_kv_heads: int, head_dim: int, params: RopeParams, dtype: DType) -> Definition:
+    if params.linear_factor != 1.0:
+        return definition_for(
+            "rope_linear_neox_style_h32_kv16_d128",
+            f"rope_linear_neox_style_h{num_q_heads}_kv{num_kv_heads}_d{head_dim}_theta{int(params.theta)}"
+            f"_f{params.linear_factor:g}".replace(".", "p") + dtype_suffix(dtype),
+            {"num_qo_heads": num_q_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim},
+            dtype,
+            {"ROPE_THETA": float(params.theta), "LINEAR_FACTOR": float(params.linear_factor)},
+        )
     style = "rope_llama3_neox_style" if params.factor != 1.0 else "rope_neox_style"
     theta = "" if params.theta == 500000.0 else f"_theta{int(params.theta)}"
     values = (float(params.theta), float(params.factor), float(params.low_freq_factor), float(params.high_freq_factor),
@@ -111,9 +123,9 @@ def _yarn_suffix(values: dict[str, float]) -> str:
 
 
 #: the RoPE classes a Definition computes, and how each scales its frequencies (vLLM and SGLang
-#: name them alike); YaRN (Qwen's), dynamic NTK, linear scaling, multimodal RoPE ... are other
+#: name them alike); YaRN (Qwen's, gpt-oss's), dynamic NTK, multimodal RoPE ... are other
 #: computations and are not covered
-ROPE_CLASSES = ("RotaryEmbedding", "Llama3RotaryEmbedding")
+ROPE_CLASSES = ("RotaryEmbedding", "Llama3RotaryEmbedding", "LinearScalingRotaryEmbedding")
 DEEPSEEK_YARN_CLASS = "DeepseekScalingRotaryEmbedding"
 
 
@@ -130,6 +142,9 @@ def layer_problem(layer: Any) -> Optional[str]:
     if not layer.is_neox_style or layer.rotary_dim != layer.head_size:
         return (f"{name} with is_neox_style={layer.is_neox_style}, rotary_dim={layer.rotary_dim}, "
                 f"head_size={layer.head_size} (only full-head NeoX-style RoPE has a Definition)")
+    if name == "LinearScalingRotaryEmbedding" and len(layer.scaling_factors) != 1:
+        return (f"{name} with scaling factors {list(layer.scaling_factors)} (one cos/sin cache per LoRA adapter's "
+                "factor: which one a token takes is not known here)")
     return None
 
 
@@ -149,6 +164,8 @@ def layer_calls(self: Any, query: torch.Tensor, key: Optional[torch.Tensor] = No
         params = RopeParams(theta=float(self.base), factor=float(self.scaling_factor),
                             low_freq_factor=float(self.low_freq_factor), high_freq_factor=float(self.high_freq_factor),
                             original_max_position=int(self.orig_max_position))
+    elif type(self).__name__ == "LinearScalingRotaryEmbedding":
+        params = RopeParams(theta=float(self.base), linear_factor=float(self.scaling_factors[0]))
     else:  # unscaled: Llama-3 scaling with factor 1 is the identity
         params = RopeParams(theta=float(self.base), factor=1.0, low_freq_factor=1.0, high_freq_factor=4.0,
                             original_max_position=8192)
@@ -185,8 +202,11 @@ FAMILY = Family(
     key=KEY,
     package=__name__,
     op_types=("rope",),
-    templates=("rope_llama3_neox_style_h32_kv8_d128", "rope_deepseek_yarn_h128_kv1_d64"),
-    baselines=(Baseline("torch_rope.py", CONSTANTS), Baseline("torch_yarn_rope.py", YARN_CONSTANTS)),
+    templates=("rope_llama3_neox_style_h32_kv8_d128", "rope_deepseek_yarn_h128_kv1_d64",
+               "rope_linear_neox_style_h32_kv16_d128"),
+    # linear RoPE's first: only Definitions that give its factor fit it
+    baselines=(Baseline("torch_linear_rope.py", ("ROPE_THETA", "LINEAR_FACTOR")), Baseline("torch_rope.py", CONSTANTS),
+               Baseline("torch_yarn_rope.py", YARN_CONSTANTS)),
     natives=_natives,
     engine_kernel=engine_kernels.custom_op,
     kernel_words=("rotary", "rope", "cos_sin"),
