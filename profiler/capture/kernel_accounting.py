@@ -544,7 +544,7 @@ class _Fits:
 
     def __init__(self, kernel_words: Mapping[str, Sequence[str]], op_types: Mapping[str, str],
                  tail_words: Mapping[str, Sequence[str]], head_words: Mapping[str, Sequence[str]],
-                 reducing: frozenset[str], launches: Mapping[str, frozenset[str]]) -> None:
+                 reducing: frozenset[str], launches: Mapping[str, frozenset[str]] = {}) -> None:
         self.kernel_words, self.op_types = kernel_words, op_types
         self.tail_words, self.head_words, self.reducing = tail_words, head_words, reducing
         self.launches = launches
