@@ -167,3 +167,21 @@ def test_sglang_runs_mistral_without_its_window_and_the_record_says_what_it_ran(
     # every request's keys outnumber Mistral's window of 8 (page size 1: one index per key)
     decodes = workloads(result["out_dir"], "gqa_paged_decode_h4_kv2_d64_ps1")
     assert all(dict(axes)["num_kv_indices"] > 8 * dict(axes)["batch_size"] for axes in decodes)
+
+
+def test_gemma2s_soft_capped_attention_is_recorded_and_its_capped_logits_are_listed(tmp_path):
+    """Gemma-2 (a model none of this code was written for): its attention logits capped at 50 on
+    every layer, a window on every other one (``*_cap50``, ``*_swa8_cap50``), Gemma's norms and
+    GeGLU; its final logits capped at 30 after the lm_head, which no Definition computes: listed
+    by name, the record incomplete."""
+    result = capture(tmp_path, "gemma2", model=str(MODELS / "tiny-gemma2"), single_process=True)
+    steps, decode_steps = steps_of(result)
+    found = attention_counts(result)
+    assert found["gqa_paged_decode_h6_kv2_d32_ps128_swa8_cap50"] == 2 * decode_steps
+    assert found["gqa_paged_decode_h6_kv2_d32_ps128_cap50"] == 2 * decode_steps
+    assert not any(name.startswith("gqa_") and "_cap50" not in name for name in found), found
+    run = result["record"]["run"]
+    assert run["not_covered"] == {
+        "LogitsProcessor with soft_cap=30.0 (the logits changed after the lm_head: no Definition computes it)": 1}
+    assert not run["hook_errors"] and "not in the record" in run["incomplete"]
+    assert scales(result["out_dir"], "gqa_paged_decode_h6_kv2_d32_ps128_cap50") == pytest.approx([24 ** -0.5])

@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping, Optional
 import torch
 
 from fi_profile.capture.kernel_call import KernelCall
-from fi_profile.capture.layers import KnownAttributes, require, seen
+from fi_profile.capture.layers import KnownAttributes, judged_once, require, seen
 from fi_profile.capture.paged_layout import paged_batches
 from fi_profile.capture.recorder import RECORDER
 from fi_profile.families import attention, kv_cache
@@ -232,7 +232,7 @@ def layer_calls(self: Any, q: torch.Tensor, forward_batch: Any, k: Optional[torc
     seen(self)
     dtype = schema_dtype(q.dtype)
     kind = variant(self, extra.get("sinks"))
-    require(layer_problem(self) or _keyword_problem(extra) or _variant_problem(kind) or cache_problem(dtype))
+    require(judged_once(self, layer_problem) or _keyword_problem(extra) or _variant_problem(kind) or cache_problem(dtype))
     STEP.batches(forward_batch, step_batches)
     scales = cache_scales(self)
     attended = _attended_scales(forward_batch, scales)

@@ -5,11 +5,11 @@ Page size 1 (the request-to-token table's rows are the page ids: :mod:`.attentio
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
-from fi_profile.capture.layers import LayerRule, by_layer_class, covered, require, seen, seen_weights
+from fi_profile.capture.layers import LayerRule, by_layer_class, require, seen, seen_weights
 from fi_profile.capture.patching import HookPoint
 from fi_profile.families import attention as attention_family
 from fi_profile.families import (
@@ -167,6 +167,12 @@ POINTS = [
     ),
 ]
 
+
+def _logits_problem(layer: Any) -> Optional[str]:
+    """The logits processor's cap and scale (``final_logit_softcapping``, ``logit_scale``) beside its lm_head GEMM."""
+    return gemm.logits_problem(layer, getattr(layer, "final_logit_softcapping", None), getattr(layer, "logit_scale", None))
+
+
 #: how each layer of a built model is judged (``run.not_covered``): the hooked layer classes by
 #: their own rules; any other layer of SGLang's op bases (they moved between versions) is a class
 #: no hook knows
@@ -181,7 +187,7 @@ LAYER_RULES = [
     LayerRule(f"{_LAYERS}.radix_attention:RadixAttention", attention.layer_problem),
     LayerRule(f"{_LAYERS}.moe.topk:TopK", sglang_moe.routing_problem),
     LayerRule("sglang.srt.models.deepseek_v2:MoEGate", sglang_moe.gate_problem),
-    LayerRule(f"{_LAYERS}.logits_processor:LogitsProcessor", covered),
+    LayerRule(f"{_LAYERS}.logits_processor:LogitsProcessor", _logits_problem),
     sglang_fp8.LAYER_RULE,
     sglang_fp8.COMPRESSED_TENSORS_RULE,
     LayerRule(f"{_LAYERS}.quantization.fp8:Fp8MoEMethod", sglang_moe.fp8_block_problem),

@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from fi_profile.capture.kernel_call import KernelCall
-from fi_profile.capture.layers import KnownAttributes, require, seen
+from fi_profile.capture.layers import KnownAttributes, judged_once, require, seen
 from fi_profile.capture.paged_layout import paged_batches, step_shape
 from fi_profile.capture.recorder import RECORDER
 from fi_profile.families import attention, fp8_linear, kv_cache
@@ -249,7 +249,7 @@ def layer_calls(self: Any, query: torch.Tensor, key: Optional[torch.Tensor] = No
     from vllm.forward_context import get_forward_context
 
     seen(self)
-    require(layer_problem(self))
+    require(judged_once(self, layer_problem))
     metadata = get_forward_context().attn_metadata
     if isinstance(metadata, list):  # micro-batches: the first one's layout
         metadata = metadata[0]

@@ -13,7 +13,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from fi_profile.capture.layers import LayerRule, by_layer_class, covered, seen
+from fi_profile.capture.layers import LayerRule, by_layer_class, seen
 from fi_profile.capture.patching import HookPoint
 from fi_profile.families import attention as attention_family
 from fi_profile.families import collective, embedding, fp8_linear, gemm, mla, moe, rmsnorm, rope, sampling, silu_and_mul
@@ -126,6 +126,12 @@ POINTS = [
               steps.full_graph_replay, optional=True, boundary=True),
 ]
 
+
+def _logits_problem(layer: Any) -> Optional[str]:
+    """The logits processor's cap and scale (``soft_cap``, ``scale``) beside its lm_head GEMM."""
+    return gemm.logits_problem(layer, getattr(layer, "soft_cap", None), getattr(layer, "scale", None))
+
+
 #: how each layer of a built model is judged (``run.not_covered``): the hooked layer classes by
 #: their own rules; any other layer of vLLM's custom-op or attention bases is a class no hook knows
 LAYER_RULES = [
@@ -139,7 +145,7 @@ LAYER_RULES = [
     LayerRule(f"{_LAYERS}.mla:MultiHeadLatentAttentionWrapper", vllm_mla.wrapper_problem, container=True),
     LayerRule(f"{_LAYERS}.attention_layer_base:AttentionLayerBase", attention.layer_problem),
     LayerRule(f"{_LAYERS}.fused_moe.runner.moe_runner:MoERunner", vllm_moe.layer_problem),
-    LayerRule(f"{_LAYERS}.logits_processor:LogitsProcessor", covered),
+    LayerRule(f"{_LAYERS}.logits_processor:LogitsProcessor", _logits_problem),
     # an FP8 checkpoint's attention layers hold their KV-cache scales in a quantization method; the
     # cache's dtype is the layer's ``kv_cache_dtype``, judged by the attention rules
     LayerRule(f"{_LAYERS}.quantization.kv_cache:BaseKVCacheMethod", by_layer_class),

@@ -138,6 +138,15 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def judged_once(layer: Any, problem: Callable[[Any], Optional[str]]) -> Optional[str]:
+    """``problem(layer)``, judged at the layer's first call and kept on it: a hot hook (an eager
+    attention layer, every call) does not audit the same attributes again."""
+    found = layer.__dict__.get("_fi_profile_problem")
+    if found is None:
+        found = layer.__dict__["_fi_profile_problem"] = (problem(layer),)
+    return found[0]
+
+
 def require(problem: Optional[str]) -> None:
     """A hooked layer no Definition computes: its calls are lost, never recorded as another's."""
     if problem is not None:

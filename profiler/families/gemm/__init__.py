@@ -90,6 +90,16 @@ def linear_calls(self: Any, layer: Any, x: torch.Tensor, bias: Optional[torch.Te
     return [call(x, *layer_size(layer), bias=bias is not None)]
 
 
+def logits_problem(layer: Any, soft_cap: Optional[float], scale: Optional[float]) -> Optional[str]:
+    """Why a logits processor computes more than its lm_head GEMM, or None: a soft cap (Gemma-2's
+    final ``tanh`` cap) or a scale on the logits, which no Definition computes (vLLM's ``soft_cap`` /
+    ``scale``, SGLang's ``final_logit_softcapping`` / ``logit_scale``)."""
+    found = [what for what, applies in {f"soft_cap={soft_cap}": soft_cap is not None,
+                                        f"scale={scale}": scale not in (None, 1.0)}.items() if applies]
+    return (f"{type(layer).__name__} with {', '.join(found)} (the logits changed after the lm_head: no Definition "
+            "computes it)") if found else None
+
+
 def lm_head_calls(self: Any, lm_head: Any, hidden_states: torch.Tensor,
                   embedding_bias: Optional[torch.Tensor] = None) -> list:
     """The logits projection (vLLM and SGLang name these arguments alike, in different orders)."""
