@@ -57,18 +57,17 @@ def test_a_mistral_sliding_window_model_is_recorded_whole_eager_and_compiled(tmp
     assert "WINDOW_LEFT = 7" in definition["reference"]
 
 
-def test_gpt_oss_attention_is_recorded_with_its_sinks_on_every_layer_and_its_window_on_every_other(tmp_path):
+def test_gpt_oss_is_recorded_whole_its_sinks_window_yarn_and_biased_swigluoai_experts(tmp_path):
     """gpt-oss: sliding (window 8) and full layers alternate, and every layer has learned sinks
     (``Attention(..., sinks=...)``). They were recorded as plain attention before: no call of
-    these layers is plain now. Its YaRN RoPE and its MoE (``swigluoai``, expert bias) are listed
-    by name, not recorded: the record says it is incomplete and why. Then the attention calls
-    replay on CPU: references and PyTorch baselines agree."""
+    these layers is plain now. Its YaRN RoPE (untruncated ramp) and its MoE (softmax top-2 of 4
+    experts, biased, ``swigluoai``) were listed; each is now its own Definition, one call per layer
+    and step, and nothing is missing (exit 0). Then its calls replay on CPU: references and PyTorch
+    baselines agree."""
     model = str(MODELS / "tiny-gpt-oss")
     eager = capture(tmp_path, "gpt-oss", model=model, single_process=True)
     run = eager["record"]["run"]
-    assert set(run["not_covered"]) == {"MoERunner with activation swigluoai, expert bias (no MoE Definition computes it)",
-                                       "YaRNScalingRotaryEmbedding (a RoPE no Definition computes)"}, run["not_covered"]
-    assert not any(error.startswith("attention") for error in run["hook_errors"]), run["hook_errors"]
+    assert run["not_covered"] == {} and not run["hook_errors"] and "incomplete" not in run, run
     steps, decode_steps = steps_of(eager)
     per_type = 2  # layers of each type
     found = attention_counts(eager)
@@ -79,20 +78,29 @@ def test_gpt_oss_attention_is_recorded_with_its_sinks_on_every_layer_and_its_win
         "gqa_paged_prefill_causal_h4_kv2_d64_ps128_swa8_sink": per_type * (steps - decode_steps),
         "gqa_paged_prefill_causal_h4_kv2_d64_ps128_sink": per_type * (steps - decode_steps),
     }, found
+    layers = 2 * per_type
+    others = {"moe_bf16_renorm_topk2_e4_h256_i256_swigluoai_bias": layers * steps,
+              "rope_yarn_neox_style_h4_kv2_d64_theta150000_f32_ctx4096_untruncated": layers * steps}
+    assert {k: counts(eager)[k] for k in others} == others, counts(eager)
+    moe = json.loads((eager["out_dir"] / "definitions" / "moe" / f"{next(iter(others))}.json").read_text())
+    assert list(moe["inputs"]) == ["hidden_states", "routing_logits", "gemm1_weights", "gemm1_bias", "gemm2_weights",
+                                   "gemm2_bias"]
+    assert "ALPHA = 1.702" in moe["reference"] and "LIMIT = 7.0" in moe["reference"]
     compiled = capture(tmp_path, "gpt-oss-compiled", model=model, single_process=True, eager=False,
                        kernel_accounting=False)
-    assert attention_counts(compiled) == found
+    assert attention_counts(compiled) == found and {k: counts(compiled)[k] for k in others} == others
 
     from typer.testing import CliRunner
 
     from fi_profile.cli import app
 
-    names = [name for name in found if name.startswith("gqa_")]
+    names = [name for name in found if name.startswith("gqa_")] + list(others)
     replayed = CliRunner().invoke(app, ["replay", str(eager["out_dir"]), "--definitions", ",".join(names), "--device",
                                         "cpu", "--min-time", "0.01", "--max-workloads", "2", "--out", str(tmp_path / "r")])
     assert replayed.exit_code == 0, replayed.output
     results = [json.loads(line) for line in (tmp_path / "r" / "results.jsonl").read_text().splitlines()]
-    assert {r["source"].rsplit("__", 1)[-1] for r in results} == {"reference", "torch"}
+    # the PyTorch baselines, the RoPE one under torch.compile too (the attention and MoE ones loop in Python)
+    assert {r["source"].rsplit("__", 1)[-1] for r in results} == {"reference", "torch", "torch_compile"}
     assert {r["kernel_id"] for r in results} == set(names)
     assert all(r["status"] == "passed" for r in results), [(r["source"], r["status"], r.get("error")) for r in results]
 

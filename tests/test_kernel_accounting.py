@@ -714,3 +714,23 @@ def test_a_fused_moes_own_activation_still_goes_to_it_where_no_activation_call_f
     result = attribute(profile.events, [GraphCalls(tuple(calls))], KERNEL_WORDS, GEMMA_OP_TYPES,
                        **{k: v for k, v in KERNEL_NAMING.items() if k != "kernel_words"})
     assert by_definition(result) == {"gemm_qkv": 20, "moe_x": 64, "gemm_o": 10} and result.unattributed == {}
+
+
+def test_tritons_moe_kernels_go_to_the_moe_not_to_the_gemms_or_attention_around_it():
+    """SGLang 0.5.16 on an H200 runs gpt-oss's experts with Triton's ``triton_kernels``: expert GEMMs
+    ``_matmul_ogs_*`` (named like a GEMM) and a routing ``_bitmatrix_metadata_compute_stage1/2``
+    (``stage1`` is a word of attention's split-KV kernels). They went to the lm_head and o_proj
+    GEMMs and to the attention before; they are the MoE call's."""
+    calls = [("gemm", ("gemm_qkv",)), ("attention", ("gqa_paged_decode_h4",)), ("gemm", ("gemm_o",)),
+             ("moe", ("moe_x",)), ("gemm", ("gemm_down",))]
+    kernels = [("nvjet_qkv", 20), ("_fwd_kernel_stage1", 8), ("_fwd_kernel_stage2", 2), ("nvjet_o", 10),
+               ("_topk_forward", 1), ("_bitmatrix_metadata_compute_stage1", 1), ("_bitmatrix_metadata_compute_stage2", 1),
+               ("_matmul_ogs_NNT_bf16xbf16xbf16_128x256x64x1_swiglu", 40), ("_matmul_ogs_NNT_bf16xbf16xbf16", 20),
+               ("nvjet_lm_head", 30)]  # the lm_head's GEMM, as gemm_down here
+    profile = GpuProfile()
+    profile.range(f"{GRAPH_RANGE}0", lambda: profile.launch(*kernels, graph=True))
+    result = attribute(profile.events, [GraphCalls(tuple(calls))], KERNEL_WORDS, GEMMA_OP_TYPES,
+                       **{k: v for k, v in KERNEL_NAMING.items() if k != "kernel_words"})
+    assert by_definition(result) == {"gemm_qkv": 20, "gqa_paged_decode_h4": 10, "gemm_o": 10, "moe_x": 63,
+                                     "gemm_down": 30}, by_definition(result)
+    assert result.unattributed == {}

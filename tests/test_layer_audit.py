@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import torch
 
-from fi_profile.hooks.sglang.moe import _experts_problems
+from fi_profile.families import moe
+from fi_profile.hooks.sglang.moe import _experts_problems, swiglu_oai
 
 #: SGLang 0.5.23's ``MoeRunnerConfig`` fields, as its Qwen3-MoE layers set them
 PLAIN_RUNNER = dict(num_experts=8, num_local_experts=8, hidden_size=256, intermediate_size_per_partition=128,
@@ -37,6 +38,22 @@ def test_gpt_oss_experts_in_sglang_are_listed_not_recorded_as_plain_swiglu():
     layer.w13_weight_bias = torch.zeros(8, 256)
     assert _experts_problems(layer) == ["moe_runner_config.gemm1_alpha=1.702",
                                         "moe_runner_config.gemm1_clamp_limit=7.0", "expert bias"]
+
+
+def test_gpt_oss_experts_with_both_biases_are_recorded_as_its_swigluoai_moe_and_variants_of_them_listed():
+    """Alpha, clamp limit and both biases: gpt-oss's experts, recorded with their constants; the
+    same with gate and up not interleaved, a beta, or one bias missing is another computation."""
+    def gpt_oss(**runner):
+        layer = experts(gemm1_alpha=1.702, gemm1_clamp_limit=7.0, **runner)
+        layer.w13_weight_bias, layer.w2_weight_bias = torch.zeros(8, 256), torch.zeros(8, 256)
+        return layer
+
+    assert swiglu_oai(gpt_oss()) == moe.SwigluOAI(1.702, 7.0) and _experts_problems(gpt_oss()) == []
+    assert swiglu_oai(experts(gemm1_alpha=1.5, gemm1_clamp_limit=10.0)) is None  # no biases
+    for variant, listed in (({"gate_up_interleaved": False}, "moe_runner_config.gemm1_alpha=1.702"),
+                            ({"gemm1_beta": 1.0}, "moe_runner_config.gemm1_beta=1.0")):
+        layer = gpt_oss(**variant)
+        assert swiglu_oai(layer) is None and listed in _experts_problems(layer), _experts_problems(layer)
 
 
 def test_a_runner_field_a_later_sglang_adds_is_listed_by_name():

@@ -106,3 +106,75 @@ def test_sglangs_layer_with_its_extrapolation_and_attention_factors_computes_wha
     for f in found:
         assert f["problem"] is None and f["name"].startswith("rope_deepseek_yarn_h8_kv1_d64_f4_y")
         assert f["q"] <= 0.04 and f["k"] <= 0.04, f
+
+
+# the generic YaRN (Qwen's, gpt-oss's rope_type "yarn"): NeoX style, its ramp truncated or not
+
+def _generic(factor=32.0, theta=150000.0, truncate=False, beta_fast=32, attention_factor=None):
+    from vllm.model_executor.layers.rotary_embedding.yarn_scaling_rope import YaRNScalingRotaryEmbedding
+
+    return YaRNScalingRotaryEmbedding(64, 64, 4096, theta, True, factor, torch.bfloat16, beta_fast=beta_fast,
+                                      beta_slow=1, truncate=truncate, attention_factor=attention_factor)
+
+
+@pytest.mark.parametrize("constants, name", [
+    ({}, "rope_yarn_neox_style_h8_kv2_d64_theta150000_f32_ctx4096_untruncated"),  # gpt-oss's
+    ({"factor": 4.0, "theta": 1000000.0, "truncate": True}, "rope_yarn_neox_style_h8_kv2_d64_theta1e+06_f4_ctx4096"),
+    ({"beta_fast": 16, "attention_factor": 1.25}, "rope_yarn_neox_style_h8_kv2_d64_theta150000_f32_ctx4096_b16_1_m1p25"
+                                                  "_untruncated"),
+])
+def test_the_generic_yarn_definition_computes_what_vllms_layer_computes(vllm_config, constants, name):
+    from fi_profile.families.rope import _generic_yarn_params
+
+    layer = _generic(**constants)
+    assert layer_problem(layer) is None
+    generator = torch.Generator().manual_seed(2)
+    q = torch.randn(41, 8, 64, generator=generator).to(torch.bfloat16)
+    k = torch.randn(41, 2, 64, generator=generator).to(torch.bfloat16)
+    positions = torch.randint(0, int(4096 * layer.scaling_factor), (41,), generator=generator)
+    definition = call(q, 8, 2, 64, _generic_yarn_params(layer)).definition
+    assert definition.name == name
+    expected_q, expected_k = layer.forward_native(positions, q.clone(), k.clone())
+    ours = run_reference(definition, {"q": q, "k": k, "positions": positions})
+    for got, want in ((ours["q_out"], expected_q), (ours["k_out"], expected_k)):
+        assert torch.allclose(got.float(), want.float(), atol=0.04, rtol=0.02), (got.float() - want.float()).abs().max()
+    from fi_profile.replay.baseline_solutions import fitted_baseline
+
+    _, baseline, source = fitted_baseline(definition)
+    assert baseline.file == "torch_yarn_rope.py" and "NEOX_STYLE = True" in source
+    namespace: dict = {}
+    exec(compile(source, "torch_yarn_rope.py", "exec"), namespace)
+    got_q, got_k = namespace["run"](q, k, positions)
+    assert torch.allclose(got_q.float(), ours["q_out"].float(), atol=0.04)
+    assert torch.allclose(got_k.float(), ours["k_out"].float(), atol=0.04)
+
+
+def test_truncating_the_ramp_or_not_is_another_computation_and_the_reference_tells_them_apart(vllm_config):
+    from fi_profile.families.rope import _generic_yarn_params
+
+    q = torch.randn(16, 8, 64).to(torch.bfloat16)
+    k = torch.randn(16, 2, 64).to(torch.bfloat16)
+    positions = torch.arange(16) * 8000
+    untruncated, truncated = (call(q, 8, 2, 64, _generic_yarn_params(_generic(truncate=t))).definition
+                              for t in (False, True))
+    assert untruncated.name != truncated.name and truncated.name.endswith("_ctx4096")
+    a, b = (run_reference(d, {"q": q, "k": k, "positions": positions})["q_out"].float() for d in (untruncated, truncated))
+    assert (a - b).abs().max() > 0.1
+
+
+def test_a_generic_yarn_layer_whose_cache_is_not_its_constants_is_listed_with_the_difference(vllm_config, monkeypatch):
+    """A layer whose class builds its cos/sin cache from something its constants do not say (here
+    an extra magnitude folded in, as an attribute a later vLLM adds would) is listed, not recorded
+    under the constants it shows; so is one whose class builds no cache fi-profile can check."""
+    from vllm.model_executor.layers.rotary_embedding.yarn_scaling_rope import YaRNScalingRotaryEmbedding
+
+    original = YaRNScalingRotaryEmbedding._compute_cos_sin_cache
+    monkeypatch.setattr(YaRNScalingRotaryEmbedding, "_compute_cos_sin_cache", lambda self: original(self) * 0.9)
+    problem = layer_problem(_generic())
+    assert problem is not None and "cos/sin cache is not its constants'" in problem, problem
+    monkeypatch.setattr(YaRNScalingRotaryEmbedding, "_compute_cos_sin_cache", original)
+    layer = _generic()
+    assert layer_problem(layer) is None
+    other = _generic()
+    other.truncate = True  # read by name: another Definition, and the cache its class builds agrees
+    assert layer_problem(other) is None

@@ -189,11 +189,34 @@ RUNNER_CONFIG = KnownAttributes(
 )
 
 
+def _biased(layer: Any) -> bool:
+    return any(getattr(layer, name, None) is not None for name in ("w13_weight_bias", "w2_weight_bias"))
+
+
+def swiglu_oai(layer: Any) -> Optional[moe.SwigluOAI]:
+    """gpt-oss's experts: SiLU-gated with ``gemm1_alpha`` and ``gemm1_clamp_limit`` set, which
+    SGLang's Triton experts compute as ``gate * sigmoid(alpha * gate) * (up + 1)``, clamped, on gate
+    and up rows interleaved (0.5.16 has no other layout; 0.5.23 says ``gate_up_interleaved``), with
+    both expert biases. None for any other configuration (then listed by its fields)."""
+    config = layer.moe_runner_config
+    alpha, limit = getattr(config, "gemm1_alpha", None), getattr(config, "gemm1_clamp_limit", None)
+    if (config.activation != "silu" or not bool(getattr(config, "is_gated", True)) or alpha is None
+            or limit is None or getattr(config, "gemm1_beta", None) is not None
+            or getattr(config, "swiglu_limit", None) is not None or not getattr(config, "gate_up_interleaved", True)
+            or not all(getattr(layer, name, None) is not None for name in ("w13_weight_bias", "w2_weight_bias"))):
+        return None
+    return moe.SwigluOAI(alpha=float(alpha), limit=float(limit))
+
+
 def _experts_problems(layer: Any) -> list[str]:
-    """What the experts do beyond SwiGLU experts without bias: their runner configuration's fields
-    off their neutral values or unknown, and expert biases (gpt-oss's ``with_bias``)."""
-    found = RUNNER_CONFIG.problems(layer.moe_runner_config, "moe_runner_config.")
-    if any(getattr(layer, name, None) is not None for name in ("w13_weight_bias", "w2_weight_bias")):
+    """What the experts do beyond SwiGLU experts without bias (or gpt-oss's, :func:`swiglu_oai`):
+    their runner configuration's fields off their neutral values or unknown, and expert biases
+    (``with_bias``)."""
+    config = layer.moe_runner_config
+    if swiglu_oai(layer) is not None:  # its alpha and limit are recorded: the rest is judged as for any layer
+        return RUNNER_CONFIG.problems(config, "moe_runner_config.", ignore=("gemm1_alpha", "gemm1_clamp_limit"))
+    found = RUNNER_CONFIG.problems(config, "moe_runner_config.")
+    if _biased(layer):
         found.append("expert bias")
     return found
 
@@ -228,4 +251,5 @@ def layer_calls(self: Any, hidden_states: torch.Tensor) -> list:
                            top_k=config.top_k - _shared_slots(config),
                            intermediate_size=self.intermediate_size_per_partition, renormalize=bool(config.renormalize),
                            deepseek=deepseek, routing_bias=config.correction_bias if deepseek is not None else None,
-                           shared_experts=shared, local=local_experts(self), fp8_block_scale=fp8_block)
+                           shared_experts=shared, local=local_experts(self), fp8_block_scale=fp8_block,
+                           swiglu_oai=None if fp8_block else swiglu_oai(self))

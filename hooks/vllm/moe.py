@@ -122,10 +122,29 @@ def power_of_two_scales() -> bool:
     return bool(is_deep_gemm_e8m0_used())
 
 
+def _activation(runner: Any) -> str:
+    experts = runner.routed_experts
+    return str(getattr(getattr(experts, "activation", None), "value", getattr(experts, "activation", "silu")))
+
+
+def swiglu_oai(runner: Any) -> Optional[moe.SwigluOAI]:
+    """gpt-oss's experts (``activation="swigluoai"``, biased, gate and up interleaved): vLLM's
+    kernel for it (``swigluoai_and_mul``, and its CPU experts) has alpha 1.702 and limit 7.0 built
+    in. None for any other activation, for experts without biases, or where the layer sets its own
+    SwiGLU constants (``swiglu_alpha`` / ``swiglu_limit`` / ``swiglu_beta``, which vLLM passes to
+    other activations' kernels: listed then)."""
+    experts = runner.routed_experts
+    if _activation(runner) != "swigluoai" or not bool(getattr(runner.moe_config, "has_bias", False)):
+        return None
+    if any(getattr(experts, f"swiglu_{name}", None) is not None for name in ("alpha", "limit", "beta")):
+        return None
+    return moe.SwigluOAI()
+
+
 def problems(runner: Any) -> list[str]:
     """What a MoE layer (``MoERunner``) has that no MoE Definition computes."""
     router, config, experts = runner.router, runner.moe_config, runner.routed_experts
-    activation = getattr(getattr(experts, "activation", None), "value", getattr(experts, "activation", "silu"))
+    activation = _activation(runner)
     deepseek = deepseek_routing(runner)
     method = experts.quant_method
     fp8_block = type(method).__name__ == "Fp8MoEMethod"
@@ -142,6 +161,7 @@ def problems(runner: Any) -> list[str]:
         expert_bias=bool(getattr(config, "has_bias", False)),
         expert_parallel=config.num_local_experts != router.global_num_experts,
         expert_parallel_recorded=local_experts(runner) is not None,
+        swiglu_oai_recorded=swiglu_oai(runner) is not None,
     )
     fp8_problem = fp8_block_problem(method) if fp8_block else None
     if fp8_problem is not None:
@@ -222,7 +242,7 @@ def layer_calls(self: Any, hidden_states: torch.Tensor, router_logits: torch.Ten
                             renormalize=bool(router.renormalize), deepseek=deepseek,
                             routing_bias=router.e_score_correction_bias if deepseek is not None else None,
                             local=local, fp8_block_scale=fp8_block,
-                            power_of_two_scales=fp8_block and power_of_two_scales())
+                            power_of_two_scales=fp8_block and power_of_two_scales(), swiglu_oai=swiglu_oai(self))
     calls = _shared_expert_calls(self, hidden_states) + calls
     gate, fused = getattr(self, "gate", None), bool(getattr(self, "_fse_fuse_gate", False))
     if gate is None or not (_opaque(self) or fused):  # the gate's own hook sees it (traced or eager)

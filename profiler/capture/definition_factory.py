@@ -113,7 +113,8 @@ def _with_constants(template: str, reference: str, consts: Mapping[str, int],
     edits: list[tuple[ast.AST, str]] = [(node, str(value)) for axis, value in consts.items()
                                         for node in _axis_literals(tree, axis)]
     for constant, value in reference_constants.items():
-        found = [node for node in literal_assignments(tree, constant) if literal_type(node.value) in (int, float)]
+        kinds = (bool,) if isinstance(value, bool) else (int, float)  # a switch (``TRUNCATE = False``) or a number
+        found = [node for node in literal_assignments(tree, constant) if literal_type(node.value) in kinds]
         if not found:
             raise KeyError(f"{template}'s reference sets no constant {constant}")
         edits += [(node.value, repr(value)) for node in found]

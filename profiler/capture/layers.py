@@ -74,12 +74,13 @@ class KnownAttributes:
     neutral: Mapping[str, Any] = field(default_factory=dict)
     inert: frozenset[str] = frozenset()
 
-    def problems(self, obj: Any, where: str = "") -> list[str]:
+    def problems(self, obj: Any, where: str = "", ignore: tuple[str, ...] = ()) -> list[str]:
         """What of ``obj`` (``where``: how to name it, ``impl.``) may change what it computes and no
-        Definition accounts for: a neutral attribute off its neutral value, an unknown one not empty."""
+        Definition accounts for: a neutral attribute off its neutral value, an unknown one not empty;
+        ``ignore``: neutral attributes the caller reads for this object (a variant it records)."""
         found = []
         for name, value in _attributes(obj):
-            if name in self.read or name in self.inert or name.startswith("_fi_profile"):
+            if name in self.read or name in self.inert or name in ignore or name.startswith("_fi_profile"):
                 continue
             if name in self.neutral:
                 neutral = self.neutral[name]

@@ -1,6 +1,6 @@
 """A fused MoE layer: softmax top-k routing (weights renormalized or not), or DeepSeek's routing
 (sigmoid scores, a correction bias choosing among the best expert groups, routed scaling), and
-SwiGLU experts, as one call. Op type ``moe``; hooked where each engine's MoE layer runs (vLLM's ``MoERunner``,
+SwiGLU experts (or gpt-oss's biased experts with its clamped SwiGLU, ``swigluoai``), as one call. Op type ``moe``; hooked where each engine's MoE layer runs (vLLM's ``MoERunner``,
 SGLang's ``TopK`` then ``FusedMoE``). What a layer does beyond that is said by
 :func:`problems`, which both engines fill from their layers' attributes."""
 
@@ -30,7 +30,24 @@ TEMPLATES = {
     "ds_routing_shared": "moe_bf16_ds_routing_topk8_ng8_kg4_e256_h7168_i2048_shared1",
     # DeepSeek-V3's under expert parallelism: a rank's experts from local_expert_offset on (EP=8)
     "ds_routing_ep": "moe_bf16_ds_routing_topk8_ng8_kg4_e32_h7168_i2048_ep8",
+    # gpt-oss-20b's: softmax top-k, renormalized; biased experts with its SwiGLU on interleaved rows
+    "renorm_swigluoai": "moe_bf16_renorm_topk4_e32_h2880_i2880_swigluoai_bias",
 }
+
+
+@dataclass(frozen=True)
+class SwigluOAI:
+    """gpt-oss's expert activation (``swigluoai``) on gate and up rows interleaved: the gate clamped
+    above at ``limit``, the up part to [-limit, limit], ``gate * sigmoid(alpha * gate) * (up + 1)``;
+    its experts' GEMMs add biases (the Definitions take them as inputs)."""
+
+    alpha: float = 1.702
+    limit: float = 7.0
+
+    def suffix(self) -> str:
+        """What the name says: ``_swigluoai`` with gpt-oss's constants, and others by value."""
+        said = "" if (self.alpha, self.limit) == (1.702, 7.0) else f"_a{self.alpha:g}_l{self.limit:g}".replace(".", "p")
+        return f"_swigluoai{said}_bias"
 
 
 @dataclass(frozen=True)
@@ -56,17 +73,21 @@ class LocalExperts:
 def call(hidden_states: torch.Tensor, routing_logits: torch.Tensor, num_experts: int, top_k: int,
          intermediate_size: int, renormalize: bool, deepseek: Optional[DeepSeekRouting] = None,
          routing_bias: Optional[torch.Tensor] = None, shared_experts: int = 0,
-         local: Optional[LocalExperts] = None) -> KernelCall:
+         local: Optional[LocalExperts] = None, swiglu_oai: Optional[SwigluOAI] = None) -> KernelCall:
     """A fused MoE layer (routing + SwiGLU experts) with a softmax top-k router, or with DeepSeek's
     routing (``deepseek``, its correction bias ``routing_bias``; ``shared_experts`` fused after the
     ``num_experts`` routed ones, each token's extra slot beyond its ``top_k`` routed; ``local``: the
-    rank's experts under expert parallelism, whose part of the sum the layer computes)."""
+    rank's experts under expert parallelism, whose part of the sum the layer computes);
+    ``swiglu_oai``: gpt-oss's biased experts (beside a softmax router only)."""
     if shared_experts and (deepseek is None or shared_experts != 1):
         raise NotImplementedError(f"MoE layer without a Definition: {shared_experts} fused shared experts"
                                   + ("" if deepseek is not None else " beside a softmax router"))
     if local is not None and (deepseek is None or shared_experts):
         raise NotImplementedError("MoE layer without a Definition: expert parallelism beside "
                                   + ("fused shared experts" if deepseek is not None else "a softmax router"))
+    if swiglu_oai is not None and (deepseek is not None or local is not None or shared_experts):
+        raise NotImplementedError("MoE layer without a Definition: swigluoai experts beside DeepSeek's routing, "
+                                  "shared experts or expert parallelism")
     if local is not None and (num_experts % local.count or not 0 <= local.offset <= num_experts - local.count):
         raise NotImplementedError(f"MoE layer without a Definition: {local.count} experts from {local.offset} on "
                                   f"of {num_experts} (no even expert-parallel split)")
@@ -84,13 +105,19 @@ def call(hidden_states: torch.Tensor, routing_logits: torch.Tensor, num_experts:
         shape = f"e{num_experts}_h{hidden}_i{intermediate_size}"
         if deepseek is None:
             logits = "" if logits_dtype is dtype else f"_logits_{SHORT_DTYPES.get(logits_dtype, logits_dtype.value)}"
+            if swiglu_oai is not None:
+                return definition_for(TEMPLATES["renorm_swigluoai"],
+                                      f"moe_{SHORT_DTYPES[dtype]}_{routing}_topk{top_k}_{shape}{swiglu_oai.suffix()}{logits}",
+                                      consts, dtype, {"RENORMALIZE": renormalize, "ALPHA": float(swiglu_oai.alpha),
+                                                      "LIMIT": float(swiglu_oai.limit)},
+                                      input_dtypes={"routing_logits": logits_dtype})
             return definition_for(TEMPLATES[routing], f"moe_{SHORT_DTYPES[dtype]}_{routing}_topk{top_k}_{shape}{logits}",
                                   consts, dtype, input_dtypes={"routing_logits": logits_dtype})
         return _deepseek_definition(dtype, logits_dtype, schema_dtype(bias_dtype), top_k, shape, consts, deepseek,
                                     shared_experts, None if local is None else local.count)
 
     key = ("moe", routing, num_experts, top_k, hidden, intermediate_size, hidden_states.dtype, routing_logits.dtype,
-           deepseek, bias_dtype, shared_experts, None if local is None else local.count)
+           deepseek, bias_dtype, shared_experts, None if local is None else local.count, swiglu_oai)
     definition = cached_definition(key, build)
     scalars = {} if local is None else {"local_expert_offset": local.offset}
     return KernelCall(definition, {"seq_len": rows(hidden_states, hidden)}, scalars=scalars)
@@ -135,7 +162,8 @@ def problems(*, router: Optional[str] = None, scoring: Any = "softmax", grouped_
              routed_scaling: Optional[float] = None, quantization: Optional[str] = None, activation: Optional[str] = None,
              gated: bool = True, expert_bias: bool = False, router_weight_on_input: bool = False,
              expert_parallel: bool = False, expert_parallel_recorded: bool = False,
-             deepseek_routing: bool = False, quantization_recorded: bool = False) -> list[str]:
+             deepseek_routing: bool = False, quantization_recorded: bool = False,
+             swiglu_oai_recorded: bool = False) -> list[str]:
     """What a MoE layer does that no MoE Definition computes, in words; each engine passes what
     its layer says (an argument it does not pass is a feature its layers do not have):
     ``router``: the class of a router that is not a softmax top-k one; ``quantization``: the
@@ -144,7 +172,12 @@ def problems(*, router: Optional[str] = None, scoring: Any = "softmax", grouped_
     top-k with the correction bias, routed scaling), which is then no problem; likewise
     ``fused_shared_recorded`` for its fused shared experts, ``expert_parallel_recorded`` for its
     rank's share of the experts (the engine knows which, beside DeepSeek's routing) and
-    ``quantization_recorded`` for FP8 block-scale experts (:mod:`.fp8_block`)."""
+    ``quantization_recorded`` for FP8 block-scale experts (:mod:`.fp8_block`) and
+    ``swiglu_oai_recorded`` for gpt-oss's biased ``swigluoai`` experts (:class:`SwigluOAI`), which
+    only unquantized experts beside a softmax router are recorded as."""
+    swiglu_oai_recorded = swiglu_oai_recorded and not (
+        deepseek_routing or quantization_recorded or expert_parallel or router is not None or fused_shared_experts
+        or quantization not in (None, "UnquantizedFusedMoEMethod"))
     deepseek = deepseek_routing and scoring == "sigmoid" and grouped_topk and correction_bias
     features = {
         f"router {router}": router is not None,
@@ -155,8 +188,9 @@ def problems(*, router: Optional[str] = None, scoring: Any = "softmax", grouped_
         "fused shared experts": fused_shared_experts and not fused_shared_recorded,
         "routed scaling": routed_scaling not in (None, 1.0) and not deepseek,
         f"quantization {quantization}": quantization not in (None, "UnquantizedFusedMoEMethod") and not quantization_recorded,
-        f"activation {activation}": activation is not None and (str(activation) != "silu" or not gated),
-        "expert bias": expert_bias,
+        f"activation {activation}": activation is not None and (str(activation) != "silu" or not gated)
+        and not swiglu_oai_recorded,
+        "expert bias": expert_bias and not swiglu_oai_recorded,
         "router weight on input": router_weight_on_input,
         "expert parallelism": expert_parallel and not (expert_parallel_recorded and deepseek),
     }
@@ -172,7 +206,7 @@ def layer_calls(hidden_states: torch.Tensor, router_logits: torch.Tensor, found:
                 top_k: int, intermediate_size: int, renormalize: bool, deepseek: Optional[DeepSeekRouting] = None,
                 routing_bias: Optional[torch.Tensor] = None, shared_experts: int = 0,
                 local: Optional[LocalExperts] = None, fp8_block_scale: bool = False,
-                power_of_two_scales: bool = False) -> list:
+                power_of_two_scales: bool = False, swiglu_oai: Optional[SwigluOAI] = None) -> list:
     """A MoE layer (routing + SwiGLU experts) as one fused call, or with FP8 block-scale experts
     (``fp8_block_scale``) as its input's quantization (its scales rounded up to powers of two where
     ``power_of_two_scales``) and the MoE (:mod:`.fp8_block`); raises where it has ``found``
@@ -194,10 +228,11 @@ def layer_calls(hidden_states: torch.Tensor, router_logits: torch.Tensor, found:
                                power_of_two_scales=power_of_two_scales)
     return [call(hidden_states, router_logits, num_experts=num_experts, top_k=top_k,
                  intermediate_size=intermediate_size, renormalize=renormalize, deepseek=deepseek,
-                 routing_bias=routing_bias, shared_experts=shared_experts, local=local)]
+                 routing_bias=routing_bias, shared_experts=shared_experts, local=local, swiglu_oai=swiglu_oai)]
 
 
 CONSTANTS = ("top_k", "RENORMALIZE")
+SWIGLUOAI_CONSTANTS = ("top_k", "RENORMALIZE", "ALPHA", "LIMIT")
 DEEPSEEK_CONSTANTS = ("top_k", "N_GROUP", "TOPK_GROUP", "RENORMALIZE", "ROUTED_SCALING_FACTOR")
 
 
@@ -240,7 +275,14 @@ def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
     SGLang's unquantized experts work in place on the layer input."""
     shared = "num_shared_experts" in definition.const_axes
     natives = []
-    if fitted == "torch_moe.py":
+    if fitted == "torch_moe_swigluoai.py":
+        # vLLM's swigluoai kernel has gpt-oss's alpha and limit built in
+        gpt_oss = all(reference_constant(definition.reference, name) == value for name, value in (("ALPHA", "1.702"),
+                                                                                                  ("LIMIT", "7.0")))
+        natives = [Native("vllm", "vllm_moe_swigluoai.py", CONSTANTS, requires=_VLLM_MOE_OPS)] if gpt_oss else []
+        natives += [Native("sglang", "sglang_moe_swigluoai.py", SWIGLUOAI_CONSTANTS, siblings=_SGLANG_EXPERTS,
+                          requires=_SGLANG_OPS, overwrites=_in_place)]
+    elif fitted == "torch_moe.py":
         natives = [Native("vllm", "vllm_moe.py", CONSTANTS, requires=_VLLM_MOE_OPS),
                    Native("sglang", "sglang_moe.py", CONSTANTS, siblings=_SGLANG_EXPERTS, requires=_SGLANG_OPS,
                           overwrites=_in_place)]
@@ -291,6 +333,7 @@ FAMILY = Family(
     op_types=("moe",),
     templates=tuple(TEMPLATES.values()) + tuple(fp8_block.TEMPLATES.values()),
     baselines=(Baseline("torch_moe.py", CONSTANTS, compiled=False),
+               Baseline("torch_moe_swigluoai.py", SWIGLUOAI_CONSTANTS, compiled=False),
                Baseline("torch_moe_ds.py", DEEPSEEK_CONSTANTS, compiled=False),
                Baseline("torch_moe_fp8_ds.py", ("TOP_K", "N_GROUP", "TOPK_GROUP"), compiled=False),
                Baseline("torch_moe_fp8_renorm.py", ("TOP_K",), compiled=False)),
@@ -304,7 +347,11 @@ FAMILY = Family(
     # the engines' FP8 experts quantize the SwiGLU output again (per token group) for gemm2
     rounds_through=fp8_block.rounds_through,
     # SGLang's routing kernel (softmax or sigmoid top-k), ``_router_triton_kernel``
-    kernel_words=("moe", "expert", "experts", "topk", "topk_softmax", "grouped_topk", "align_block", "router"),
+    # and Triton's MoE kernels (``triton_kernels``, SGLang's and vLLM's gpt-oss path on Hopper): the
+    # expert GEMMs ``_matmul_ogs_*`` (not a GEMM's) and their routing ``_bitmatrix_*_stage1`` (not
+    # attention's, by its longer word)
+    kernel_words=("moe", "expert", "experts", "topk", "topk_softmax", "grouped_topk", "align_block", "router",
+                  "matmul_ogs", "bitmatrix"),
     # the top-k outputs' sum, compiled by Inductor (SGLang up to 32 tokens); vLLM's MoE op copying
     # its output into the layer's output buffer
     tail_words=("sum", "memcpy"),

@@ -1,12 +1,14 @@
 """Rotary position embedding on queries and keys: full-head NeoX style, plain, with Llama-3
-frequency scaling or with linear position scaling (Gemma-3's global layers); and DeepSeek's
-YaRN-scaled RoPE (interleaved pairs, on MLA's rotary parts ``q_pe`` / ``k_pe``). Op type ``rope``;
-hooked on the engines' ``RotaryEmbedding`` layers and vLLM's ``DeepseekScalingRotaryEmbedding``
-(SGLang's derives from its ``RotaryEmbedding``)."""
+frequency scaling or with linear position scaling (Gemma-3's global layers); YaRN-scaled RoPE, both
+DeepSeek's (interleaved pairs, on MLA's rotary parts ``q_pe`` / ``k_pe``) and the generic one of
+Qwen and gpt-oss (``YaRNScalingRotaryEmbedding``, NeoX style, its ramp truncated or not). Op type
+``rope``; hooked on the engines' ``RotaryEmbedding`` layers and vLLM's
+``DeepseekScalingRotaryEmbedding`` (SGLang's derives from its ``RotaryEmbedding``)."""
 
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -14,7 +16,7 @@ import torch
 
 from fi_profile.capture.definition_factory import definition_for
 from fi_profile.capture.kernel_call import KernelCall, cached_definition, dtype_suffix
-from fi_profile.capture.layers import require, seen
+from fi_profile.capture.layers import judged_once, require, seen
 from fi_profile.families import engine_kernels
 from fi_profile.families.family import FITTED_BASELINE, Baseline, Family, Native
 from fi_profile.schema.definition import Definition
@@ -26,6 +28,8 @@ KEY = "rope"
 CONSTANTS = ("ROPE_THETA", "FACTOR", "LOW_FREQ_FACTOR", "HIGH_FREQ_FACTOR", "ORIGINAL_MAX_POSITION")
 YARN_CONSTANTS = ("ROPE_THETA", "FACTOR", "ORIGINAL_MAX_POSITION", "BETA_FAST", "BETA_SLOW", "MSCALE",
                   "EXTRAPOLATION_FACTOR")
+#: the generic YaRN's besides (DeepSeek's Definitions leave them out: truncated, interleaved)
+GENERIC_YARN_CONSTANTS = ("TRUNCATE", "NEOX_STYLE")
 #: DeepSeek-V3's YaRN constants, which its Definitions' names leave out
 DEEPSEEK_V3_YARN = {"ROPE_THETA": 10000.0, "FACTOR": 40.0, "ORIGINAL_MAX_POSITION": 4096}
 
@@ -56,6 +60,11 @@ class YarnParams:
     beta_slow: float
     mscale: float
     extrapolation_factor: float = 1.0
+    #: the generic YaRN (``YaRNScalingRotaryEmbedding``: Qwen's, gpt-oss's), not DeepSeek's
+    generic: bool = False
+    #: the correction range's ends rounded to whole dimensions (always in DeepSeek's)
+    truncate: bool = True
+    neox_style: bool = False
 
 
 def call(query: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int,
@@ -97,6 +106,15 @@ def _yarn_definition(num_q_heads: int, num_kv_heads: int, head_dim: int, params:
     values = dict(zip(YARN_CONSTANTS, (float(params.theta), float(params.factor), int(params.original_max_position),
                                        float(params.beta_fast), float(params.beta_slow), float(params.mscale),
                                        float(params.extrapolation_factor))))
+    if params.generic:
+        return definition_for(
+            "rope_yarn_neox_style_h64_kv8_d64_theta150000_f32_ctx4096_untruncated",
+            f"rope_yarn_{'neox_style' if params.neox_style else 'interleaved'}_h{num_q_heads}_kv{num_kv_heads}"
+            f"_d{head_dim}{_generic_yarn_suffix(params)}{dtype_suffix(dtype)}",
+            {"num_qo_heads": num_q_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim},
+            dtype,
+            {**values, "TRUNCATE": params.truncate, "NEOX_STYLE": params.neox_style},
+        )
     return definition_for(
         "rope_deepseek_yarn_h128_kv1_d64",
         f"rope_deepseek_yarn_h{num_q_heads}_kv{num_kv_heads}_d{head_dim}{_yarn_suffix(values)}{dtype_suffix(dtype)}",
@@ -104,6 +122,27 @@ def _yarn_definition(num_q_heads: int, num_kv_heads: int, head_dim: int, params:
         dtype,
         values,
     )
+
+
+def yarn_mscale(factor: float) -> float:
+    """YaRN's magnitude for a context scaled by ``factor`` (the engines' ``yarn_get_mscale``)."""
+    return 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
+
+
+def _generic_yarn_suffix(params: YarnParams) -> str:
+    """The generic YaRN's name: theta, factor and original context always (no model's are the
+    default), then what differs from YaRN's defaults by value: the betas (32, 1), a magnitude other
+    than :func:`yarn_mscale` (an attention factor), an extrapolation factor, an untruncated ramp."""
+    suffix = f"_theta{params.theta:g}_f{params.factor:g}_ctx{params.original_max_position}"
+    if (params.beta_fast, params.beta_slow) != (32.0, 1.0):
+        suffix += f"_b{params.beta_fast:g}_{params.beta_slow:g}"
+    if not math.isclose(params.mscale, yarn_mscale(params.factor), rel_tol=1e-9):
+        suffix += f"_m{params.mscale:.6g}"
+    if params.extrapolation_factor != 1.0:
+        suffix += f"_x{params.extrapolation_factor:g}"
+    if not params.truncate:
+        suffix += "_untruncated"
+    return suffix.replace(".", "p")
 
 
 def _yarn_suffix(values: dict[str, float]) -> str:
@@ -125,8 +164,9 @@ def _yarn_suffix(values: dict[str, float]) -> str:
 #: the RoPE classes a Definition computes, and how each scales its frequencies (vLLM and SGLang
 #: name them alike); YaRN (Qwen's, gpt-oss's), dynamic NTK, multimodal RoPE ... are other
 #: computations and are not covered
-ROPE_CLASSES = ("RotaryEmbedding", "Llama3RotaryEmbedding", "LinearScalingRotaryEmbedding")
+ROPE_CLASSES = ("RotaryEmbedding", "Llama3RotaryEmbedding", "LinearScalingRotaryEmbedding", "YaRNScalingRotaryEmbedding")
 DEEPSEEK_YARN_CLASS = "DeepseekScalingRotaryEmbedding"
+GENERIC_YARN_CLASS = "YaRNScalingRotaryEmbedding"
 
 
 def layer_problem(layer: Any) -> Optional[str]:
@@ -142,10 +182,59 @@ def layer_problem(layer: Any) -> Optional[str]:
     if not layer.is_neox_style or layer.rotary_dim != layer.head_size:
         return (f"{name} with is_neox_style={layer.is_neox_style}, rotary_dim={layer.rotary_dim}, "
                 f"head_size={layer.head_size} (only full-head NeoX-style RoPE has a Definition)")
+    if name == GENERIC_YARN_CLASS:
+        return judged_once(layer, _generic_yarn_problem)
     if name == "LinearScalingRotaryEmbedding" and len(layer.scaling_factors) != 1:
         return (f"{name} with scaling factors {list(layer.scaling_factors)} (one cos/sin cache per LoRA adapter's "
                 "factor: which one a token takes is not known here)")
     return None
+
+
+def _generic_yarn_problem(layer: Any) -> Optional[str]:
+    """Why a generic YaRN layer is not what its Definition computes, or None. Its constants are
+    read by name (:func:`_generic_yarn_params`), and the cos/sin cache its own class builds from
+    them (``_compute_cos_sin_cache``, what its kernel reads) is checked against theirs, on the CPU:
+    a constant a later version adds or folds in otherwise (another magnitude, another ramp) makes
+    the cache differ, and is listed with the difference. Judged at the layer's first call, which may
+    be traced by torch.compile or captured into a CUDA graph (SGLang captures before any request):
+    nothing here runs on the GPU."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    name = type(layer).__name__
+    build = getattr(layer, "_compute_cos_sin_cache", None)
+    if build is None:
+        return f"{name} without _compute_cos_sin_cache (its cos/sin cache cannot be checked against its constants)"
+    params = _generic_yarn_params(layer)
+    with unset_fake_temporarily(), torch.device("cpu"):
+        cache = build().float().cpu()
+        if cache.dim() != 2 or cache.shape[-1] != layer.rotary_dim:
+            return f"{name} whose cos/sin cache is {tuple(cache.shape)}, not [positions, {layer.rotary_dim}]"
+        rows = cache.shape[0]
+        positions = torch.unique(torch.cat([torch.arange(0, min(rows, 8192), 7), torch.tensor([rows - 1])]))
+        error = float((cache[positions] - _yarn_cos_sin(params, layer.rotary_dim, positions)).abs().max())
+    if error > 1e-4 * max(1.0, params.mscale):
+        return (f"{name} whose cos/sin cache is not its constants' ({params}: off by {error:.3g}; "
+                "an attribute fi-profile does not know)")
+    return None
+
+
+def _yarn_cos_sin(params: YarnParams, dim: int, positions: torch.Tensor) -> torch.Tensor:
+    """The generic YaRN's cos/sin cache rows at ``positions``, in float32 as the engines build it
+    (the reference's formula)."""
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(params.original_max_position / (rotations * 2 * math.pi)) / (2 * math.log(params.theta))
+
+    pos_freqs = params.theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    low, high = correction_dim(params.beta_fast), correction_dim(params.beta_slow)
+    if params.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    high = high + 0.001 if low == high else high
+    keep = (1 - torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1))
+    keep = keep * params.extrapolation_factor
+    inv_freq = 1.0 / (params.factor * pos_freqs) * (1 - keep) + 1.0 / pos_freqs * keep
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+    return torch.cat([angles.cos() * params.mscale, angles.sin() * params.mscale], dim=-1)
 
 
 def layer_calls(self: Any, query: torch.Tensor, key: Optional[torch.Tensor] = None) -> list:
@@ -160,6 +249,8 @@ def layer_calls(self: Any, query: torch.Tensor, key: Optional[torch.Tensor] = No
     num_kv_heads = _heads(key, self.head_size) if key is not None else 0
     if type(self).__name__ == DEEPSEEK_YARN_CLASS:
         params: "RopeParams | YarnParams" = _yarn_params(self)
+    elif type(self).__name__ == GENERIC_YARN_CLASS:
+        params = _generic_yarn_params(self)
     elif type(self).__name__ == "Llama3RotaryEmbedding":  # its own attributes, no defaults: a renamed one is an error
         params = RopeParams(theta=float(self.base), factor=float(self.scaling_factor),
                             low_freq_factor=float(self.low_freq_factor), high_freq_factor=float(self.high_freq_factor),
@@ -183,6 +274,17 @@ def _yarn_params(layer: Any) -> YarnParams:
                       extrapolation_factor=float(layer.extrapolation_factor) if sglang else 1.0)
 
 
+def _generic_yarn_params(layer: Any) -> YarnParams:
+    """A ``YaRNScalingRotaryEmbedding``'s constants, from its own attributes: ``mscale`` holds the
+    magnitude (its attention factor folded in, in vLLM and SGLang alike); SGLang's has an
+    extrapolation factor; a vLLM or SGLang older than ``truncate`` always truncated."""
+    return YarnParams(theta=float(layer.base), factor=float(layer.scaling_factor),
+                      original_max_position=int(layer.max_position_embeddings), beta_fast=float(layer.beta_fast),
+                      beta_slow=float(layer.beta_slow), mscale=float(layer.mscale),
+                      extrapolation_factor=float(getattr(layer, "extrapolation_factor", 1.0)), generic=True,
+                      truncate=bool(getattr(layer, "truncate", True)), neox_style=bool(layer.is_neox_style))
+
+
 def _heads(x: torch.Tensor, head_size: int) -> int:
     if x.dim() >= 3 and x.shape[-1] == head_size:  # [..., heads, head_size]
         return int(x.shape[-2])
@@ -203,11 +305,16 @@ FAMILY = Family(
     package=__name__,
     op_types=("rope",),
     templates=("rope_llama3_neox_style_h32_kv8_d128", "rope_deepseek_yarn_h128_kv1_d64",
-               "rope_linear_neox_style_h32_kv16_d128"),
+               "rope_linear_neox_style_h32_kv16_d128",
+               "rope_yarn_neox_style_h64_kv8_d64_theta150000_f32_ctx4096_untruncated"),
     # linear RoPE's first: only Definitions that give its factor fit it
     baselines=(Baseline("torch_linear_rope.py", ("ROPE_THETA", "LINEAR_FACTOR")), Baseline("torch_rope.py", CONSTANTS),
-               Baseline("torch_yarn_rope.py", YARN_CONSTANTS)),
+               Baseline("torch_yarn_rope.py", YARN_CONSTANTS, optional_constants=GENERIC_YARN_CONSTANTS)),
     natives=_natives,
     engine_kernel=engine_kernels.custom_op,
     kernel_words=("rotary", "rope", "cos_sin"),
+    # each output is x1 cos - x2 sin: the engines' kernels round both products at the inputs' magnitude
+    # (times YaRN's MSCALE) in the model dtype, so an output near zero is off by a step of the largest
+    # (vLLM's kernel on gpt-oss's YaRN, MSCALE 1.35: 25 of 20M elements one bf16 step of 4 off)
+    atol_of_largest=True,
 )

@@ -9,7 +9,10 @@ BETA_FAST = 32.0
 BETA_SLOW = 1.0
 MSCALE = 1.0
 EXTRAPOLATION_FACTOR = 1.0
-#: what the engines' kernels are told (rope_cos_sin.py): interleaved pairs, a cache over the scaled context
+#: the ramp's ends rounded to whole dimensions (DeepSeek's, and YaRN's default; gpt-oss's is not)
+TRUNCATE = True
+#: what the engines' kernels are told (rope_cos_sin.py): interleaved pairs (DeepSeek's) or NeoX
+#: style (the generic YaRN of Qwen and gpt-oss), over a cache of the scaled context
 NEOX_STYLE = False
 MAX_POSITION = int(ORIGINAL_MAX_POSITION * FACTOR)
 
@@ -23,8 +26,10 @@ def _inv_freq(head_dim, device):
             return head_dim * math.log(ORIGINAL_MAX_POSITION / (rotations * 2 * math.pi)) / (2 * math.log(ROPE_THETA))
 
         pos_freqs = ROPE_THETA ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-        low = max(math.floor(correction_dim(BETA_FAST)), 0)
-        high = min(math.ceil(correction_dim(BETA_SLOW)), head_dim - 1)
+        low, high = correction_dim(BETA_FAST), correction_dim(BETA_SLOW)
+        if TRUNCATE:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, head_dim - 1)
         high = high + 0.001 if low == high else high
         keep = (1 - torch.clamp((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1))
         keep = keep * EXTRAPOLATION_FACTOR
@@ -37,6 +42,9 @@ def run(q, k, positions):
     cos, sin = (torch.cos(angles) * MSCALE)[:, None, :], (torch.sin(angles) * MSCALE)[:, None, :]
 
     def rotate(x):
+        if NEOX_STYLE:
+            x1, x2 = x.float().chunk(2, dim=-1)
+            return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
         pairs = x.float().unflatten(-1, (-1, 2))
         even, odd = pairs[..., 0], pairs[..., 1]
         return torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1).flatten(-2).to(x.dtype)
