@@ -60,3 +60,43 @@ def test_a_runner_field_a_later_sglang_adds_is_listed_by_name():
     assert _experts_problems(experts(new_activation_scale=0.5)) == [
         "moe_runner_config.new_activation_scale=0.5 (an attribute fi-profile does not know)"]
     assert _experts_problems(experts(new_flag=False)) == []  # a feature that is off
+
+
+def _linear_class(module_name: str):
+    """A model's own subclass of a linear layer, with a forward of its own defined in ``module_name``."""
+    class UnquantizedLinearMethod:
+        pass
+
+    def forward(self, x):
+        return x
+
+    forward.__module__ = module_name
+    cls = type("TinyGemmLinear", (torch.nn.Module,), {"forward": forward})
+    layer = cls()
+    layer.quant_method = UnquantizedLinearMethod()
+    return cls, layer
+
+
+def test_a_models_linear_subclass_with_a_forward_of_its_own_is_listed_unless_a_hook_records_it():
+    """SGLang's gpt-oss router (``TinyGemmLinear``) runs FlashInfer's tinygemm up to 128 tokens past
+    its linear method: on an H200 its decode steps' GEMMs were missing from a record that said it
+    was complete (it ran its method at prefill, so it was seen). Such a layer is listed by name; with
+    its forward hooked (as fi-profile now hooks that one) it is not."""
+    from fi_profile.capture.layers import uncovered_layers
+
+    cls, layer = _linear_class("sglang.srt.models.gpt_oss")
+    listed = uncovered_layers(torch.nn.Sequential(layer))
+    assert list(listed) == ["TinyGemmLinear with a forward of its own (sglang.srt.models.gpt_oss) that may run its "
+                            "kernel past its UnquantizedLinearMethod, which no hook records"], listed
+    cls.forward.__fi_profile_original__ = lambda self, x: x  # what an installed hook marks
+    assert uncovered_layers(torch.nn.Sequential(layer)) == {}
+    _, engine_layer = _linear_class("sglang.srt.layers.linear")  # the engine's own linear classes: their method's
+    assert uncovered_layers(torch.nn.Sequential(engine_layer)) == {}
+
+
+def test_sglangs_tinygemm_router_is_one_gemm_with_its_bias_whichever_path_it_takes():
+    from fi_profile.hooks.sglang.hook_points import _tiny_gemm_linear
+
+    router = SimpleNamespace(output_size=32, input_size=64, bias=torch.zeros(32), skip_bias_add=False)
+    (call,) = _tiny_gemm_linear(router, torch.zeros(5, 64, dtype=torch.bfloat16))
+    assert call.definition.name == "gemm_bias_bf16_n32_k64" and call.axes["M"] == 5

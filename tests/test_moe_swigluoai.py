@@ -19,7 +19,10 @@ if os.environ.get("CI") != "true":
     pytest.importorskip("vllm")
 
 
-def definition(top_k=2, experts=8, hidden=64, intermediate=32, swiglu=moe.SwigluOAI()):
+GPT_OSS = moe.SwigluOAI()
+
+
+def definition(top_k=2, experts=8, hidden=64, intermediate=32, swiglu=GPT_OSS):
     x = torch.zeros(1, hidden, dtype=torch.bfloat16)
     return moe.call(x, torch.zeros(1, experts, dtype=torch.bfloat16), num_experts=experts, top_k=top_k,
                     intermediate_size=intermediate, renormalize=True, swiglu_oai=swiglu).definition
@@ -106,4 +109,4 @@ def test_swigluoai_experts_beside_deepseeks_routing_raise_instead_of_being_recor
     with pytest.raises(NotImplementedError, match="swigluoai experts beside DeepSeek"):
         moe.call(x, torch.zeros(1, 8), num_experts=8, top_k=2, intermediate_size=32, renormalize=True,
                  deepseek=moe.DeepSeekRouting(2, 1, True, 1.0), routing_bias=torch.zeros(8),
-                 swiglu_oai=moe.SwigluOAI()).definition
+                 swiglu_oai=moe.SwigluOAI())

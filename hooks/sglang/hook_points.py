@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import torch
 
-from fi_profile.capture.layers import LayerRule, by_layer_class, require, seen, seen_weights
+from fi_profile.capture.layers import LayerRule, by_layer_class, recorded_elsewhere, require, seen, seen_weights
 from fi_profile.capture.patching import HookPoint
 from fi_profile.families import attention as attention_family
 from fi_profile.families import (
@@ -81,6 +81,18 @@ def _symmetric_memory_all_gather(x: torch.Tensor) -> list:
     return [collective.all_gather_call(x, int(get_parallel().tp_size))]
 
 
+def _tiny_gemm_linear(self: Any, x: torch.Tensor) -> list:
+    """gpt-oss's router (``TinyGemmLinear``, a ``ReplicatedLinear``): up to 128 bf16 tokens on
+    Hopper and Blackwell it runs FlashInfer's ``tinygemm_bf16`` past its linear method (the decode
+    steps' router GEMMs were missing from the record), else its method's ``apply``, nested here:
+    one GEMM either way, with the bias it adds."""
+    seen(self)
+    if recorded_elsewhere(self):
+        return []
+    return [gemm.call(x, *gemm.layer_size(self), bias=getattr(self, "bias", None) is not None
+                      and not bool(getattr(self, "skip_bias_add", False)))]
+
+
 def _sampler(self: Any, logits_output: Any, sampling_info: Any) -> list:
     if sampling_info.is_all_greedy:
         return [sampling.greedy_call(logits_output.next_token_logits)]
@@ -102,6 +114,8 @@ POINTS = [
     HookPoint(f"{_LAYERS}.activation", "GeluAndMul", ("forward",), silu_and_mul.KEY, silu_and_mul.gelu_layer_calls),
     HookPoint(f"{_LAYERS}.rotary_embedding.base", "RotaryEmbedding", ("forward",), rope.KEY, rope.layer_calls),
     HookPoint(f"{_LAYERS}.quantization.unquant", "UnquantizedLinearMethod", ("apply",), gemm.KEY, gemm.linear_calls),
+    # a linear layer of gpt-oss's with a GEMM of its own (its method's apply, where it falls back, nested)
+    HookPoint("sglang.srt.models.gpt_oss", "TinyGemmLinear", ("forward",), gemm.KEY, _tiny_gemm_linear, optional=True),
     # block-scale FP8 linear layers: the activations' quantization, then the GEMM
     HookPoint(f"{_LAYERS}.quantization.fp8", "Fp8LinearMethod", ("apply",), fp8_linear.KEY, sglang_fp8.linear_calls),
     HookPoint(f"{_LAYERS}.quantization.compressed_tensors.compressed_tensors", "CompressedTensorsLinearMethod",

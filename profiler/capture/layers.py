@@ -185,6 +185,19 @@ def _resolve(path: str) -> Optional[type]:
         return None
 
 
+def _own_forward(module: Any, method: str) -> Optional[str]:
+    """Why a layer with a quantization method is not covered by its method's hook: a model's own
+    subclass of a linear layer whose ``forward``, defined in the model's module, may run a kernel of
+    its own past the method (SGLang's ``TinyGemmLinear`` of gpt-oss, FlashInfer's tinygemm up to
+    128 tokens), unless a hook records that forward; or None."""
+    forward = getattr(type(module), "forward", None)
+    where = str(getattr(forward, "__module__", "") or "")
+    if forward is None or getattr(forward, "__fi_profile_original__", None) is not None or ".models." not in f".{where}.":
+        return None
+    return (f"{type(module).__name__} with a forward of its own ({where}) that may run its kernel past its {method}, "
+            "which no hook records")
+
+
 def _judged_layers(model: Any, rules: Iterable[LayerRule],
                    kernel_layers: Iterable[str]) -> Iterator[tuple[Any, Optional[str], bool]]:
     """Each layer of ``model`` with a verdict, as ``(layer, why it is not covered or None, whether
@@ -203,7 +216,8 @@ def _judged_layers(model: Any, rules: Iterable[LayerRule],
                 yield module, rule.problem(module), True
                 continue
             problem = None if name.startswith("Unquantized") else f"{type(module).__name__} with {name}"
-            yield module, problem, name in ("UnquantizedLinearMethod", "UnquantizedEmbeddingMethod")
+            yield module, problem or _own_forward(module, name), name in ("UnquantizedLinearMethod",
+                                                                           "UnquantizedEmbeddingMethod")
             continue
         rule = next((rule for cls, rule in judged if isinstance(module, cls)), None)
         if rule is not None and rule.container:

@@ -1,6 +1,7 @@
 """A fused MoE layer: softmax top-k routing (weights renormalized or not), or DeepSeek's routing
 (sigmoid scores, a correction bias choosing among the best expert groups, routed scaling), and
-SwiGLU experts (or gpt-oss's biased experts with its clamped SwiGLU, ``swigluoai``), as one call. Op type ``moe``; hooked where each engine's MoE layer runs (vLLM's ``MoERunner``,
+SwiGLU experts (or gpt-oss's biased experts with its clamped SwiGLU, ``swigluoai``), as one call.
+Op type ``moe``; hooked where each engine's MoE layer runs (vLLM's ``MoERunner``,
 SGLang's ``TopK`` then ``FusedMoE``). What a layer does beyond that is said by
 :func:`problems`, which both engines fill from their layers' attributes."""
 
