@@ -45,6 +45,8 @@ class RopeParams:
     original_max_position: int = 8192
     #: positions divided by it (``rope_type: linear``, Gemma-3's global layers); 1: none
     linear_factor: float = 1.0
+    #: the head dimensions rotated, the first ones (partial rotary: Qwen3-Next, GLM, Phi); None: all
+    rotary_dim: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -91,15 +93,27 @@ def _definition(num_q_heads: int, num_kv_heads: int, head_dim: int, params: Rope
         )
     style = "rope_llama3_neox_style" if params.factor != 1.0 else "rope_neox_style"
     theta = "" if params.theta == 500000.0 else f"_theta{int(params.theta)}"
-    values = (float(params.theta), float(params.factor), float(params.low_freq_factor), float(params.high_freq_factor),
-              int(params.original_max_position))
+    values = dict(zip(CONSTANTS, (float(params.theta), float(params.factor), float(params.low_freq_factor),
+                                  float(params.high_freq_factor), int(params.original_max_position))))
+    partial = params.rotary_dim is not None and params.rotary_dim != head_dim
+    template = PARTIAL_TEMPLATE if partial else "rope_llama3_neox_style_h32_kv8_d128"
+    if partial:  # flashinfer-trace's naming of partial rotary: ``_d{head_dim}_rd{rotary_dim}``
+        values["ROTARY_DIM"] = int(params.rotary_dim)  # type: ignore[arg-type]
     return definition_for(
-        "rope_llama3_neox_style_h32_kv8_d128",
-        f"{style}_h{num_q_heads}_kv{num_kv_heads}_d{head_dim}{theta}{dtype_suffix(dtype)}",
+        template,
+        f"{style}_h{num_q_heads}_kv{num_kv_heads}_d{head_dim}{f'_rd{params.rotary_dim}' if partial else ''}{theta}"
+        f"{dtype_suffix(dtype)}",
         {"num_qo_heads": num_q_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim},
         dtype,
-        dict(zip(CONSTANTS, values)),
+        values,
     )
+
+
+#: the template of partial rotary (Qwen3-Next-80B's full-attention layers: 64 of 256 dimensions)
+PARTIAL_TEMPLATE = "rope_neox_style_h16_kv2_d256_rd64_theta10000000"
+#: the classes whose rotary part may be the first dimensions of the head only (their Definitions
+#: say ``_rd{R}``); the others' Definitions rotate the whole head
+PARTIAL_CLASSES = ("RotaryEmbedding", "Llama3RotaryEmbedding")
 
 
 def _yarn_definition(num_q_heads: int, num_kv_heads: int, head_dim: int, params: YarnParams, dtype: DType) -> Definition:
@@ -179,9 +193,11 @@ def layer_problem(layer: Any) -> Optional[str]:
         return None
     if name not in ROPE_CLASSES:
         return f"{name} (a RoPE no Definition computes)"
-    if not layer.is_neox_style or layer.rotary_dim != layer.head_size:
+    partial_ok = name in PARTIAL_CLASSES and 0 < layer.rotary_dim <= layer.head_size and layer.rotary_dim % 2 == 0
+    if not layer.is_neox_style or (layer.rotary_dim != layer.head_size and not partial_ok):
         return (f"{name} with is_neox_style={layer.is_neox_style}, rotary_dim={layer.rotary_dim}, "
-                f"head_size={layer.head_size} (only full-head NeoX-style RoPE has a Definition)")
+                f"head_size={layer.head_size} (only NeoX-style RoPE has a Definition, over the whole head"
+                f"{' or its first dimensions' if name in PARTIAL_CLASSES else ''})")
     if name == GENERIC_YARN_CLASS:
         return judged_once(layer, _generic_yarn_problem)
     if name == "LinearScalingRotaryEmbedding" and len(layer.scaling_factors) != 1:
@@ -254,12 +270,12 @@ def layer_calls(self: Any, query: torch.Tensor, key: Optional[torch.Tensor] = No
     elif type(self).__name__ == "Llama3RotaryEmbedding":  # its own attributes, no defaults: a renamed one is an error
         params = RopeParams(theta=float(self.base), factor=float(self.scaling_factor),
                             low_freq_factor=float(self.low_freq_factor), high_freq_factor=float(self.high_freq_factor),
-                            original_max_position=int(self.orig_max_position))
+                            original_max_position=int(self.orig_max_position), rotary_dim=int(self.rotary_dim))
     elif type(self).__name__ == "LinearScalingRotaryEmbedding":
         params = RopeParams(theta=float(self.base), linear_factor=float(self.scaling_factors[0]))
     else:  # unscaled: Llama-3 scaling with factor 1 is the identity
         params = RopeParams(theta=float(self.base), factor=1.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                            original_max_position=8192)
+                            original_max_position=8192, rotary_dim=int(self.rotary_dim))
     return [call(query, num_q_heads, num_kv_heads, self.head_size, params)]
 
 
@@ -305,10 +321,11 @@ FAMILY = Family(
     package=__name__,
     op_types=("rope",),
     templates=("rope_llama3_neox_style_h32_kv8_d128", "rope_deepseek_yarn_h128_kv1_d64",
-               "rope_linear_neox_style_h32_kv16_d128",
+               "rope_linear_neox_style_h32_kv16_d128", PARTIAL_TEMPLATE,
                "rope_yarn_neox_style_h64_kv8_d64_theta150000_f32_ctx4096_untruncated"),
     # linear RoPE's first: only Definitions that give its factor fit it
-    baselines=(Baseline("torch_linear_rope.py", ("ROPE_THETA", "LINEAR_FACTOR")), Baseline("torch_rope.py", CONSTANTS),
+    baselines=(Baseline("torch_linear_rope.py", ("ROPE_THETA", "LINEAR_FACTOR")),
+               Baseline("torch_rope.py", CONSTANTS, optional_constants=("ROTARY_DIM",)),
                Baseline("torch_yarn_rope.py", YARN_CONSTANTS, optional_constants=GENERIC_YARN_CONSTANTS)),
     natives=_natives,
     engine_kernel=engine_kernels.custom_op,

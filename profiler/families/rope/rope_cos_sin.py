@@ -11,13 +11,16 @@ from rope import _inv_freq
 MAX_POSITION = int(getattr(rope, "MAX_POSITION", 131072))
 MSCALE = float(getattr(rope, "MSCALE", 1.0))
 NEOX_STYLE = bool(getattr(rope, "NEOX_STYLE", True))
+#: the first head dimensions rotated (partial rotary: the cache is [positions, ROTARY_DIM]); None: all
+ROTARY_DIM = getattr(rope, "ROTARY_DIM", None)
 _COS_SIN = {}
 
 
 def cos_sin_cache(head_dim, device, dtype):
-    key = (head_dim, device, dtype)
+    rotary = ROTARY_DIM or head_dim
+    key = (rotary, device, dtype)
     if key not in _COS_SIN:
         t = torch.arange(MAX_POSITION, device=device, dtype=torch.float32)
-        freqs = torch.outer(t, _inv_freq(head_dim, device))
+        freqs = torch.outer(t, _inv_freq(rotary, device))
         _COS_SIN[key] = torch.cat([freqs.cos() * MSCALE, freqs.sin() * MSCALE], dim=-1).to(dtype)
     return _COS_SIN[key]

@@ -7,6 +7,8 @@ FACTOR = 1.0
 LOW_FREQ_FACTOR = 1.0
 HIGH_FREQ_FACTOR = 4.0
 ORIGINAL_MAX_POSITION = 8192
+#: the first head dimensions rotated (partial rotary), the rest passed through; None: the whole head
+ROTARY_DIM = None
 
 _INV_FREQ = {}
 
@@ -29,12 +31,12 @@ def _inv_freq(head_dim, device):
 
 
 def run(q, k, positions):
-    head_dim = q.shape[-1]
-    angles = positions.to(torch.float32)[:, None] * _inv_freq(head_dim, q.device)[None, :]
+    rotary = ROTARY_DIM or q.shape[-1]
+    angles = positions.to(torch.float32)[:, None] * _inv_freq(rotary, q.device)[None, :]
     cos, sin = torch.cos(angles)[:, None, :], torch.sin(angles)[:, None, :]
 
     def rotate(x):
-        x1, x2 = x.float().chunk(2, dim=-1)
-        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+        x1, x2 = x[..., :rotary].float().chunk(2, dim=-1)
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, x[..., rotary:].float()], dim=-1).to(x.dtype)
 
     return rotate(q), rotate(k)
