@@ -580,8 +580,8 @@ MODELS = Path(__file__).parent / "fixtures" / "models"
 
 
 @pytest.mark.parametrize("model, not_covered, absent", [
-    # YaRN is a RoPE of its own (it was recorded as Llama-3's, with Llama-3's constants)
-    ("tiny-qwen3-yarn", {"YaRNScalingRotaryEmbedding (a RoPE no Definition computes)": 2}, "rope"),
+    # dynamic NTK scaling is a RoPE of its own, derived from plain RoPE (never recorded as it)
+    ("tiny-qwen3-ntk", {"DynamicNTKScalingRotaryEmbedding (a RoPE no Definition computes)": 2}, "rope"),
 ])
 def test_layer_classes_no_hook_knows_are_listed_never_recorded_as_another(tmp_path, model, not_covered, absent):
     result = capture(tmp_path, model, model=str(MODELS / model), single_process=True)
@@ -590,6 +590,20 @@ def test_layer_classes_no_hook_knows_are_listed_never_recorded_as_another(tmp_pa
     assert not any(k["id"].startswith(absent) for k in result["record"]["kernels"]), counts(result)
     assert counts(result)["gemm_bf16_n512_k256"] == LAYERS * OUTPUT_LEN  # the layers it knows are recorded
     assert run["steps"]["engine"] == OUTPUT_LEN
+
+
+def test_qwen3_with_yarn_records_its_own_yarn_rope_never_llama3s(tmp_path):
+    """Qwen's YaRN (``rope_type: yarn``, factor 4 over 32k, its ramp truncated) was recorded as
+    Llama-3's RoPE with Llama-3's constants once, then listed; it is the generic YaRN's Definition
+    now, with its constants in the name, one call per layer and step, and nothing is missing."""
+    result = capture(tmp_path, "qwen3-yarn", model=str(MODELS / "tiny-qwen3-yarn"), single_process=True)
+    run = result["record"]["run"]
+    assert run["not_covered"] == {} and not run["hook_errors"] and "incomplete" not in run, run
+    c = counts(result)
+    ropes = {k: v for k, v in c.items() if k.startswith("rope")}
+    assert ropes == {"rope_yarn_neox_style_h4_kv2_d64_theta1000000_f4_ctx32768": LAYERS * OUTPUT_LEN}, ropes
+    definition = json.loads((result["out_dir"] / "definitions" / "rope" / f"{next(iter(ropes))}.json").read_text())
+    assert "TRUNCATE = True" in definition["reference"] and "FACTOR = 4.0" in definition["reference"]
 
 
 def test_gemma_is_recorded_whole_with_its_own_norm_and_gelu_never_as_llamas(tmp_path):

@@ -83,6 +83,10 @@ def test_shipped_set_covers_llama_31_8b_and_the_moe_templates():
         # Gemma-3-27B: its norms (1 + weight), GeGLU (GELU's tanh form, and the exact one), its global layers' linear RoPE
         "gemma_rmsnorm_h5376", "gemma_fused_add_rmsnorm_inplace_h5376", "gelu_tanh_and_mul_i21504", "gelu_and_mul_i21504",
         "rope_linear_neox_style_h32_kv16_d128",
+        # gpt-oss-20b: its MoE (biased experts, swigluoai) and the generic YaRN RoPE; Qwen3-Next's partial rotary
+        "moe_bf16_renorm_topk4_e32_h2880_i2880_swigluoai_bias",
+        "rope_yarn_neox_style_h64_kv8_d64_theta150000_f32_ctx4096_untruncated",
+        "rope_neox_style_h16_kv2_d256_rd64_theta10000000",
     } == names
     # templates are bfloat16 where their computation has a model dtype (instantiated per dtype); FP8 data is FP8
     assert all(d.inputs[next(iter(d.inputs))].dtype.value in ("bfloat16", "float32", "int32", "float8_e4m3fn")

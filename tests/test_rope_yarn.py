@@ -119,7 +119,7 @@ def _generic(factor=32.0, theta=150000.0, truncate=False, beta_fast=32, attentio
 
 @pytest.mark.parametrize("constants, name", [
     ({}, "rope_yarn_neox_style_h8_kv2_d64_theta150000_f32_ctx4096_untruncated"),  # gpt-oss's
-    ({"factor": 4.0, "theta": 1000000.0, "truncate": True}, "rope_yarn_neox_style_h8_kv2_d64_theta1e+06_f4_ctx4096"),
+    ({"factor": 4.0, "theta": 1000000.0, "truncate": True}, "rope_yarn_neox_style_h8_kv2_d64_theta1000000_f4_ctx4096"),
     ({"beta_fast": 16, "attention_factor": 1.25}, "rope_yarn_neox_style_h8_kv2_d64_theta150000_f32_ctx4096_b16_1_m1p25"
                                                   "_untruncated"),
 ])

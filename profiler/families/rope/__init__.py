@@ -147,7 +147,7 @@ def _generic_yarn_suffix(params: YarnParams) -> str:
     """The generic YaRN's name: theta, factor and original context always (no model's are the
     default), then what differs from YaRN's defaults by value: the betas (32, 1), a magnitude other
     than :func:`yarn_mscale` (an attention factor), an extrapolation factor, an untruncated ramp."""
-    suffix = f"_theta{params.theta:g}_f{params.factor:g}_ctx{params.original_max_position}"
+    suffix = f"_theta{_number(params.theta)}_f{params.factor:g}_ctx{params.original_max_position}"
     if (params.beta_fast, params.beta_slow) != (32.0, 1.0):
         suffix += f"_b{params.beta_fast:g}_{params.beta_slow:g}"
     if not math.isclose(params.mscale, yarn_mscale(params.factor), rel_tol=1e-9):
@@ -157,6 +157,11 @@ def _generic_yarn_suffix(params: YarnParams) -> str:
     if not params.truncate:
         suffix += "_untruncated"
     return suffix.replace(".", "p")
+
+
+def _number(value: float) -> str:
+    """A constant as a name says it: whole numbers in full (``1000000``), others as written (``1.5``)."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
 def _yarn_suffix(values: dict[str, float]) -> str:
