@@ -141,6 +141,33 @@ def swiglu_oai(runner: Any) -> Optional[moe.SwigluOAI]:
     return moe.SwigluOAI()
 
 
+#: the custom routing function of vLLM's Llama-4 (``Llama4MoE.custom_routing_function``: the top-k
+#: logits through a sigmoid), by where it is defined: any other custom function is listed
+LLAMA4_ROUTING = ("vllm.model_executor.models.llama4", "Llama4MoE.custom_routing_function")
+
+
+def _custom_routing(router: Any) -> Optional[str]:
+    """The router's custom routing function, as ``module:qualname``, or None."""
+    function = getattr(router, "custom_routing_function", None)
+    if function is None:
+        return None
+    return f"{getattr(function, '__module__', '?')}:{getattr(function, '__qualname__', type(function).__name__)}"
+
+
+def _weight_on_input(runner: Any) -> bool:
+    return bool(getattr(runner.routed_experts, "apply_router_weight_on_input", False))
+
+
+def llama4_routing(runner: Any) -> bool:
+    """Whether the layer routes as Llama-4 does: vLLM's ``Llama4MoE.custom_routing_function`` (the
+    top-k logits, each through a sigmoid; no renormalization), its weight applied to the experts'
+    input (``apply_router_weight_on_input``), which the ``moe_*_llama4_routing_*`` Definitions
+    compute (beside unquantized SwiGLU experts: :func:`fi_profile.families.moe.problems` judges the
+    rest)."""
+    return (_custom_routing(runner.router) == ":".join(LLAMA4_ROUTING) and _weight_on_input(runner)
+            and not bool(getattr(runner.router, "renormalize", False)))
+
+
 def problems(runner: Any) -> list[str]:
     """What a MoE layer (``MoERunner``) has that no MoE Definition computes."""
     router, config, experts = runner.router, runner.moe_config, runner.routed_experts
@@ -148,8 +175,14 @@ def problems(runner: Any) -> list[str]:
     deepseek = deepseek_routing(runner)
     method = experts.quant_method
     fp8_block = type(method).__name__ == "Fp8MoEMethod"
+    llama4 = llama4_routing(runner)
+    custom = _custom_routing(router)
+    known_router = type(router).__name__ in SOFTMAX_TOPK_ROUTERS or deepseek or (
+        llama4 and type(router).__name__ == "CustomRoutingRouter")
     found = moe.problems(
-        router=None if type(router).__name__ in SOFTMAX_TOPK_ROUTERS or deepseek else type(router).__name__,
+        router=None if known_router else type(router).__name__,
+        custom_routing=custom is not None, router_weight_on_input=_weight_on_input(runner),
+        llama4_routing_recorded=llama4,
         scoring=getattr(router, "scoring_func", None),
         grouped_topk=_grouped(router),
         correction_bias=getattr(router, "e_score_correction_bias", None) is not None,
@@ -163,6 +196,8 @@ def problems(runner: Any) -> list[str]:
         expert_parallel_recorded=local_experts(runner) is not None,
         swiglu_oai_recorded=swiglu_oai(runner) is not None,
     )
+    if "custom routing" in found:
+        found[found.index("custom routing")] = f"custom routing {custom}"
     fp8_problem = fp8_block_problem(method) if fp8_block else None
     if fp8_problem is not None:
         found.append(fp8_problem)
@@ -242,7 +277,8 @@ def layer_calls(self: Any, hidden_states: torch.Tensor, router_logits: torch.Ten
                             renormalize=bool(router.renormalize), deepseek=deepseek,
                             routing_bias=router.e_score_correction_bias if deepseek is not None else None,
                             local=local, fp8_block_scale=fp8_block,
-                            power_of_two_scales=fp8_block and power_of_two_scales(), swiglu_oai=swiglu_oai(self))
+                            power_of_two_scales=fp8_block and power_of_two_scales(), swiglu_oai=swiglu_oai(self),
+                            llama4=llama4_routing(self))
     calls = _shared_expert_calls(self, hidden_states) + calls
     gate, fused = getattr(self, "gate", None), bool(getattr(self, "_fse_fuse_gate", False))
     if gate is None or not (_opaque(self) or fused):  # the gate's own hook sees it (traced or eager)

@@ -1,5 +1,6 @@
-"""A fused MoE layer: softmax top-k routing (weights renormalized or not), or DeepSeek's routing
-(sigmoid scores, a correction bias choosing among the best expert groups, routed scaling), and
+"""A fused MoE layer: softmax top-k routing (weights renormalized or not), DeepSeek's routing
+(sigmoid scores, a correction bias choosing among the best expert groups, routed scaling), or
+Llama-4's (the top-k logits through a sigmoid, weighting each expert's input), and
 SwiGLU experts (or gpt-oss's biased experts with its clamped SwiGLU, ``swigluoai``), as one call.
 Op type ``moe``; hooked where each engine's MoE layer runs (vLLM's ``MoERunner``,
 SGLang's ``TopK`` then ``FusedMoE``). What a layer does beyond that is said by
@@ -33,6 +34,8 @@ TEMPLATES = {
     "ds_routing_ep": "moe_bf16_ds_routing_topk8_ng8_kg4_e32_h7168_i2048_ep8",
     # gpt-oss-20b's: softmax top-k, renormalized; biased experts with its SwiGLU on interleaved rows
     "renorm_swigluoai": "moe_bf16_renorm_topk4_e32_h2880_i2880_swigluoai_bias",
+    # Llama-4-Scout's: sigmoid of the top-k logits, the weight on the experts' input
+    "llama4_routing": "moe_bf16_llama4_routing_topk1_e16_h5120_i8192",
 }
 
 
@@ -74,12 +77,14 @@ class LocalExperts:
 def call(hidden_states: torch.Tensor, routing_logits: torch.Tensor, num_experts: int, top_k: int,
          intermediate_size: int, renormalize: bool, deepseek: Optional[DeepSeekRouting] = None,
          routing_bias: Optional[torch.Tensor] = None, shared_experts: int = 0,
-         local: Optional[LocalExperts] = None, swiglu_oai: Optional[SwigluOAI] = None) -> KernelCall:
+         local: Optional[LocalExperts] = None, swiglu_oai: Optional[SwigluOAI] = None,
+         llama4: bool = False) -> KernelCall:
     """A fused MoE layer (routing + SwiGLU experts) with a softmax top-k router, or with DeepSeek's
     routing (``deepseek``, its correction bias ``routing_bias``; ``shared_experts`` fused after the
     ``num_experts`` routed ones, each token's extra slot beyond its ``top_k`` routed; ``local``: the
     rank's experts under expert parallelism, whose part of the sum the layer computes);
-    ``swiglu_oai``: gpt-oss's biased experts (beside a softmax router only)."""
+    ``swiglu_oai``: gpt-oss's biased experts (beside a softmax router only); ``llama4``: Llama-4's
+    routing (sigmoid of the top-k logits, weighting the experts' input), ``renormalize`` off."""
     if shared_experts and (deepseek is None or shared_experts != 1):
         raise NotImplementedError(f"MoE layer without a Definition: {shared_experts} fused shared experts"
                                   + ("" if deepseek is not None else " beside a softmax router"))
@@ -89,11 +94,15 @@ def call(hidden_states: torch.Tensor, routing_logits: torch.Tensor, num_experts:
     if swiglu_oai is not None and (deepseek is not None or local is not None or shared_experts):
         raise NotImplementedError("MoE layer without a Definition: swigluoai experts beside DeepSeek's routing, "
                                   "shared experts or expert parallelism")
+    if llama4 and (deepseek is not None or local is not None or shared_experts or swiglu_oai is not None or renormalize):
+        raise NotImplementedError("MoE layer without a Definition: Llama-4's routing beside DeepSeek's, shared experts "
+                                  "fused in, expert parallelism, swigluoai experts or renormalized weights")
     if local is not None and (num_experts % local.count or not 0 <= local.offset <= num_experts - local.count):
         raise NotImplementedError(f"MoE layer without a Definition: {local.count} experts from {local.offset} on "
                                   f"of {num_experts} (no even expert-parallel split)")
     hidden = hidden_states.shape[-1]
-    routing = "ds_routing" if deepseek is not None else "renorm" if renormalize else "softmax"
+    routing = ("ds_routing" if deepseek is not None else "llama4_routing" if llama4
+               else "renorm" if renormalize else "softmax")
     bias_dtype = routing_bias.dtype if routing_bias is not None else None
 
     def build() -> Definition:
@@ -112,13 +121,16 @@ def call(hidden_states: torch.Tensor, routing_logits: torch.Tensor, num_experts:
                                       consts, dtype, {"RENORMALIZE": renormalize, "ALPHA": float(swiglu_oai.alpha),
                                                       "LIMIT": float(swiglu_oai.limit)},
                                       input_dtypes={"routing_logits": logits_dtype})
+            if llama4:
+                return definition_for(TEMPLATES[routing], f"moe_{SHORT_DTYPES[dtype]}_{routing}_topk{top_k}_{shape}{logits}",
+                                      consts, dtype, {"WEIGHT_ON_INPUT": True}, input_dtypes={"routing_logits": logits_dtype})
             return definition_for(TEMPLATES[routing], f"moe_{SHORT_DTYPES[dtype]}_{routing}_topk{top_k}_{shape}{logits}",
                                   consts, dtype, input_dtypes={"routing_logits": logits_dtype})
         return _deepseek_definition(dtype, logits_dtype, schema_dtype(bias_dtype), top_k, shape, consts, deepseek,
                                     shared_experts, None if local is None else local.count)
 
     key = ("moe", routing, num_experts, top_k, hidden, intermediate_size, hidden_states.dtype, routing_logits.dtype,
-           deepseek, bias_dtype, shared_experts, None if local is None else local.count, swiglu_oai)
+           deepseek, bias_dtype, shared_experts, None if local is None else local.count, swiglu_oai, llama4)
     definition = cached_definition(key, build)
     scalars = {} if local is None else {"local_expert_offset": local.offset}
     return KernelCall(definition, {"seq_len": rows(hidden_states, hidden)}, scalars=scalars)
@@ -164,7 +176,7 @@ def problems(*, router: Optional[str] = None, scoring: Any = "softmax", grouped_
              gated: bool = True, expert_bias: bool = False, router_weight_on_input: bool = False,
              expert_parallel: bool = False, expert_parallel_recorded: bool = False,
              deepseek_routing: bool = False, quantization_recorded: bool = False,
-             swiglu_oai_recorded: bool = False) -> list[str]:
+             swiglu_oai_recorded: bool = False, llama4_routing_recorded: bool = False) -> list[str]:
     """What a MoE layer does that no MoE Definition computes, in words; each engine passes what
     its layer says (an argument it does not pass is a feature its layers do not have):
     ``router``: the class of a router that is not a softmax top-k one; ``quantization``: the
@@ -175,16 +187,22 @@ def problems(*, router: Optional[str] = None, scoring: Any = "softmax", grouped_
     rank's share of the experts (the engine knows which, beside DeepSeek's routing) and
     ``quantization_recorded`` for FP8 block-scale experts (:mod:`.fp8_block`) and
     ``swiglu_oai_recorded`` for gpt-oss's biased ``swigluoai`` experts (:class:`SwigluOAI`), which
-    only unquantized experts beside a softmax router are recorded as."""
+    only unquantized experts beside a softmax router are recorded as; ``llama4_routing_recorded``
+    for Llama-4's custom routing function with the weight on the input, recorded for unquantized
+    SwiGLU experts without bias or expert parallelism."""
     swiglu_oai_recorded = swiglu_oai_recorded and not (
         deepseek_routing or quantization_recorded or expert_parallel or router is not None or fused_shared_experts
+        or quantization not in (None, "UnquantizedFusedMoEMethod"))
+    llama4 = llama4_routing_recorded and custom_routing and router_weight_on_input and not (
+        deepseek_routing or swiglu_oai_recorded or expert_parallel or grouped_topk or correction_bias
+        or fused_shared_experts or expert_bias or routed_scaling not in (None, 1.0)
         or quantization not in (None, "UnquantizedFusedMoEMethod"))
     deepseek = deepseek_routing and scoring == "sigmoid" and grouped_topk and correction_bias
     features = {
         f"router {router}": router is not None,
         f"scoring {scoring}": scoring != "softmax" and not deepseek,
         "grouped top-k": grouped_topk and not deepseek,
-        "custom routing": custom_routing,
+        "custom routing": custom_routing and not llama4,
         "correction bias": correction_bias and not deepseek,
         "fused shared experts": fused_shared_experts and not fused_shared_recorded,
         "routed scaling": routed_scaling not in (None, 1.0) and not deepseek,
@@ -192,7 +210,7 @@ def problems(*, router: Optional[str] = None, scoring: Any = "softmax", grouped_
         f"activation {activation}": activation is not None and (str(activation) != "silu" or not gated)
         and not swiglu_oai_recorded,
         "expert bias": expert_bias and not swiglu_oai_recorded,
-        "router weight on input": router_weight_on_input,
+        "router weight on input": router_weight_on_input and not llama4,
         "expert parallelism": expert_parallel and not (expert_parallel_recorded and deepseek),
     }
     return [what for what, applies in features.items() if applies]
@@ -207,7 +225,7 @@ def layer_calls(hidden_states: torch.Tensor, router_logits: torch.Tensor, found:
                 top_k: int, intermediate_size: int, renormalize: bool, deepseek: Optional[DeepSeekRouting] = None,
                 routing_bias: Optional[torch.Tensor] = None, shared_experts: int = 0,
                 local: Optional[LocalExperts] = None, fp8_block_scale: bool = False,
-                power_of_two_scales: bool = False, swiglu_oai: Optional[SwigluOAI] = None) -> list:
+                power_of_two_scales: bool = False, swiglu_oai: Optional[SwigluOAI] = None, llama4: bool = False) -> list:
     """A MoE layer (routing + SwiGLU experts) as one fused call, or with FP8 block-scale experts
     (``fp8_block_scale``) as its input's quantization (its scales rounded up to powers of two where
     ``power_of_two_scales``) and the MoE (:mod:`.fp8_block`); raises where it has ``found``
@@ -229,11 +247,13 @@ def layer_calls(hidden_states: torch.Tensor, router_logits: torch.Tensor, found:
                                power_of_two_scales=power_of_two_scales)
     return [call(hidden_states, router_logits, num_experts=num_experts, top_k=top_k,
                  intermediate_size=intermediate_size, renormalize=renormalize, deepseek=deepseek,
-                 routing_bias=routing_bias, shared_experts=shared_experts, local=local, swiglu_oai=swiglu_oai)]
+                 routing_bias=routing_bias, shared_experts=shared_experts, local=local, swiglu_oai=swiglu_oai,
+                 llama4=llama4)]
 
 
 CONSTANTS = ("top_k", "RENORMALIZE")
 SWIGLUOAI_CONSTANTS = ("top_k", "RENORMALIZE", "ALPHA", "LIMIT")
+LLAMA4_CONSTANTS = ("top_k", "WEIGHT_ON_INPUT")
 DEEPSEEK_CONSTANTS = ("top_k", "N_GROUP", "TOPK_GROUP", "RENORMALIZE", "ROUTED_SCALING_FACTOR")
 
 
@@ -282,6 +302,10 @@ def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
                                                                                                   ("LIMIT", "7.0")))
         natives = [Native("vllm", "vllm_moe_swigluoai.py", CONSTANTS, requires=_VLLM_MOE_OPS)] if gpt_oss else []
         natives += [Native("sglang", "sglang_moe_swigluoai.py", SWIGLUOAI_CONSTANTS, siblings=_SGLANG_EXPERTS,
+                          requires=_SGLANG_OPS, overwrites=_in_place)]
+    elif fitted == "torch_moe_llama4.py":
+        natives = [Native("vllm", "vllm_moe_llama4.py", LLAMA4_CONSTANTS, requires=_VLLM_MOE_OPS),
+                   Native("sglang", "sglang_moe_llama4.py", LLAMA4_CONSTANTS, siblings=_SGLANG_EXPERTS,
                           requires=_SGLANG_OPS, overwrites=_in_place)]
     elif fitted == "torch_moe.py":
         natives = [Native("vllm", "vllm_moe.py", CONSTANTS, requires=_VLLM_MOE_OPS),
@@ -335,6 +359,7 @@ FAMILY = Family(
     templates=tuple(TEMPLATES.values()) + tuple(fp8_block.TEMPLATES.values()),
     baselines=(Baseline("torch_moe.py", CONSTANTS, compiled=False),
                Baseline("torch_moe_swigluoai.py", SWIGLUOAI_CONSTANTS, compiled=False),
+               Baseline("torch_moe_llama4.py", LLAMA4_CONSTANTS, compiled=False),
                Baseline("torch_moe_ds.py", DEEPSEEK_CONSTANTS, compiled=False),
                Baseline("torch_moe_fp8_ds.py", ("TOP_K", "N_GROUP", "TOPK_GROUP"), compiled=False),
                Baseline("torch_moe_fp8_renorm.py", ("TOP_K",), compiled=False)),

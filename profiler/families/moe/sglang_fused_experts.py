@@ -36,18 +36,21 @@ fused_moe_triton_kernels.sglang_per_token_group_quant_fp8 = _given_or_quantized
 
 
 def experts(hidden_states, gemm1_weights, gemm2_weights, weights, ids, router_logits, *, num_experts,
-            routed_scaling_factor=None, local_expert_offset=0, shared_experts=0, swiglu=None, **quantization):
+            routed_scaling_factor=None, local_expert_offset=0, shared_experts=0, swiglu=None,
+            apply_router_weight_on_input=False, **quantization):
     """SGLang's Triton experts in place on ``hidden_states`` (its output afterwards), with the routed
     ``weights`` and ``ids`` (``shared_experts`` fused after the ``num_experts`` routed ones); under
     expert parallelism (fewer weights than experts) the global ids mapped to the rank's from
     ``local_expert_offset`` on, -1 elsewhere, as SGLang's standard dispatcher maps them; ``swiglu``:
-    gpt-oss's (alpha, clamp limit) on interleaved gate and up rows, as its runner configuration says."""
+    gpt-oss's (alpha, clamp limit) on interleaved gate and up rows, as its runner configuration says;
+    ``apply_router_weight_on_input``: the weights scale the experts' input (Llama-4's)."""
     local = gemm1_weights.shape[0]
     if local != num_experts + shared_experts:
         ids = expert_map(num_experts, local_expert_offset, local, ids.device)[ids]
     config = MoeRunnerConfig(num_experts=num_experts + shared_experts, num_local_experts=local,
                              top_k=ids.shape[-1], num_fused_shared_experts=shared_experts, inplace=True,
-                             routed_scaling_factor=routed_scaling_factor)
+                             routed_scaling_factor=routed_scaling_factor,
+                             apply_router_weight_on_input=apply_router_weight_on_input)
     if swiglu is not None:
         config.gemm1_alpha, config.gemm1_clamp_limit = swiglu
     fused_experts(hidden_states, gemm1_weights, gemm2_weights, StandardTopKOutput(weights, ids, router_logits), config,

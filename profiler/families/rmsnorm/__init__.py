@@ -1,7 +1,8 @@
 """RMSNorm, and fused residual add + RMSNorm as the engines run it (in place, the new residual a
 second output), in Llama's convention (``x * w``) and Gemma's (``x * (1 + w)``, the weight offset
-added in float32: ``gemma_*``). Op type ``rmsnorm``; hooked on the engines' ``RMSNorm`` and Gemma
-norm layers."""
+added in float32: ``gemma_*``), and RMSNorm without a weight (Llama-4's query and key norm:
+``rmsnorm_noweight_*``). Op type ``rmsnorm``; hooked on the engines' ``RMSNorm`` and Gemma norm
+layers."""
 
 from __future__ import annotations
 
@@ -24,19 +25,31 @@ KEY = "rmsnorm"
 #: the name part and reference constant of Gemma's weight convention, ``x * (1 + w)``
 GEMMA = "gemma_"
 WEIGHT_OFFSET = "WEIGHT_OFFSET"
+#: the name of the norm without a weight, and its template (Llama-4-Scout's per-head q/k norm)
+NO_WEIGHT = "rmsnorm_noweight"
+_TEMPLATES = {"rmsnorm": "rmsnorm_h4096", "fused_add_rmsnorm_inplace": "fused_add_rmsnorm_inplace_h4096",
+              GEMMA + "rmsnorm": "gemma_rmsnorm_h5376",
+              GEMMA + "fused_add_rmsnorm_inplace": "gemma_fused_add_rmsnorm_inplace_h5376",
+              NO_WEIGHT: "rmsnorm_noweight_h128_float32"}
 
 
-def call(x: torch.Tensor, residual: Optional[torch.Tensor], eps: float, gemma: bool = False) -> KernelCall:
+def call(x: torch.Tensor, residual: Optional[torch.Tensor], eps: float, gemma: bool = False,
+         weighted: bool = True) -> KernelCall:
     """RMSNorm, or fused add + RMSNorm as the engines run it: in place, with the new residual as a
     second output (named ``fused_add_rmsnorm_inplace_*``: flashinfer-trace's ``fused_add_rmsnorm_*``
     returns the output alone, and a name keeps its interface); ``gemma``: scaled by ``1 + weight``
-    (``gemma_*``, from Gemma-3-27B's templates)."""
+    (``gemma_*``, from Gemma-3-27B's templates); not ``weighted``: no scale at all
+    (``rmsnorm_noweight_*``, no residual)."""
     hidden = x.shape[-1]
-    kind = (GEMMA if gemma else "") + ("rmsnorm" if residual is None else "fused_add_rmsnorm_inplace")
+    if not weighted and (gemma or residual is not None):
+        raise NotImplementedError("RMSNorm without a weight " + ("in Gemma's convention" if gemma else "fused with a "
+                                  "residual add") + ": no Definition computes it")
+    kind = NO_WEIGHT if not weighted else (GEMMA if gemma else "") + (
+        "rmsnorm" if residual is None else "fused_add_rmsnorm_inplace")
 
     def build() -> Definition:
         dtype = schema_dtype(x.dtype)
-        return definition_for(f"{kind}_h{5376 if gemma else 4096}", f"{kind}_h{hidden}{dtype_suffix(dtype)}",
+        return definition_for(_TEMPLATES[kind], f"{kind}_h{hidden}{dtype_suffix(dtype)}",
                               {"hidden_size": hidden}, dtype, {"EPS": eps})
 
     definition = cached_definition((kind, hidden, x.dtype, eps), build)
@@ -62,7 +75,7 @@ def layer_calls(self: Any, x: torch.Tensor, residual: Optional[torch.Tensor] = N
     """``RMSNorm.forward`` (vLLM and SGLang alike)."""
     seen(self)
     require(layer_problem(self))
-    return [call(x, residual, float(self.variance_epsilon))]
+    return [call(x, residual, float(self.variance_epsilon), weighted=bool(getattr(self, "has_weight", True)))]
 
 
 def gemma_layer_calls(self: Any, x: torch.Tensor, residual: Optional[torch.Tensor] = None,
@@ -87,6 +100,8 @@ def _overwrites(definition: Definition) -> dict[str, Optional[str]]:
 def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
     if reference_constant(definition.reference, WEIGHT_OFFSET) is not None:  # Gemma's: the baseline only
         return []
+    if "weight" not in definition.inputs:  # no weight: the baseline only
+        return []
     if "residual" in definition.inputs:
         return [Native(library, f"{library}_fused_add_rmsnorm.py", ("EPS",), overwrites=_overwrites)
                 for library in ("vllm", "flashinfer")]
@@ -97,10 +112,10 @@ FAMILY = Family(
     key=KEY,
     package=__name__,
     op_types=("rmsnorm",),
-    templates=("rmsnorm_h4096", "fused_add_rmsnorm_inplace_h4096", "gemma_rmsnorm_h5376",
-               "gemma_fused_add_rmsnorm_inplace_h5376"),
+    templates=tuple(_TEMPLATES.values()),
     baselines=(Baseline("torch_fused_add_rmsnorm.py", ("EPS",), optional_constants=(WEIGHT_OFFSET,)),
-               Baseline("torch_rmsnorm.py", ("EPS",), optional_constants=(WEIGHT_OFFSET,))),
+               Baseline("torch_rmsnorm.py", ("EPS",), optional_constants=(WEIGHT_OFFSET,)),
+               Baseline("torch_rmsnorm_noweight.py", ("EPS",))),
     natives=_natives,
     engine_kernel=engine_kernels.custom_op,
     kernel_words=("rms", "rmsnorm", "rms_norm", "rsqrt"),
