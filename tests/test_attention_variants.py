@@ -24,7 +24,7 @@ H, KV, D, PS = 4, 2, 64, 16
 
 def variant_definition(stage: str, variant: attention.Variant, page_size: int = PS):
     kind = "decode" if stage == "decode" else "prefill_causal"
-    return definition_for(attention.variant_template(kind, page_size, variant.sinks),
+    return definition_for(attention.variant_template(kind, page_size, variant.sinks, variant.chunk is not None),
                           f"gqa_paged_{kind}_h{H}_kv{KV}_d{D}_ps{page_size}{variant.suffix()}",
                           {"num_qo_heads": H, "num_kv_heads": KV, "head_dim": D, "page_size": page_size},
                           DType.bfloat16, variant.constants())
@@ -74,7 +74,9 @@ class PagedCase:
         return found
 
     def engine(self, variant: attention.Variant) -> torch.Tensor:
-        """vLLM's CPU attention kernel, as its CPU backend calls it for a layer of this variant."""
+        """vLLM's CPU attention kernel, as its CPU backend calls it for a layer of this variant (a
+        chunked one's requests first made into vLLM's virtual ones, one per chunk, by the function
+        its chunked-local builder calls)."""
         from vllm import _custom_ops as ops
         from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
@@ -83,18 +85,34 @@ class PagedCase:
         key_cache, value_cache = cache.chunk(2, dim=2)
         ops.cpu_attn_reshape_and_cache(self.k, self.v, key_cache, value_cache, self.slots, isa)
         window = -1 if variant.window is None else variant.window  # the CPU backend's sliding_window
-        seq_lens = torch.tensor(self.kv_lens, dtype=torch.int32)
-        metadata = ops.cpu_attn_get_scheduler_metadata(len(self.q_lens), H, KV, D, seq_lens, torch.bfloat16,
-                                                       self.qo_indptr, True, window, isa, False)
+        qo_indptr, seq_lens, block_table = self.qo_indptr, torch.tensor(self.kv_lens, dtype=torch.int32), self.block_table
+        if variant.chunk is not None:
+            qo_indptr, seq_lens, block_table = self.virtual_requests(variant.chunk)
+        metadata = ops.cpu_attn_get_scheduler_metadata(len(seq_lens), H, KV, D, seq_lens, torch.bfloat16,
+                                                       qo_indptr, True, window, isa, False)
         out = torch.zeros_like(self.q)
-        ops.cpu_attention_with_kv_cache(self.q, key_cache, value_cache, out, self.qo_indptr, seq_lens, self.scale, True,
-                                        None, window, self.block_table, variant.soft_cap or 0.0, metadata,
+        ops.cpu_attention_with_kv_cache(self.q, key_cache, value_cache, out, qo_indptr, seq_lens, self.scale, True,
+                                        None, window, block_table, variant.soft_cap or 0.0, metadata,
                                         self.sinks if variant.sinks else None)
         return out
 
+    def virtual_requests(self, chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """vLLM's ``make_local_attention_virtual_batches``: each request's queries split at the
+        chunk boundaries (positions multiple of ``chunk``), each piece a request over its chunk's
+        keys alone; (query starts, KV lengths, block table) of those."""
+        from vllm.v1.attention.backends.utils import make_local_attention_virtual_batches
+
+        seq_lens = torch.tensor(self.kv_lens, dtype=torch.int32)
+        common = SimpleNamespace(query_start_loc_cpu=self.qo_indptr, query_start_loc=self.qo_indptr, seq_lens=seq_lens,
+                                 block_table_tensor=self.block_table, num_actual_tokens=sum(self.q_lens),
+                                 slot_mapping=self.slots)
+        virtual, _ = make_local_attention_virtual_batches(chunk, common, PS)
+        return virtual.query_start_loc_cpu.to(torch.int32), virtual.seq_lens.to(torch.int32), virtual.block_table_tensor
+
 
 VARIANTS = [attention.Variant(window=8), attention.Variant(window=24, sinks=True), attention.Variant(sinks=True),
-            attention.Variant(soft_cap=5.0), attention.Variant(window=8, soft_cap=5.0, sinks=True)]
+            attention.Variant(soft_cap=5.0), attention.Variant(window=8, soft_cap=5.0, sinks=True),
+            attention.Variant(chunk=32)]
 CASES = {"decode": ([1, 1, 1], [5, 40, 77]), "prefill": ([7, 30, 1], [7, 45, 60])}
 
 
@@ -115,7 +133,9 @@ def test_a_variants_reference_computes_what_vllms_attention_kernel_does(stage, v
     definition = variant_definition(stage, variant)
     out = run_reference(definition, case.inputs(variant))["output"]
     torch.testing.assert_close(out, engine, atol=1e-2, rtol=1.6e-2)
-    if variant.window:  # one key more in each window
+    if variant.chunk:  # chunks one page longer
+        other = replace(variant, chunk=variant.chunk + PS)
+    elif variant.window:  # one key more in each window
         other = replace(variant, window=variant.window + 1)
     else:
         other = replace(variant, sinks=False) if variant.sinks else replace(variant, soft_cap=None)
@@ -152,6 +172,25 @@ def test_variant_names_and_constants():
     assert not attention.is_variant(plain)
     with pytest.raises(ValueError):
         attention.Variant(window=0)
+
+
+def test_chunked_attention_is_named_after_its_chunk_and_offered_no_native():
+    """Llama-4's chunked local attention (``_chunk{C}``, ``ATTENTION_CHUNK``): vLLM runs it as plain
+    attention over virtual requests, one per chunk, which no native here does: the PyTorch baseline
+    alone, with the chunk set. Chunks with sinks have no Definition."""
+    definition = variant_definition("prefill", attention.Variant(chunk=8192))
+    assert definition.name == "gqa_paged_prefill_causal_h4_kv2_d64_ps16_chunk8192"
+    assert "ATTENTION_CHUNK = 8192" in definition.reference and "WINDOW_LEFT = -1" in definition.reference
+    assert attention.is_variant(definition) and attention.chunked(definition)
+    assert attention.FAMILY.natives(definition, None) == []
+    (baseline,) = [s for s in baseline_solutions(definition) if s.name.endswith("torch")]
+    assert "ATTENTION_CHUNK = 8192" in baseline.sources[0].content
+    assert not attention.chunked(variant_definition("decode", attention.Variant(window=8)))
+    with pytest.raises(NotImplementedError, match="chunked attention with sinks"):
+        attention.call(None, "decode", H, KV, D, PS, 8, DType.bfloat16, 0.1,
+                       variant=attention.Variant(chunk=64, sinks=True))
+    with pytest.raises(ValueError):
+        attention.Variant(chunk=0)
 
 
 def test_only_natives_that_take_the_variant_are_offered_for_it():
@@ -216,6 +255,26 @@ def test_vllms_attention_layer_is_judged_by_everything_it_holds():
     ]:
         problem = layer_problem(layer(**changed))
         assert problem is not None and listed in problem, (changed, problem)
+    # Llama-4's chunked local attention: its own class, recorded with its chunk; a chunk size on
+    # any other class is an attribute the hook does not read there (listed)
+    chunked = type("ChunkedLocalAttention", (Attention,), {})(**{**vars(layer()), "attention_chunk_size": 8192})
+    assert layer_problem(chunked) is None and variant(chunked) == attention.Variant(chunk=8192)
+    assert "attention_chunk_size=8192" in layer_problem(layer(attention_chunk_size=8192))
+    assert "an attention layer class no Definition computes" in layer_problem(
+        type("FutureAttention", (Attention,), {})(**vars(layer())))
+
+
+def test_vllms_chunked_local_attention_builder_does_not_begin_a_step():
+    """vLLM's chunked-local builder calls the backend's builder (whose ``build`` is the step
+    boundary) with its virtual requests, one per chunk: that call is no step, so every layer of the
+    step, chunked or not, is recorded from the requests as they are."""
+    from fi_profile.hooks.vllm import attention as vllm_attention
+
+    real = SimpleNamespace(query_start_loc_cpu=torch.tensor([0, 3]), num_reqs=1)
+    vllm_attention.STEP.begin(common=real)
+    builder = type(vllm_attention.CHUNKED_BUILDER, (), {})()
+    vllm_attention.metadata_builder(builder, SimpleNamespace(query_start_loc_cpu=torch.tensor([0, 1, 3]), num_reqs=2))
+    assert vllm_attention.STEP.context["common"] is real
 
 
 def test_sglangs_attention_layer_is_judged_by_everything_it_holds_and_is_passed():

@@ -27,11 +27,22 @@ def metadata_builder(self: Any, common_attn_metadata: Any) -> None:
     backend's own metadata holds only planned wrappers (FlashInfer). The step's signature is
     what fixes every var axis of the step: token count, request count, decode/prefill layout."""
     common = common_attn_metadata
+    if type(self).__name__ == CHUNKED_BUILDER:
+        # chunked local attention's builder, passing its own chunk-sized virtual requests on to the
+        # backend's: not the step's layout (its layers are recorded from the real one, with their chunk)
+        return
     STEP.begin(common=common)
     if common is None or RECORDER.page_size is None:
         return
     shape = step_shape(common.query_start_loc_cpu, int(getattr(common, "num_reqs", len(common.query_start_loc_cpu) - 1)))
     RECORDER.begin_step(shape, tokens=shape[0])
+
+
+#: vLLM's builder of chunked local attention's metadata (a subclass of each backend's builder,
+#: whose ``build`` rewrites the requests into one virtual request per chunk before calling the backend's)
+CHUNKED_BUILDER = "ChunkedLocalAttentionBuilder"
+#: vLLM's attention layer classes the GQA Definitions compute: plain, and Llama-4's chunked local
+COVERED_CLASSES = ("Attention", "ChunkedLocalAttention")
 
 
 def _host_seq_lens(source: Any) -> Any:
@@ -135,8 +146,9 @@ LAYER_ATTRIBUTES = KnownAttributes(
     read=frozenset({"num_heads", "head_size", "head_size_v", "num_kv_heads", "sliding_window", "has_sink",
                     "kv_cache_dtype", "attn_type", "kv_sharing_target_layer_name", "query_quant", "impl", "dtype",
                     "calculate_kv_scales", "_q_scale_float", "_k_scale_float", "_v_scale_float"}),
-    neutral={"use_mm_prefix": False, "use_alibi_sqrt": False, "mm_prefix_clamp_sliding_window": False,
-             "_prob_scale_float": 1.0, "_o_scale_float": None},
+    # read for a ChunkedLocalAttention only (:func:`variant`)
+    neutral={"attention_chunk_size": None, "use_mm_prefix": False, "use_alibi_sqrt": False,
+             "mm_prefix_clamp_sliding_window": False, "_prob_scale_float": 1.0, "_o_scale_float": None},
     inert=frozenset({"kv_cache_torch_dtype", "quant_config", "quant_method", "layer_name", "attn_backend", "backend",
                      "use_direct_call", "kv_cache", "isa", "_k_scale_cpu", "_v_scale_cpu", "_q_scale_cpu",
                      "_k_scale", "_v_scale", "_q_scale", "_prob_scale", "k_scale", "v_scale", "q_scale", "prob_scale",
@@ -161,11 +173,13 @@ IMPL_ATTRIBUTES = KnownAttributes(
 
 def variant(layer: Any) -> attention.Variant:
     """What the layer computes beyond plain causal attention: vLLM's ``sliding_window`` (W keys per
-    query, itself included), its implementation's logit soft cap (0 or None: none) and sinks."""
+    query, itself included), its implementation's logit soft cap (0 or None: none) and sinks, and a
+    ``ChunkedLocalAttention``'s ``attention_chunk_size``."""
     impl = layer.impl
     cap = getattr(impl, "logits_soft_cap", None)
+    chunk = getattr(layer, "attention_chunk_size", None) if type(layer).__name__ == "ChunkedLocalAttention" else None
     return attention.Variant(window=getattr(layer, "sliding_window", None), soft_cap=float(cap) if cap else None,
-                             sinks=getattr(impl, "sinks", None) is not None)
+                             sinks=getattr(impl, "sinks", None) is not None, chunk=int(chunk) if chunk else None)
 
 
 def _window_problem(layer: Any) -> Optional[str]:
@@ -193,10 +207,13 @@ def layer_problem(layer: Any) -> Optional[str]:
     attn_type = str(getattr(getattr(layer, "attn_type", "decoder"), "value", getattr(layer, "attn_type", "decoder")))
     cache = _cache_problem(layer)
     impl = getattr(layer, "impl", None)
-    unknown = LAYER_ATTRIBUTES.problems(layer) + (IMPL_ATTRIBUTES.problems(impl, "impl.") if impl is not None else [])
+    chunked = type(layer).__name__ == "ChunkedLocalAttention"
+    unknown = LAYER_ATTRIBUTES.problems(layer, ignore=("attention_chunk_size",) if chunked else ()) + (
+        IMPL_ATTRIBUTES.problems(impl, "impl.") if impl is not None else [])
     window = _window_problem(layer) if impl is not None else None
     kind = attention.PLAIN if impl is None else variant(layer)
-    return attention.layer_problem(layer, "Attention", {
+    return attention.layer_problem(layer, COVERED_CLASSES, {
+        "chunked attention with sinks": kind.chunk is not None and kind.sinks,
         f"attention type {attn_type}": attn_type.lower() != "decoder",
         f"value head {getattr(layer, 'head_size_v', None)} of head {getattr(layer, 'head_size', None)}":
             getattr(layer, "head_size_v", getattr(layer, "head_size", None)) != getattr(layer, "head_size", None),

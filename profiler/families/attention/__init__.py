@@ -7,7 +7,7 @@ the calls of every layer of a step are built here, once per shape (:mod:`.step`)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Union
 
 import torch
 
@@ -32,9 +32,9 @@ KERNEL_WORDS = ("attention", "attn", "flash", "paged", "fwd", "stage1", "stage2"
 @dataclass(frozen=True)
 class Variant:
     """What an attention layer computes beyond plain causal softmax attention, each part in the
-    Definition's name (``_swa{W}``, ``_cap{C}``, ``_sink``) and its reference (``WINDOW_LEFT``,
-    ``LOGITS_SOFT_CAP``, the ``sinks`` input). Its softmax scale is the call's ``sm_scale``
-    whatever it is (Gemma's ``query_pre_attn_scalar``)."""
+    Definition's name (``_chunk{C}``, ``_swa{W}``, ``_cap{C}``, ``_sink``) and its reference
+    (``ATTENTION_CHUNK``, ``WINDOW_LEFT``, ``LOGITS_SOFT_CAP``, the ``sinks`` input). Its softmax
+    scale is the call's ``sm_scale`` whatever it is (Gemma's ``query_pre_attn_scalar``)."""
 
     #: each query attends its ``window`` latest keys, itself included (FlashInfer's ``window_left``
     #: is ``window - 1``; vLLM's ``sliding_window`` is ``window``, SGLang's ``sliding_window_size``
@@ -44,10 +44,15 @@ class Variant:
     soft_cap: Optional[float] = None
     #: one learned logit per query head joins every softmax, with a value of zero (gpt-oss)
     sinks: bool = False
+    #: each query attends only the keys of its own chunk of ``chunk`` positions, causally (Llama-4's
+    #: chunked local attention, ``attention_chunk_size``); None: no chunks
+    chunk: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.window is not None and self.window < 1:
             raise ValueError(f"a sliding window of {self.window} keys")
+        if self.chunk is not None and self.chunk < 1:
+            raise ValueError(f"attention chunks of {self.chunk} positions")
         if self.soft_cap is not None and not self.soft_cap > 0:
             raise ValueError(f"a logit soft cap of {self.soft_cap}")
 
@@ -57,12 +62,19 @@ class Variant:
 
     def suffix(self) -> str:
         cap = "" if self.soft_cap is None else f"_cap{self.soft_cap:g}".replace(".", "p")
-        return (f"_swa{self.window}" if self.window is not None else "") + cap + ("_sink" if self.sinks else "")
+        chunk = "" if self.chunk is None else f"_chunk{self.chunk}"
+        return chunk + (f"_swa{self.window}" if self.window is not None else "") + cap + ("_sink" if self.sinks else "")
 
     def constants(self) -> dict[str, float]:
-        """The variant templates' reference constants it sets."""
+        """The variant templates' reference constants it sets (the chunk only where it has one: the
+        chunked templates alone take it)."""
+        chunk = {} if self.chunk is None else {CHUNK_CONSTANT: int(self.chunk)}
         return {"WINDOW_LEFT": -1 if self.window is None else self.window - 1,
-                "LOGITS_SOFT_CAP": 0.0 if self.soft_cap is None else float(self.soft_cap)}
+                "LOGITS_SOFT_CAP": 0.0 if self.soft_cap is None else float(self.soft_cap), **chunk}
+
+
+#: the chunked templates' reference constant of the chunk's length (0: no chunks)
+CHUNK_CONSTANT = "ATTENTION_CHUNK"
 
 
 PLAIN = Variant()
@@ -71,11 +83,15 @@ PLAIN = Variant()
 VARIANT_CONSTANTS = tuple(PLAIN.constants())
 
 
-def variant_template(kind: str, page_size: int, sinks: bool) -> str:
+def variant_template(kind: str, page_size: int, sinks: bool, chunked: bool = False) -> str:
     """The shipped Definition a variant's calls are instantiated from (gpt-oss-20b's sliding layers
-    for those with sinks, Gemma-3-27B's for those without)."""
+    for those with sinks, Llama-4-Scout's chunked ones for chunked attention, Gemma-3-27B's sliding
+    layers for the others)."""
+    pages = f"ps{1 if page_size == 1 else 16}"
+    if chunked:
+        return f"gqa_paged_{kind}_h40_kv8_d128_{pages}_chunk8192"
     shape = "h64_kv8_d64" if sinks else "h32_kv16_d128"
-    return f"gqa_paged_{kind}_{shape}_ps{1 if page_size == 1 else 16}_swa{128 if sinks else 1024}{'_sink' if sinks else ''}"
+    return f"gqa_paged_{kind}_{shape}_{pages}_swa{128 if sinks else 1024}{'_sink' if sinks else ''}"
 
 
 def call(batch: PagedBatch, stage: str, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
@@ -90,6 +106,8 @@ def call(batch: PagedBatch, stage: str, num_q_heads: int, num_kv_heads: int, hea
         raise NotImplementedError("FP8 queries over a KV cache that is not FP8: no Definition")
     if fp8 and not variant.plain:
         raise NotImplementedError(f"attention{variant.suffix()} over an FP8 KV cache: no Definition")
+    if variant.chunk is not None and variant.sinks:
+        raise NotImplementedError(f"attention{variant.suffix()}: chunked attention with sinks has no Definition")
 
     def build() -> Definition:
         consts = {"num_qo_heads": num_q_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim, "page_size": page_size}
@@ -97,7 +115,7 @@ def call(batch: PagedBatch, stage: str, num_q_heads: int, num_kv_heads: int, hea
         shape = f"h{num_q_heads}_kv{num_kv_heads}_d{head_dim}_ps{page_size}{dtype_suffix(dtype)}{quantized}"
         kind = "decode" if stage == "decode" else "prefill_causal"
         if not variant.plain:
-            return definition_for(variant_template(kind, page_size, variant.sinks),
+            return definition_for(variant_template(kind, page_size, variant.sinks, variant.chunk is not None),
                                   f"gqa_paged_{kind}_{shape}{variant.suffix()}", consts, dtype, variant.constants())
         template = f"gqa_paged_{kind}_h32_kv8_d128_ps{1 if page_size == 1 else 16}{quantized}"
         return definition_for(template, f"gqa_paged_{kind}_{shape}", consts, dtype,
@@ -129,12 +147,13 @@ def layer_calls(decode: Optional[PagedBatch], prefill: Optional[PagedBatch], *sh
     return [call(batch, stage, *shape) for stage, batch in parts if batch is not None]
 
 
-def layer_problem(layer: Any, covered_class: str, features: Mapping[str, bool]) -> Optional[str]:
+def layer_problem(layer: Any, covered_class: Union[str, tuple[str, ...]], features: Mapping[str, bool]) -> Optional[str]:
     """Why an attention layer is not a paged GQA call the Definitions compute, or None: only the
-    engine's ``covered_class`` itself, without any of the ``features`` (what the engine's layer
-    says it does beyond causal decoder self-attention: a window, a soft cap, MLA ...) that apply."""
+    engine's ``covered_class`` (or classes) itself, without any of the ``features`` (what the
+    engine's layer says it does beyond causal decoder self-attention: a window, a soft cap, MLA ...)
+    that apply."""
     name = type(layer).__name__
-    if name != covered_class:
+    if name not in ((covered_class,) if isinstance(covered_class, str) else covered_class):
         return f"{name} (an attention layer class no Definition computes)"
     problems = [what for what, applies in features.items() if applies]
     return f"{name} with {', '.join(problems)} (no Definition computes it)" if problems else None
@@ -151,7 +170,13 @@ def is_variant(definition: Definition) -> bool:
     reference sets, or sinks among its inputs (:class:`Variant`)."""
     window, cap = (reference_constant(definition.reference, name) for name in VARIANT_CONSTANTS)
     return "sinks" in definition.inputs or (window is not None and float(window) >= 0) or \
-        (cap is not None and float(cap) > 0)
+        (cap is not None and float(cap) > 0) or chunked(definition)
+
+
+def chunked(definition: Definition) -> bool:
+    """Whether a Definition's queries attend only their own chunk (its reference's ``ATTENTION_CHUNK``)."""
+    chunk = reference_constant(definition.reference, CHUNK_CONSTANT)
+    return chunk is not None and float(chunk) > 0
 
 
 def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
@@ -159,6 +184,8 @@ def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
     # vLLM's Triton kernel takes a window, a soft cap and sinks; the others are offered plain attention only
     vllm = Native("vllm", "vllm_triton_attention.py", must_fit=True, requires=_VLLM_TRITON, label="vllm_triton",
                   computes=("output",), constants=VARIANT_CONSTANTS)
+    if chunked(definition):  # vLLM runs it as plain attention over chunk-sized virtual requests: no native here
+        return []
     if is_variant(definition):
         return [vllm] if kind == "paged" else []
     natives = [Native("flashinfer", f"flashinfer_{kind}_attention.py", must_fit=True)]
@@ -211,10 +238,10 @@ FAMILY = Family(
     op_types=("gqa_paged", "gqa_ragged"),
     templates=tuple(f"gqa_paged_{kind}_h32_kv8_d128_ps{ps}{quantized}" for kind in ("decode", "prefill_causal")
                     for ps in (1, 16) for quantized in ("", FP8_CACHE, FP8_QUERY + FP8_CACHE))
-    + tuple(variant_template(kind, ps, sinks) for kind in ("decode", "prefill_causal") for ps in (1, 16)
-            for sinks in (False, True)),
+    + tuple(variant_template(kind, ps, sinks, chunk) for kind in ("decode", "prefill_causal") for ps in (1, 16)
+            for sinks, chunk in ((False, False), (True, False), (False, True))),
     baselines=(Baseline("torch_paged_attention.py", compiled=False, op_type="gqa_paged",
-                        optional_constants=VARIANT_CONSTANTS),
+                        optional_constants=VARIANT_CONSTANTS + (CHUNK_CONSTANT,)),
                Baseline("torch_ragged_attention.py", compiled=False, op_type="gqa_ragged")),
     natives=_natives,
     engine_kernel=_engine_kernel,

@@ -5,14 +5,15 @@ import torch
 #: set from a variant's Definition (a plain one sets neither: no window, no cap)
 WINDOW_LEFT = -1  # each query attends its WINDOW_LEFT + 1 latest keys, itself included (-1: every key)
 LOGITS_SOFT_CAP = 0.0  # the logits become cap * tanh(logits / cap) (0: no cap)
+ATTENTION_CHUNK = 0  # each query attends only the keys of its own chunk of ATTENTION_CHUNK positions (0: no chunks)
 
 
 def run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale, qo_indptr=None, kv_last_page_len=None, k_scale=None,
         v_scale=None, q_scale=None, sinks=None):
     """Per request: gather its pages, attend in float32 (causal, bottom-right aligned), log2 LSE; an
     FP8 cache (``k_scale``, ``v_scale`` given) and FP8 queries (``q_scale``) dequantized by their
-    scales, the output then in bfloat16; a sliding window, a logit soft cap, and ``sinks`` (one
-    logit per query head joining every softmax, its value zero) where the Definition has them."""
+    scales, the output then in bfloat16; a sliding window, a logit soft cap, chunks and ``sinks``
+    (one logit per query head joining every softmax, its value zero) where the Definition has them."""
     k_scale = 1.0 if k_scale is None else float(k_scale)
     v_scale = 1.0 if v_scale is None else float(v_scale)
     out_dtype = q.dtype if q_scale is None else torch.bfloat16
@@ -47,6 +48,8 @@ def run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale, qo_indptr=None, kv
         masked = kv_pos > q_pos
         if WINDOW_LEFT >= 0:
             masked |= kv_pos < q_pos - WINDOW_LEFT
+        if ATTENTION_CHUNK > 0:
+            masked |= kv_pos // ATTENTION_CHUNK != q_pos // ATTENTION_CHUNK
         logits.masked_fill_(masked[None], -float("inf"))
         if sinks is not None:
             logits = torch.cat([logits, sinks.float()[:, None, None].expand(-1, n_q, 1)], dim=-1)
