@@ -96,6 +96,19 @@ def test_shared_experts_inside_vllms_opaque_moe_op_are_recorded_by_the_moe_hook(
         ("gemm_bf16_n4096_k7168", {"M": 3}), ("silu_and_mul_i2048", {"num_tokens": 3}), ("gemm_bf16_n7168_k2048", {"M": 3})]
     assert gemm.linear_calls(None, mlp.gate_up_proj, hidden) == []
     assert silu_and_mul.layer_calls(mlp.act_fn, torch.zeros(3, 4096, dtype=torch.bfloat16)) == []
+    # Qwen2-MoE's and Qwen3-Next's shared expert scales its output by a sigmoid gate of one output
+    # per token: its GEMM runs in the opaque op too (it was missing from GPU records)
+    gated = SimpleNamespace(**vars(mlp), expert_gate=linear(1, 7168))
+    runner = SimpleNamespace(_forward_entry=OpOverload(), _shared_experts=SimpleNamespace(_layer=gated))
+    assert [(c.definition.name, c.axes) for c in vllm_moe._shared_expert_calls(runner, hidden)][-2:] == [
+        ("gemm_bf16_n7168_k2048", {"M": 3}), ("gemm_bf16_n1_k7168", {"M": 3})]
+    assert gemm.linear_calls(None, gated.expert_gate, hidden) == []
+    # an MLP with a module beyond those: not recorded as one (the runner's problems list it)
+    odd = torch.nn.Module()
+    for name, part in vars(mlp).items():
+        odd.__dict__[name] = part
+    odd._modules["extra_norm"] = torch.nn.LayerNorm(4)
+    assert vllm_moe._shared_mlp(SimpleNamespace(_shared_experts=SimpleNamespace(_layer=odd))) is None
     # where the experts run in Python (vLLM on CPU), their own hooks see them
     eager = SimpleNamespace(_forward_entry=lambda: None, _shared_experts=SimpleNamespace(_layer=mlp))
     assert vllm_moe._shared_expert_calls(eager, hidden) == []

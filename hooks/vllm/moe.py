@@ -222,32 +222,52 @@ def layer_problem(runner: Any) -> Optional[str]:
     return moe.layer_problem(runner, problems(runner))
 
 
+#: the parts of a shared-experts MLP the MoE hook records where vLLM's opaque op runs it: the
+#: gate/up projection, its ``SiluAndMul`` and the down projection, and the optional sigmoid gate
+#: of Qwen2-MoE's and Qwen3-Next's (``expert_gate``, one output per token: ``sigmoid(gate(x)) * out``)
+SHARED_MLP_PARTS = ("gate_up_proj", "act_fn", "down_proj")
+SHARED_EXPERT_GATE = "expert_gate"
+
+
 def _shared_mlp(runner: Any) -> Optional[tuple[Any, Any, Any]]:
     """The runner's shared experts as the MLP they are (gate_up projection, ``SiluAndMul``, down
-    projection: DeepSeek's, Qwen2-MoE's), or None."""
+    projection: DeepSeek's, Llama-4's, Qwen2-MoE's), or None; also None where the MLP holds a module
+    beside those and its sigmoid gate (a part the hook would not record: listed)."""
     layer = getattr(getattr(runner, "_shared_experts", None), "_layer", None)
-    parts = tuple(getattr(layer, name, None) for name in ("gate_up_proj", "act_fn", "down_proj"))
+    parts = tuple(getattr(layer, name, None) for name in SHARED_MLP_PARTS)
     if any(part is None for part in parts) or type(parts[1]).__name__ != "SiluAndMul":
         return None
+    children = getattr(layer, "_modules", None) or {}
+    if any(name not in SHARED_MLP_PARTS + (SHARED_EXPERT_GATE,) and child is not None for name, child in children.items()):
+        return None
     return parts
+
+
+def _shared_gate(runner: Any) -> Optional[Any]:
+    """The shared experts' sigmoid gate (``expert_gate``), where their MLP has one."""
+    return getattr(getattr(getattr(runner, "_shared_experts", None), "_layer", None), SHARED_EXPERT_GATE, None)
 
 
 def _shared_expert_calls(runner: Any, hidden_states: torch.Tensor) -> list:
     """Shared experts that run inside the opaque ``moe_forward_shared`` op (vLLM on GPUs), which no
     CUDA-graph step shows to their own hooks: recorded here, before the routed experts as vLLM runs
-    them, and left to this hook by theirs. A projection of a quantization method no hook records is
-    not recorded (its layer is listed by its method)."""
+    them, and left to this hook by theirs, their sigmoid gate's GEMM too (Qwen2-MoE's, which was
+    missing from GPU records). A projection of a quantization method no hook records is not
+    recorded (its layer is listed by its method)."""
     mlp = _shared_mlp(runner)
     if mlp is None or not _opaque(runner):
         return []
     gate_up, act, down = mlp
-    record_by("moe", *mlp)
-    seen(*mlp)
+    gate = _shared_gate(runner)
+    record_by("moe", *mlp, gate)
+    seen(*mlp, gate)
     n, k = gemm.layer_size(gate_up)
     tokens = rows(hidden_states, k)
     dtype = hidden_states.dtype
+    # Qwen2-MoE's and Qwen3-Next's MLP then scales its output by its sigmoid gate (elementwise)
+    gated = [] if gate is None else _projection_calls(gate, tokens, dtype)
     return [*_projection_calls(gate_up, tokens, dtype), silu_and_mul.sized_call(tokens, n // 2, dtype),
-            *_projection_calls(down, tokens, dtype)]
+            *_projection_calls(down, tokens, dtype), *gated]
 
 
 def _projection_calls(layer: Any, tokens: int, dtype: torch.dtype) -> list:
