@@ -405,6 +405,22 @@ def test_cli_capture_with_failing_hooks_exits_1_and_names_what_is_missing(tmp_pa
     assert accepted.returncode == 0 and "accepted with --accept-hook-errors" in accepted.stderr
 
 
+def test_an_engine_failing_in_fi_profiles_own_process_while_recording_exits_1_not_by_a_crash(tmp_path):
+    """vLLM fails to build a Llama-4 whose attention chunks (8 positions) are no multiple of its
+    page size (128) after recording began (``--single-process``: in fi-profile's process): the
+    command says so and exits 1. The profiler the accounting had started was left running and the
+    interpreter's exit crashed on it (a segmentation fault, -11)."""
+    config = json.loads((MODELS / "tiny-llama4" / "config.json").read_text())
+    config["attention_chunk_size"] = 8
+    model = tmp_path / "llama4-chunk8"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(config))
+    proc = run_cli("--model", str(model), "--single-process", "--num-prompts", "2", "--input-len", "20",
+                   "--output-len", "3", "--out", str(tmp_path / "out"))
+    assert proc.returncode == 1, (proc.returncode, proc.stderr[-3000:])
+    assert "engine failed" in proc.stderr and "Segmentation" not in proc.stderr + proc.stdout
+
+
 def test_engine_args_reach_the_engine_by_name(tmp_path):
     """``--engine-arg``: vLLM's own scheduling option splits the 60-token prefill into chunks of 32
     (every GEMM sees M=32, then 28); the record's run says which arguments were given."""

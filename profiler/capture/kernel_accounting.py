@@ -36,6 +36,7 @@ kernel of a call the graph lacks: taking it there would skip every call between)
 
 from __future__ import annotations
 
+import atexit
 import bisect
 import functools
 import os
@@ -163,6 +164,24 @@ class Accounting:
         #: the GPU's clock, sampled while the profiler runs (on GPUs with NVML), and when it was marked
         self.clock: Optional[ClockSampler] = None
         self.clock_marked_ns: Optional[int] = None
+        self._abandon_at_exit = False
+
+    def abandon(self) -> None:
+        """Stop a profiler still running, attributing nothing: at the exit of a process whose engine
+        failed while recording (vLLM failing to build its model in fi-profile's own process, say),
+        where a profiler left running crashed the interpreter's finalization (a segmentation fault,
+        exit -11, in place of fi-profile's exit 1)."""
+        if not self.active:
+            return
+        self.active = False
+        profiler, self.profiler = self.profiler, None
+        clock, self.clock = self.clock, None
+        for stop in (getattr(clock, "stop", None), getattr(profiler, "stop", None)):
+            try:
+                if stop is not None:
+                    stop()
+            except Exception:  # noqa: BLE001 - the process is ending: nothing to attribute, nothing to report
+                pass
 
     def start(self) -> None:
         import torch
@@ -182,6 +201,9 @@ class Accounting:
                                 **options)
         self.profiler.start()
         self.active = True
+        if not self._abandon_at_exit:  # once per process
+            atexit.register(self.abandon)
+            self._abandon_at_exit = True
         self.clock, self.clock_marked_ns = None, None
         read = nvml_reader() if self.on_gpu else None
         if read is not None:
