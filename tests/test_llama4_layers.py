@@ -158,3 +158,20 @@ def test_an_rmsnorm_without_a_weight_is_its_own_definition_computing_vllms():
 
     assert fitted_baseline(call.definition)[1].file == "torch_rmsnorm_noweight.py"
     assert rmsnorm.FAMILY.natives(call.definition, None) == []
+
+
+def test_a_routers_attribute_the_hook_does_not_know_is_listed_by_name():
+    """Every attribute of a MoE layer's router is judged, as an attention layer's are: hash routing
+    (an index table), a second routing bias for image tokens, or an argument a later vLLM adds are
+    listed by name; routing capture (a callback) changes nothing."""
+    from vllm.model_executor.models.llama4 import Llama4MoE
+
+    from fi_profile.hooks.vllm import moe as vllm_moe
+
+    runner = _runner(Llama4MoE.custom_routing_function)
+    runner.router.capture_fn = print
+    assert vllm_moe.problems(runner) == []
+    runner.router._hash_indices_table = torch.zeros(8, 1, dtype=torch.int32)
+    runner.router.new_routing_knob = 2
+    assert vllm_moe.problems(runner) == ["router._hash_indices_table=Tensor[8, 1]",
+                                         "router.new_routing_knob=2 (an attribute fi-profile does not know)"]

@@ -11,7 +11,7 @@ from typing import Any, Optional
 import torch
 
 from fi_profile.capture.kernel_call import rows
-from fi_profile.capture.layers import record_by, seen
+from fi_profile.capture.layers import KnownAttributes, record_by, seen
 from fi_profile.families import gemm, moe, silu_and_mul
 from fi_profile.hooks.vllm import fp8_linear as vllm_fp8
 
@@ -168,8 +168,27 @@ def llama4_routing(runner: Any) -> bool:
             and not bool(getattr(runner.router, "renormalize", False)))
 
 
+#: what the hook knows of a MoE runner's router (vLLM 0.26's and 0.32's router classes, their CPU one
+#: among them): any other attribute is listed by name (:class:`~fi_profile.capture.layers.KnownAttributes`;
+#: the custom routing function vLLM's CPU router holds was not read, and Llama-4's layers were
+#: recorded as softmax top-1)
+ROUTER_ATTRIBUTES = KnownAttributes(
+    read=frozenset({"top_k", "global_num_experts", "renormalize", "scoring_func", "use_grouped_topk", "num_expert_group",
+                    "topk_group", "routed_scaling_factor", "e_score_correction_bias", "custom_routing_function",
+                    "num_fused_shared_experts"}),
+    # hash routing, a fused shared expert's routing weight, zero experts, a second routing bias for
+    # image tokens (DeepSeek-V4), expert load balancing: other routings (EPLB is listed as such too)
+    neutral={"_hash_indices_table": None, "shared_expert_weight": None, "zero_expert_type": None,
+             "_zero_expert_output": None, "bias_vl": None, "image_sentinel_lo": 0, "eplb_state": None},
+    # a callback and a buffer that copy out the chosen experts (routing capture and replay), and
+    # grouped top-k skipping the CUDA graph's padding rows
+    inert=frozenset({"capture_fn", "_routing_replay_out", "skip_padding"}),
+)
+
+
 def problems(runner: Any) -> list[str]:
-    """What a MoE layer (``MoERunner``) has that no MoE Definition computes."""
+    """What a MoE layer (``MoERunner``) has that no MoE Definition computes: what its router,
+    experts and configuration say, and any attribute of its router the hook does not know."""
     router, config, experts = runner.router, runner.moe_config, runner.routed_experts
     activation = _activation(runner)
     deepseek = deepseek_routing(runner)
@@ -198,6 +217,7 @@ def problems(runner: Any) -> list[str]:
     )
     if "custom routing" in found:
         found[found.index("custom routing")] = f"custom routing {custom}"
+    found += ROUTER_ATTRIBUTES.problems(router, "router.")
     fp8_problem = fp8_block_problem(method) if fp8_block else None
     if fp8_problem is not None:
         found.append(fp8_problem)
