@@ -26,7 +26,9 @@ graph range is aligned, in launch order, with the graph's calls by the words eac
 are named with (:attr:`fi_profile.families.family.Family.kernel_words`); a run of units whose names
 fit no family, between two units placed, goes to the one call left between them (Inductor's
 ``triton_poi_fused_3`` between the QKV GEMM and the KV-cache write is the RoPE). What is left is
-listed as not attributed, by name: never given to a call it cannot be shown to belong to. A
+listed as not attributed, by name: never given to a call it cannot be shown to belong to. A graph
+that forks onto other CUDA streams (a MoE's shared experts beside its routed experts) is aligned
+stream by stream, each stream's kernels in their own order. A
 kernel named after one family never goes to a call of another (an unhooked attention layer's kernel
 is not the GEMM's beside it), except where that family's calls launch such kernels themselves
 (:attr:`fi_profile.families.family.Family.launches`: a fused MoE's SwiGLU); nor does a kernel whose
@@ -365,12 +367,20 @@ class _Range:
     #: Definitions of a hooked call, or None for a graph run
     definitions: Optional[tuple[str, ...]]
     graph: int = -1
-    #: a graph run's units in launch order: (start, name, ns)
-    units: list[tuple[int, str, int]] = field(default_factory=list)
+    #: a graph run's units in the order they began: (start, name, ns, stream)
+    units: list[tuple[int, str, int, int]] = field(default_factory=list)
 
 
 def _device_kind(event: Any) -> str:
     return str(event.device_type()).rsplit(".", 1)[-1].lower()
+
+
+def _stream(event: Any) -> int:
+    """The CUDA stream a kernel ran on (Kineto's resource id for a device event; 0 where not known)."""
+    try:
+        return int(event.device_resource_id())
+    except (AttributeError, TypeError, ValueError):
+        return 0
 
 
 def attribute(events: Sequence[Any], graphs: Sequence[GraphCalls], kernel_words: Mapping[str, Sequence[str]],
@@ -378,12 +388,14 @@ def attribute(events: Sequence[Any], graphs: Sequence[GraphCalls], kernel_words:
               clock: Optional[ClockTrace] = None, clock_marked_ns: Optional[int] = None,
               tail_words: Optional[Mapping[str, Sequence[str]]] = None,
               head_words: Optional[Mapping[str, Sequence[str]]] = None, reducing: frozenset[str] = frozenset(),
-              launches: Optional[Mapping[str, frozenset[str]]] = None) -> Attributed:
+              launches: Optional[Mapping[str, frozenset[str]]] = None,
+              continue_words: Optional[Mapping[str, Sequence[str]]] = None) -> Attributed:
     """Attribute the profiler's ``events`` (Kineto's) to the hooked calls' and graphs' ranges. A
     call range names Definitions of the record (``op_types``: name -> op type; a range naming none
     is a hook that failed: not attributed); ``kernel_words``: op type -> its kernels' words;
     ``tail_words`` / ``head_words``: op type -> the words of an unnamed kernel that may end / begin
-    its calls; ``reducing``:
+    its calls; ``continue_words``: op type -> the words of its kernels that finish the kernel before
+    them (a split-K reduction); ``reducing``:
     the op types whose calls always reduce; ``launches``: op type -> the op types of other families
     whose kind of kernel its calls launch inside them (:class:`fi_profile.families.family.Family`).
     ``on_gpu``: whether the GPU's kernels were profiled (None: whether any is among the events); a
@@ -392,7 +404,8 @@ def attribute(events: Sequence[Any], graphs: Sequence[GraphCalls], kernel_words:
     the profiler's timeline by the sync range opened at ``clock_marked_ns``: each kernel's time is
     then weighed by the clock it ran at, per Definition and in total."""
     known = frozenset(op_types)
-    fits = _Fits(kernel_words, op_types, tail_words or {}, head_words or {}, reducing, launches or {})
+    fits = _Fits(kernel_words, op_types, tail_words or {}, head_words or {}, reducing, launches or {},
+                 continue_words or {})
     cpu_events, device_events, spans = [], [], []
     for e in events:
         if _device_kind(e) == "cpu":
@@ -435,7 +448,7 @@ def attribute(events: Sequence[Any], graphs: Sequence[GraphCalls], kernel_words:
                 outermost.append(e)  # no operator between it and its range (or the root)
             stack.append((e, own, operator or own is not None))
 
-    units: list[tuple[int, str, int, Optional[_Range]]] = []  # (start, name, ns, range)
+    units: list[tuple[int, str, int, Optional[_Range], int]] = []  # (start, name, ns, range, stream)
     if on_gpu:
         # a kernel and the CUDA call that launched it (cudaLaunchKernel, cudaGraphLaunch, a copy)
         # share CUPTI's correlation id; a kernel is also linked to the operator around that call
@@ -451,11 +464,11 @@ def attribute(events: Sequence[Any], graphs: Sequence[GraphCalls], kernel_words:
                 where = launcher.get(e.linked_correlation_id())
                 if where is None:  # a CUDA graph's kernels CUPTI does not link to their launch: the range's span
                     where = on_device.around(e.start_ns(), e.start_ns() + e.duration_ns())
-            units.append((e.start_ns(), e.name(), e.duration_ns(), where))
+            units.append((e.start_ns(), e.name(), e.duration_ns(), where, _stream(e)))
     else:
-        units = [(e.start_ns(), e.name(), e.duration_ns(), innermost.get(id(e))) for e in outermost]
+        units = [(e.start_ns(), e.name(), e.duration_ns(), innermost.get(id(e)), 0) for e in outermost]
     units.sort(key=lambda u: u[0])
-    for start, name, ns, where in units:
+    for start, name, ns, where, stream in units:
         result.total_ns += ns
         found = result.clock_at(start)
         result.count_clock(ns, found)
@@ -467,7 +480,7 @@ def attribute(events: Sequence[Any], graphs: Sequence[GraphCalls], kernel_words:
             else:
                 result.miss(name, ns)
         else:
-            where.units.append((start, name, ns))
+            where.units.append((start, name, ns, stream))
     for graph_run in _graph_runs([*innermost.values(), *spans]):
         if 0 <= graph_run.graph < len(graphs):
             traced: Optional[list[list[Any]]] = [] if result.graph_traces is not None and graph_run.units else None
@@ -475,7 +488,7 @@ def attribute(events: Sequence[Any], graphs: Sequence[GraphCalls], kernel_words:
             if traced is not None:
                 _keep_trace(result, graph_run.graph, traced)
         else:
-            for _, name, ns in graph_run.units:
+            for _, name, ns, _ in graph_run.units:
                 result.miss(name, ns)
     return result
 
@@ -486,9 +499,9 @@ def _keep_trace(result: Attributed, graph: int, traced: list[list[Any]]) -> None
     if graph not in result.graph_traces:
         result.graph_traces[graph] = traced
         return
-    missed = sum(us for _, us, call in traced if call is None)
+    missed = sum(unit[1] for unit in traced if unit[2] is None)
     worst = result.worst_traces.get(graph)
-    if missed and (worst is None or missed > sum(us for _, us, call in worst if call is None)):
+    if missed and (worst is None or missed > sum(unit[1] for unit in worst if unit[2] is None)):
         result.worst_traces[graph] = traced
 
 
@@ -566,10 +579,11 @@ class _Fits:
 
     def __init__(self, kernel_words: Mapping[str, Sequence[str]], op_types: Mapping[str, str],
                  tail_words: Mapping[str, Sequence[str]], head_words: Mapping[str, Sequence[str]],
-                 reducing: frozenset[str], launches: Mapping[str, frozenset[str]] = {}) -> None:
+                 reducing: frozenset[str], launches: Mapping[str, frozenset[str]] = {},
+                 continue_words: Mapping[str, Sequence[str]] = {}) -> None:
         self.kernel_words, self.op_types = kernel_words, op_types
         self.tail_words, self.head_words, self.reducing = tail_words, head_words, reducing
-        self.launches = launches
+        self.launches, self.continue_words = launches, continue_words
         self._fits: dict[str, frozenset[str]] = {}
         self._best: dict[str, frozenset[str]] = {}
 
@@ -602,6 +616,11 @@ class _Fits:
     def single(self, types: frozenset[str]) -> bool:
         """Whether ``types`` are one family's (they share its words)."""
         return len({tuple(self.kernel_words.get(t, ())) for t in types}) == 1
+
+    def continues(self, op_type: str, name: str) -> bool:
+        """Whether a kernel named ``name`` only finishes the kernel before it, of a call of ``op_type``."""
+        words = self.continue_words.get(op_type)
+        return bool(words) and words_fit(name, words)
 
     def ends(self, op_type: str, names: Sequence[str], begins: bool = False) -> bool:
         """Whether kernels named ``names`` (named after no family) are ones that end (``begins``:
@@ -643,11 +662,50 @@ class _Fits:
         return split
 
 
-def _align(units: list[tuple[int, str, int]], calls: Sequence[tuple[str, tuple[str, ...], int]], fits: _Fits,
-           result: Attributed, trace: Optional[list[list[Any]]] = None) -> None:
-    """A graph run's units (in launch order) to its calls (op type, Definitions; in order): a unit
-    right after one of the current call whose name fits only that call's op type to it (unless the
-    next call is of that type too); a unit between the current call's units (the next named unit
+def _align(units: Sequence[tuple[int, str, int, int]], calls: Sequence[tuple[str, tuple[str, ...], int]],
+           fits: _Fits, result: Attributed, trace: Optional[list[list[Any]]] = None) -> None:
+    """A graph run's units (in the order they began, each with its stream) to its calls (op type,
+    Definitions, invocation; in order), stream by stream: a graph forks onto other streams for work
+    that overlaps (vLLM's and SGLang's shared experts beside the routed experts, for small batches),
+    and each stream's kernels are in their calls' order, but the streams' interleave by time. The
+    stream with the most units is aligned with all the calls, then each other one (the earliest
+    first: vLLM's graphs give each layer's shared experts a stream of their own) with the calls left
+    without units, in order, of the op types its kernels are named after.
+    Each unit's Definitions get its time."""
+    assigned: list[Optional[int]] = [None] * len(units)
+    by_stream: dict[int, list[int]] = defaultdict(list)
+    for i, unit in enumerate(units):
+        by_stream[unit[3]].append(i)
+    free = list(range(len(calls)))  # calls without units so far
+    main = max(by_stream.values(), key=lambda indices: (len(indices), -indices[0]), default=None)
+    for n, indices in enumerate(sorted(by_stream.values(), key=lambda indices: (indices is not main, indices[0]))):
+        names = [units[i][1] for i in indices]
+        if n:  # another stream: the calls left of the types its kernels are named after, as if back to back
+            types = frozenset().union(*map(fits, names))
+            free = [c for c in free if calls[c][0] in types]
+        found = _assign(names, [calls[c] for c in free], fits)
+        taken = {free[call] for call in found if call is not None}
+        for i, call in zip(indices, found):
+            assigned[i] = free[call] if call is not None else None
+        free = [c for c in free if c not in taken]
+    for (start, name, ns, stream), call in zip(units, assigned):
+        definitions = calls[call][1] if call is not None else ()
+        if trace is not None:
+            trace.append([name[:100], round(ns / 1e3, 2), f"{call}:{calls[call][0]}" if call is not None else None,
+                          stream])
+        if definitions:
+            found_clock = result.clock_at(start)
+            result.add(definitions, name, ns, found_clock[0] if found_clock else None)
+        else:
+            result.miss(name, ns)
+
+
+def _assign(unit_names: Sequence[str], calls: Sequence[tuple[str, tuple[str, ...], int]],
+            fits: _Fits) -> list[Optional[int]]:
+    """One stream's units (their names, in launch order) to its calls: the index of each unit's call,
+    or None. A unit right after one of the current call whose name fits only that call's op type
+    goes to it (unless the next call is of that type too, and the unit does not only finish the one
+    before it: a split-K reduction); a unit between the current call's units (the next named unit
     fits only its op type) whose own type is not the next call's, to it; else to the next call of a
     type it fits; then the units whose
     name fits none: a run of them right after a call's units that its family's tail words fit (a
@@ -657,8 +715,9 @@ def _align(units: list[tuple[int, str, int]], calls: Sequence[tuple[str, tuple[s
     norm's call left out for a run of Inductor's pointwise kernels, as a norm reduces). What is left (a name
     of a family with no call of it left, a run of unknown names at an edge or where the calls
     between are not one) is not attributed."""
+    units = unit_names
     assigned: list[Optional[int]] = [None] * len(units)
-    names = [fits(name) for _, name, _ in units]
+    names = [fits(name) for name in units]
 
     def next_of(types: frozenset[str], start: int) -> Optional[int]:
         return next((c for c in range(start, len(calls)) if calls[c][0] in types), None)
@@ -712,7 +771,7 @@ def _align(units: list[tuple[int, str, int]], calls: Sequence[tuple[str, tuple[s
         if (past_others and j is not None and not fits.only(names[j], op_type) and names[j] & others
                 and not names[j] & names[i]):
             j = next(named, None)
-        return j is not None and fits.only(names[j], op_type)
+        return j is not None and (fits.only(names[j], op_type) or fits.only(fits.best(units[j]), op_type))
 
     position, current = 0, None
     last = -1  # the last unit with a family's name
@@ -724,8 +783,9 @@ def _align(units: list[tuple[int, str, int]], calls: Sequence[tuple[str, tuple[s
         previous = last if current is not None and len(invocation_calls[calls[current][2]]) > 1 else i - 1
         last = i
         if (current is not None and previous >= 0 and assigned[previous] == current
-                and (fits.only(types, calls[current][0]) or fits.only(fits.best(units[i][1]), calls[current][0]))
-                and not (position < len(calls) and calls[position][0] in types)):
+                and (fits.only(types, calls[current][0]) or fits.only(fits.best(units[i]), calls[current][0]))
+                and (not (position < len(calls) and calls[position][0] in types)
+                     or fits.continues(calls[current][0], units[i]))):
             # more of the current call, right after it (split-K's reduction; a fused MoE's expert
             # GEMM after its unnamed fill), its family's name the best fit (a MoE's
             # ``count_and_sort_expert_tokens``, named like sampling's sort too)
@@ -781,28 +841,34 @@ def _align(units: list[tuple[int, str, int]], calls: Sequence[tuple[str, tuple[s
         before = assigned[i - 1] if i > 0 else None
         after = assigned[j] if j < len(units) else None
         lo, hi = i, j  # the run, less what ends the call before it and what begins the call after it
-        while lo < hi and before is not None and fits.ends(calls[before][0], [units[lo][1]]):
+        while lo < hi and before is not None and fits.ends(calls[before][0], [units[lo]]):
             assigned[lo] = before  # the call's own last step (a fused MoE's top-k sum)
             lo += 1
-        while lo < hi and after is not None and fits.ends(calls[after][0], [units[hi - 1][1]], begins=True):
+        if lo < hi and before is not None and after is not None and fits.ends(calls[before][0], [units[hi - 1]]):
+            # the whole run ends with it, right before the next call's kernel: what runs between is
+            # the call's too (Triton's MoE masks its routing, then sums the top-k outputs: ``_reduce``)
+            for k in range(lo, hi):
+                assigned[k] = before
+            lo = hi
+        while lo < hi and after is not None and fits.ends(calls[after][0], [units[hi - 1]], begins=True):
             assigned[hi - 1] = after  # the next call's own first step (a split-K GEMM's memset)
             hi -= 1
         if lo < hi and before is not None and after is not None:
             between = [before] if before == after else [c for c in range(before + 1, after) if c not in has_units]
-            if len(between) > 1 and all(name.startswith(POINTWISE) for _, name, _ in units[lo:hi]):
+            if len(between) > 1 and all(name.startswith(POINTWISE) for name in units[lo:hi]):
                 # Inductor's pointwise kernels: not a norm's (which reduces) among calls without kernels
                 between = [c for c in between if calls[c][0] not in fits.reducing]
             reducing = [c for c in between if calls[c][0] in fits.reducing]
             if reducing and len(between) - len(reducing) == 1 and len({calls[c][1] for c in reducing}) == 1 \
                     and all(name.startswith(POINTWISE) or ANONYMOUS_REDUCTION.fullmatch(name)
-                            for _, name, _ in units[lo:hi]):
+                            for name in units[lo:hi]):
                 # Inductor's kernels named after no op for norms of one Definition and one other call
                 # (vLLM's FP8 models: DeepSeek's kv norm and RoPE, Qwen3's q and k norms and RoPE):
                 # its reductions the norms', its pointwise kernels the other's. A reduction named
                 # after ops (``triton_red_fused_mul_neg_stack``) could be either's: left alone
                 other = next(c for c in between if c not in reducing)
                 for k in range(lo, hi):
-                    assigned[k] = reducing[0] if ANONYMOUS_REDUCTION.fullmatch(units[k][1]) else other
+                    assigned[k] = reducing[0] if ANONYMOUS_REDUCTION.fullmatch(units[k]) else other
                 between = []
             if not between and after == before + 1 and calls[before][2] == calls[after][2]:
                 between = [after]  # one invocation's calls back to back: what the next one runs on
@@ -815,12 +881,4 @@ def _align(units: list[tuple[int, str, int]], calls: Sequence[tuple[str, tuple[s
                 for k in range(lo, hi):
                     assigned[k] = between[0]
         i = j
-    for (start, name, ns), call in zip(units, assigned):
-        definitions = calls[call][1] if call is not None else ()
-        if trace is not None:
-            trace.append([name[:100], round(ns / 1e3, 2), f"{call}:{calls[call][0]}" if call is not None else None])
-        if definitions:
-            found = result.clock_at(start)
-            result.add(definitions, name, ns, found[0] if found else None)
-        else:
-            result.miss(name, ns)
+    return assigned

@@ -58,6 +58,8 @@ KERNEL_NAMING: dict[str, object] = {
     "kernel_words": KERNEL_WORDS,
     "tail_words": {op_type: family.tail_words for family in FAMILIES for op_type in family.op_types if family.tail_words},
     "head_words": {op_type: family.head_words for family in FAMILIES for op_type in family.op_types if family.head_words},
+    "continue_words": {op_type: family.continue_words for family in FAMILIES for op_type in family.op_types
+                       if family.continue_words},
     "reducing": frozenset(op_type for family in FAMILIES if family.reduces for op_type in family.op_types),
     "launches": {op_type: frozenset(t for other in FAMILIES if other.key in family.launches for t in other.op_types)
                  for family in FAMILIES for op_type in family.op_types if family.launches},

@@ -157,6 +157,10 @@ class Family:
     #: the same for a kernel that begins the family's call (cuBLAS's split-K GEMMs clear their
     #: workspace first: ``Memset (Device)``), fitted only to unnamed kernels right before the call's own
     head_words: tuple[str, ...] = ()
+    #: words of the family's kernels that only finish the kernel before them on their stream (cuBLAS's
+    #: split-K reduction, ``splitKreduce_kernel``): such a kernel stays with that kernel's call, even
+    #: where the next call is of the family too (a MoE's router GEMM, then its shared experts' GEMM)
+    continue_words: tuple[str, ...] = ()
     #: keys of other families whose kind of kernel the family's own calls launch inside them (a fused
     #: MoE runs its SwiGLU between its two expert GEMMs): a graph's kernel named after one of those
     #: may go to a call of this family. A kernel named after another family never goes to a call of

@@ -46,4 +46,5 @@ FAMILY = Family(
     # with its GEMM whichever of the two it is)
     kernel_words=gemm.FAMILY.kernel_words,
     head_words=gemm.FAMILY.head_words,
+    continue_words=gemm.FAMILY.continue_words,
 )

@@ -331,6 +331,7 @@ FAMILY = Family(
     # and the per-tensor scale's ``segmented_max_reduction``), never a GEMM's: a GEMM kernel in a
     # layer's range or graph is its GEMM's, not shared with the quantization before it
     kernel_words=gemm.FAMILY.kernel_words,
+    continue_words=gemm.FAMILY.continue_words,
     op_kernel_words={op_type: ("quant", "max_reduction") for op_type in
                      ("quant_fp8_per_token_group", "quant_fp8_per_tensor", "quant_fp8_per_token",
                       "quant_fp8_static_per_tensor")},

@@ -119,4 +119,5 @@ FAMILY = Family(
     kernel_words=("gemm", "gemv", "nvjet", "cutlass", "cublas", "cublaslt", "splitkreduce", "xmma", "wgmma", "mm", "addmm", "bmm",
                   "linear", "matmul", "onednn"),
     head_words=("memset",),  # cuBLAS's split-K GEMMs clear their workspace first
+    continue_words=("splitkreduce",),  # and sum their partial products after
 )

@@ -380,9 +380,10 @@ FAMILY = Family(
     # attention's, by its longer word)
     kernel_words=("moe", "expert", "experts", "topk", "topk_softmax", "grouped_topk", "align_block", "router",
                   "matmul_ogs", "bitmatrix"),
-    # the top-k outputs' sum, compiled by Inductor (SGLang up to 32 tokens); vLLM's MoE op copying
-    # its output into the layer's output buffer
-    tail_words=("sum", "memcpy"),
+    # the top-k outputs' sum, compiled by Inductor (SGLang up to 32 tokens) or Triton's MoE's own
+    # (``_reduce``, ``_reduce_grouped``: ``triton_kernels``' combine); vLLM's MoE op copying its output
+    # into the layer's output buffer
+    tail_words=("sum", "memcpy", "_reduce"),
     # the routed experts' activation between their two GEMMs (``act_and_mul_kernel``), and an FP8
     # MoE's quantization of its output for the second GEMM
     launches=("silu_and_mul", "fp8_linear"),
