@@ -84,7 +84,7 @@ def test_shipped_set_covers_llama_31_8b_and_the_moe_templates():
         "gemma_rmsnorm_h5376", "gemma_fused_add_rmsnorm_inplace_h5376", "gelu_tanh_and_mul_i21504", "gelu_and_mul_i21504",
         "rope_linear_neox_style_h32_kv16_d128",
         # gpt-oss-20b: its MoE (biased experts, swigluoai) and the generic YaRN RoPE; Qwen3-Next's partial rotary
-        "moe_bf16_renorm_topk4_e32_h2880_i2880_swigluoai_bias",
+        "moe_bf16_renorm_topk4_e32_h2880_i2880_swigluoai_bias", "moe_mxfp4_renorm_topk4_e32_h2880_i2880_swigluoai_bias",
         "rope_yarn_neox_style_h64_kv8_d64_theta150000_f32_ctx4096_untruncated",
         "rope_neox_style_h16_kv2_d256_rd64_theta10000000",
         # Llama-4-Scout: its chunked local attention layers, its MoE routing, its weightless q/k norm

@@ -186,6 +186,17 @@ ROUTER_ATTRIBUTES = KnownAttributes(
 )
 
 
+#: vLLM's method for gpt-oss's MXFP4 experts (its checkpoint's layout: gate and up rows
+#: interleaved, E8M0 scales per 32 weights), whatever backend it picked (Triton's ``matmul_ogs``,
+#: Marlin, FlashInfer: the accounting's kernel names say which ran); another MXFP4 method is listed
+MXFP4_METHODS = ("GptOssMxfp4MoEMethod",)
+
+
+def mxfp4(runner: Any) -> bool:
+    """Whether the layer's experts are gpt-oss's MXFP4 ones."""
+    return type(runner.routed_experts.quant_method).__name__ in MXFP4_METHODS
+
+
 def problems(runner: Any) -> list[str]:
     """What a MoE layer (``MoERunner``) has that no MoE Definition computes: what its router,
     experts and configuration say, and any attribute of its router the hook does not know."""
@@ -213,7 +224,7 @@ def problems(runner: Any) -> list[str]:
         expert_bias=bool(getattr(config, "has_bias", False)),
         expert_parallel=config.num_local_experts != router.global_num_experts,
         expert_parallel_recorded=local_experts(runner) is not None,
-        swiglu_oai_recorded=swiglu_oai(runner) is not None,
+        swiglu_oai_recorded=swiglu_oai(runner) is not None, mxfp4_recorded=mxfp4(runner),
     )
     if "custom routing" in found:
         found[found.index("custom routing")] = f"custom routing {custom}"
@@ -301,6 +312,13 @@ def _projection_calls(layer: Any, tokens: int, dtype: torch.dtype) -> list:
     return []
 
 
+def _intermediate_size(config: Any) -> int:
+    """The experts' intermediate size on this rank, as the model has it: a backend that pads it to its
+    tile (vLLM's MXFP4 ones: 2880 to 3072) keeps the model's in ``..._unpadded`` (zeros beyond it)."""
+    unpadded = getattr(config, "intermediate_size_per_partition_unpadded", None)
+    return int(unpadded) if unpadded else int(config.intermediate_size_per_partition)
+
+
 def layer_calls(self: Any, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> list:
     """``MoERunner.forward``: routing and experts as one fused MoE call. A runner that holds its
     router (``gate``) applies it inside the opaque custom op on GPUs, where graph steps never show
@@ -313,12 +331,12 @@ def layer_calls(self: Any, hidden_states: torch.Tensor, router_logits: torch.Ten
     fp8_block = type(self.routed_experts.quant_method).__name__ == "Fp8MoEMethod"
     calls = moe.layer_calls(hidden_states, router_logits, problems(self),
                             num_experts=config.num_local_experts if local is None else router.global_num_experts,
-                            top_k=router.top_k, intermediate_size=config.intermediate_size_per_partition,
+                            top_k=router.top_k, intermediate_size=_intermediate_size(config),
                             renormalize=bool(router.renormalize), deepseek=deepseek,
                             routing_bias=router.e_score_correction_bias if deepseek is not None else None,
                             local=local, fp8_block_scale=fp8_block,
                             power_of_two_scales=fp8_block and power_of_two_scales(), swiglu_oai=swiglu_oai(self),
-                            llama4=llama4_routing(self))
+                            llama4=llama4_routing(self), mxfp4=mxfp4(self))
     calls = _shared_expert_calls(self, hidden_states) + calls
     gate, fused = getattr(self, "gate", None), bool(getattr(self, "_fse_fuse_gate", False))
     if gate is None or not (_opaque(self) or fused):  # the gate's own hook sees it (traced or eager)

@@ -8,7 +8,7 @@ positions, token ids, top-k/top-p parameters, and default scalars.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import torch
 
@@ -66,6 +66,9 @@ def tensor_value(
     if spec.dtype.is_packed:
         packed = shape[:-1] + (shape[-1] // 2,)
         return torch.randint(0, 256, packed, generator=gen, device=device, dtype=torch.uint8).view(dtype)
+    data = _microscaled(name, definition)
+    if data is not None and spec.dtype is DType.int8:
+        return _e8m0_scales(shape, axes.get(data.shape[-1], 1) if data.shape else 1, gen, device)
     if not spec.dtype.is_float:
         fill = 1 if name.endswith(("_len", "_lens", "lengths")) else 0
         return torch.full(shape, fill, dtype=dtype, device=device)
@@ -97,6 +100,32 @@ def _static_scale(name: str, definition: Definition) -> bool:
     scales = (definition.inputs.get(f"{name}_scale"), definition.inputs.get(f"{name.removesuffix('_cache')}_scale"),
               definition.inputs.get("kv_scale") if name.endswith("_cache") else None)
     return any(scale is not None and scale.shape is None for scale in scales)
+
+
+#: the E2M1 codes' values' standard deviation over uniformly random codes (sqrt(137 / 16))
+_E2M1_STD = math.sqrt(137 / 16)
+
+
+def _microscaled(name: str, definition: Definition) -> Optional[TensorSpec]:
+    """The FP4 tensor whose block scales input ``name`` holds (``gemm1_scales`` -> ``gemm1_weights``,
+    or ``X_scales`` -> ``X``), or None."""
+    if not name.endswith("_scales"):
+        return None
+    stem = name.removesuffix("_scales")
+    for candidate in (f"{stem}_weights", f"{stem}_weight", stem):
+        spec = definition.inputs.get(candidate)
+        if spec is not None and spec.dtype is DType.float4_e2m1:
+            return spec
+    return None
+
+
+def _e8m0_scales(shape: tuple[int, ...], fan_in: int, gen: torch.Generator, device: torch.device) -> torch.Tensor:
+    """MXFP4 block scales as E8M0 bytes (2^(s - 127), stored as int8): random codes times them have
+    the standard deviation of a weight matrix as models initialise it (1/sqrt(fan-in)), each block's
+    exponent one either side of it, as trained blocks differ."""
+    exponent = round(math.log2(1 / (_E2M1_STD * math.sqrt(max(1, fan_in)))))
+    codes = 127 + exponent + torch.randint(-1, 2, shape, generator=gen, device=device)
+    return codes.clamp(0, 254).to(torch.uint8).view(torch.int8)
 
 
 def _is_weight(name: str) -> bool:

@@ -34,6 +34,8 @@ TEMPLATES = {
     "ds_routing_ep": "moe_bf16_ds_routing_topk8_ng8_kg4_e32_h7168_i2048_ep8",
     # gpt-oss-20b's: softmax top-k, renormalized; biased experts with its SwiGLU on interleaved rows
     "renorm_swigluoai": "moe_bf16_renorm_topk4_e32_h2880_i2880_swigluoai_bias",
+    # the same with MXFP4 expert weights, as gpt-oss ships
+    "renorm_swigluoai_mxfp4": "moe_mxfp4_renorm_topk4_e32_h2880_i2880_swigluoai_bias",
     # Llama-4-Scout's: sigmoid of the top-k logits, the weight on the experts' input
     "llama4_routing": "moe_bf16_llama4_routing_topk1_e16_h5120_i8192",
 }
@@ -78,13 +80,20 @@ def call(hidden_states: torch.Tensor, routing_logits: torch.Tensor, num_experts:
          intermediate_size: int, renormalize: bool, deepseek: Optional[DeepSeekRouting] = None,
          routing_bias: Optional[torch.Tensor] = None, shared_experts: int = 0,
          local: Optional[LocalExperts] = None, swiglu_oai: Optional[SwigluOAI] = None,
-         llama4: bool = False) -> KernelCall:
+         llama4: bool = False, mxfp4: bool = False) -> KernelCall:
     """A fused MoE layer (routing + SwiGLU experts) with a softmax top-k router, or with DeepSeek's
     routing (``deepseek``, its correction bias ``routing_bias``; ``shared_experts`` fused after the
     ``num_experts`` routed ones, each token's extra slot beyond its ``top_k`` routed; ``local``: the
     rank's experts under expert parallelism, whose part of the sum the layer computes);
     ``swiglu_oai``: gpt-oss's biased experts (beside a softmax router only); ``llama4``: Llama-4's
-    routing (sigmoid of the top-k logits, weighting the experts' input), ``renormalize`` off."""
+    routing (sigmoid of the top-k logits, weighting the experts' input), ``renormalize`` off;
+    ``mxfp4``: gpt-oss's experts with MXFP4 weights, as it ships (:data:`MXFP4_BLOCK`)."""
+    if mxfp4:
+        found = mxfp4_problems(hidden_states.shape[-1], intermediate_size, hidden_states.dtype)
+        if swiglu_oai is None:
+            found.insert(0, "MXFP4 experts other than gpt-oss's (biased, swigluoai)")
+        if found:
+            raise NotImplementedError(f"MoE layer without a Definition: {', '.join(found)}")
     if shared_experts and (deepseek is None or shared_experts != 1):
         raise NotImplementedError(f"MoE layer without a Definition: {shared_experts} fused shared experts"
                                   + ("" if deepseek is not None else " beside a softmax router"))
@@ -116,11 +125,19 @@ def call(hidden_states: torch.Tensor, routing_logits: torch.Tensor, num_experts:
         if deepseek is None:
             logits = "" if logits_dtype is dtype else f"_logits_{SHORT_DTYPES.get(logits_dtype, logits_dtype.value)}"
             if swiglu_oai is not None:
-                return definition_for(TEMPLATES["renorm_swigluoai"],
-                                      f"moe_{SHORT_DTYPES[dtype]}_{routing}_topk{top_k}_{shape}{swiglu_oai.suffix()}{logits}",
+                input_dtypes = {"routing_logits": logits_dtype}
+                template, weights = "renorm_swigluoai", SHORT_DTYPES[dtype]
+                if mxfp4:
+                    template, weights = "renorm_swigluoai_mxfp4", "mxfp4"
+                    consts.update(num_hidden_blocks=hidden // MXFP4_BLOCK,
+                                  num_intermediate_blocks=intermediate_size // MXFP4_BLOCK)
+                    input_dtypes.update({f"gemm{n}_{part}": kind for n in (1, 2)
+                                         for part, kind in (("weights", DType.float4_e2m1), ("scales", DType.int8))})
+                return definition_for(TEMPLATES[template],
+                                      f"moe_{weights}_{routing}_topk{top_k}_{shape}{swiglu_oai.suffix()}{logits}",
                                       consts, dtype, {"RENORMALIZE": renormalize, "ALPHA": float(swiglu_oai.alpha),
                                                       "LIMIT": float(swiglu_oai.limit)},
-                                      input_dtypes={"routing_logits": logits_dtype})
+                                      input_dtypes=input_dtypes)
             if llama4:
                 return definition_for(TEMPLATES[routing], f"moe_{SHORT_DTYPES[dtype]}_{routing}_topk{top_k}_{shape}{logits}",
                                       consts, dtype, {"WEIGHT_ON_INPUT": True}, input_dtypes={"routing_logits": logits_dtype})
@@ -130,7 +147,7 @@ def call(hidden_states: torch.Tensor, routing_logits: torch.Tensor, num_experts:
                                     shared_experts, None if local is None else local.count)
 
     key = ("moe", routing, num_experts, top_k, hidden, intermediate_size, hidden_states.dtype, routing_logits.dtype,
-           deepseek, bias_dtype, shared_experts, None if local is None else local.count, swiglu_oai, llama4)
+           deepseek, bias_dtype, shared_experts, None if local is None else local.count, swiglu_oai, llama4, mxfp4)
     definition = cached_definition(key, build)
     scalars = {} if local is None else {"local_expert_offset": local.offset}
     return KernelCall(definition, {"seq_len": rows(hidden_states, hidden)}, scalars=scalars)
@@ -169,6 +186,19 @@ def _deepseek_definition(dtype: DType, logits_dtype: DType, bias_dtype: DType, t
     )
 
 
+#: MXFP4 (OCP microscaling): E2M1 weights, one E8M0 scale per block of this many along their input
+MXFP4_BLOCK = 32
+
+
+def mxfp4_problems(hidden: int, intermediate: int, dtype: torch.dtype) -> list[str]:
+    """What MXFP4 experts do that the ``moe_mxfp4_*`` Definitions do not compute, in words."""
+    return [what for what, applies in {
+        f"MXFP4 experts with {schema_dtype(dtype).value} activations": dtype != torch.bfloat16,
+        f"MXFP4 experts of sizes {hidden} x {intermediate} (not whole blocks of {MXFP4_BLOCK})":
+            hidden % MXFP4_BLOCK != 0 or intermediate % MXFP4_BLOCK != 0,
+    }.items() if applies]
+
+
 def problems(*, router: Optional[str] = None, scoring: Any = "softmax", grouped_topk: bool = False,
              custom_routing: bool = False, correction_bias: bool = False, fused_shared_experts: bool = False,
              fused_shared_recorded: bool = False,
@@ -176,7 +206,8 @@ def problems(*, router: Optional[str] = None, scoring: Any = "softmax", grouped_
              gated: bool = True, expert_bias: bool = False, router_weight_on_input: bool = False,
              expert_parallel: bool = False, expert_parallel_recorded: bool = False,
              deepseek_routing: bool = False, quantization_recorded: bool = False,
-             swiglu_oai_recorded: bool = False, llama4_routing_recorded: bool = False) -> list[str]:
+             swiglu_oai_recorded: bool = False, llama4_routing_recorded: bool = False,
+             mxfp4_recorded: bool = False) -> list[str]:
     """What a MoE layer does that no MoE Definition computes, in words; each engine passes what
     its layer says (an argument it does not pass is a feature its layers do not have):
     ``router``: the class of a router that is not a softmax top-k one; ``quantization``: the
@@ -189,10 +220,13 @@ def problems(*, router: Optional[str] = None, scoring: Any = "softmax", grouped_
     ``swiglu_oai_recorded`` for gpt-oss's biased ``swigluoai`` experts (:class:`SwigluOAI`), which
     only unquantized experts beside a softmax router are recorded as; ``llama4_routing_recorded``
     for Llama-4's custom routing function with the weight on the input, recorded for unquantized
-    SwiGLU experts without bias or expert parallelism."""
+    SwiGLU experts without bias or expert parallelism; ``mxfp4_recorded`` for gpt-oss's experts
+    with MXFP4 weights (``quantization`` the engine's method for them), recorded as its
+    ``swigluoai`` ones are."""
     swiglu_oai_recorded = swiglu_oai_recorded and not (
         deepseek_routing or quantization_recorded or expert_parallel or router is not None or fused_shared_experts
-        or quantization not in (None, "UnquantizedFusedMoEMethod"))
+        or (quantization not in (None, "UnquantizedFusedMoEMethod") and not mxfp4_recorded))
+    mxfp4 = mxfp4_recorded and swiglu_oai_recorded
     # a custom routing function replaces the scoring (vLLM's GPU router for it has none; its CPU one
     # would score sqrtsoftplus before it)
     llama4 = llama4_routing_recorded and custom_routing and router_weight_on_input and scoring in (None, "softmax") and not (
@@ -208,7 +242,8 @@ def problems(*, router: Optional[str] = None, scoring: Any = "softmax", grouped_
         "correction bias": correction_bias and not deepseek,
         "fused shared experts": fused_shared_experts and not fused_shared_recorded,
         "routed scaling": routed_scaling not in (None, 1.0) and not deepseek,
-        f"quantization {quantization}": quantization not in (None, "UnquantizedFusedMoEMethod") and not quantization_recorded,
+        f"quantization {quantization}": quantization not in (None, "UnquantizedFusedMoEMethod") and not quantization_recorded
+        and not mxfp4,
         f"activation {activation}": activation is not None and (str(activation) != "silu" or not gated)
         and not swiglu_oai_recorded,
         "expert bias": expert_bias and not swiglu_oai_recorded,
@@ -227,10 +262,12 @@ def layer_calls(hidden_states: torch.Tensor, router_logits: torch.Tensor, found:
                 top_k: int, intermediate_size: int, renormalize: bool, deepseek: Optional[DeepSeekRouting] = None,
                 routing_bias: Optional[torch.Tensor] = None, shared_experts: int = 0,
                 local: Optional[LocalExperts] = None, fp8_block_scale: bool = False,
-                power_of_two_scales: bool = False, swiglu_oai: Optional[SwigluOAI] = None, llama4: bool = False) -> list:
+                power_of_two_scales: bool = False, swiglu_oai: Optional[SwigluOAI] = None, llama4: bool = False,
+                mxfp4: bool = False) -> list:
     """A MoE layer (routing + SwiGLU experts) as one fused call, or with FP8 block-scale experts
     (``fp8_block_scale``) as its input's quantization (its scales rounded up to powers of two where
-    ``power_of_two_scales``) and the MoE (:mod:`.fp8_block`); raises where it has ``found``
+    ``power_of_two_scales``) and the MoE (:mod:`.fp8_block`), or with MXFP4 experts (``mxfp4``);
+    raises where it has ``found``
     :func:`problems` (so the hook error says which)."""
     if fp8_block_scale:
         found = found + fp8_block.problems(hidden_states.shape[-1], intermediate_size, hidden_states.dtype,
@@ -250,7 +287,7 @@ def layer_calls(hidden_states: torch.Tensor, router_logits: torch.Tensor, found:
     return [call(hidden_states, router_logits, num_experts=num_experts, top_k=top_k,
                  intermediate_size=intermediate_size, renormalize=renormalize, deepseek=deepseek,
                  routing_bias=routing_bias, shared_experts=shared_experts, local=local, swiglu_oai=swiglu_oai,
-                 llama4=llama4)]
+                 llama4=llama4, mxfp4=mxfp4)]
 
 
 CONSTANTS = ("top_k", "RENORMALIZE")
@@ -361,6 +398,7 @@ FAMILY = Family(
     templates=tuple(TEMPLATES.values()) + tuple(fp8_block.TEMPLATES.values()),
     baselines=(Baseline("torch_moe.py", CONSTANTS, compiled=False),
                Baseline("torch_moe_swigluoai.py", SWIGLUOAI_CONSTANTS, compiled=False),
+               Baseline("torch_moe_mxfp4_swigluoai.py", SWIGLUOAI_CONSTANTS, compiled=False),
                Baseline("torch_moe_llama4.py", LLAMA4_CONSTANTS, compiled=False),
                Baseline("torch_moe_ds.py", DEEPSEEK_CONSTANTS, compiled=False),
                Baseline("torch_moe_fp8_ds.py", ("TOP_K", "N_GROUP", "TOPK_GROUP"), compiled=False),
