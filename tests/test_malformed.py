@@ -157,5 +157,5 @@ def test_any_file_gives_problems_not_a_traceback(tmp_path, content):
     path = tmp_path / "odd.json"
     path.write_bytes(content)
     result = CliRunner().invoke(app, ["validate", str(path)])
-    assert result.exit_code == 1 and result.exception is None or isinstance(result.exception, SystemExit)
+    assert result.exit_code == 1 and (result.exception is None or isinstance(result.exception, SystemExit))
     assert f"{path}: " in result.output and "Traceback" not in result.output

@@ -221,7 +221,6 @@ def test_sglangs_fused_a_gemm_function_is_one_gemm_of_the_layers_declared_size()
     up to 16 tokens its own GEMM past the linear method (a silent gap on Hopper before: the first
     GPU run recorded the projection in the prefill step only), else the layer, whose method's hooked
     ``apply`` runs nested. One GEMM either way, sized from the layer's declared sizes; LoRA is refused."""
-    import importlib.util
 
     from fi_profile.hooks.sglang.hook_points import POINTS, _fused_a_gemm
 
@@ -233,11 +232,23 @@ def test_sglangs_fused_a_gemm_function_is_one_gemm_of_the_layers_declared_size()
         _fused_a_gemm(layer, torch.zeros(3, 7168, dtype=torch.bfloat16))
     [point] = [p for p in POINTS if p.methods == ("linear_with_fused_a_gemm",)]
     assert "gemm" in point.nested
-    if importlib.util.find_spec("sglang") is not None:  # the function the model module looks up at call time
-        import sglang.srt.models.deepseek_v2 as deepseek_v2
 
-        assert list(__import__("inspect").signature(deepseek_v2.linear_with_fused_a_gemm).parameters)[:2] == [
-            "layer", "hidden_states"]
+
+def test_sglangs_fused_a_gemm_function_takes_the_layer_and_its_input_first():
+    """The hook binds ``linear_with_fused_a_gemm``'s first two arguments as the layer and its input:
+    the function the model module looks up at call time takes them so, in the SGLang the tests run
+    (its venv: this one has no SGLang)."""
+    import subprocess
+
+    from test_capture_sglang import SGLANG_PYTHON
+
+    if not SGLANG_PYTHON.is_file():
+        pytest.skip(f"no SGLang venv at {SGLANG_PYTHON}")  # CI makes one (test_capture_sglang says so)
+    probe = ("import inspect, sglang.srt.models.deepseek_v2 as m; "
+             "print(list(inspect.signature(m.linear_with_fused_a_gemm).parameters)[:2])")
+    found = subprocess.run([str(SGLANG_PYTHON), "-c", probe], capture_output=True, text=True, timeout=300)
+    assert found.returncode == 0, found.stderr[-2000:]
+    assert found.stdout.strip().splitlines()[-1] == "['layer', 'hidden_states']"
 
 
 def sglang_extend(q_lens, prefix_lens, rows):
@@ -273,7 +284,7 @@ def test_sglang_up_projected_prefill_is_one_ragged_call_over_all_the_steps_reque
     assert decode.batch_size == 1 and prefill.batch_size == 2
 
 
-def test_sglang_absorbed_step_runs_both_parts_between_one_pair_of_batched_gemms():
+def test_sglang_absorbed_step_runs_both_parts_between_one_pair_of_batched_gemms(monkeypatch):
     """SGLang's absorbed path over an extend step whose requests are one-token and longer: one W_UK
     batched GEMM over all the step's tokens, the latent write, the paged decode of the one-token
     requests and the paged causal prefill of the others, one W_UV batched GEMM."""
@@ -291,7 +302,12 @@ def test_sglang_absorbed_step_runs_both_parts_between_one_pair_of_batched_gemms(
     assert calls[0].axes == {"M": 9} == calls[-1].axes and calls[1].axes["num_tokens"] == 9
     assert calls[2].axes["batch_size"] == 1 and calls[2].axes["num_kv_indices"] == 3
     assert calls[3].axes["total_q"] == 8 and calls[3].axes["num_kv_indices"] == 5 + 7
-    assert RECORDER.num_pages in (None, 0) or calls[1].axes["num_pages"] == RECORDER.num_pages
+    assert calls[1].axes["num_pages"] == (RECORDER.num_pages or 0)
+    # the pages are the recorder's (the engine's KV pool), whatever it holds
+    monkeypatch.setattr(RECORDER, "num_pages", 123)
+    STEP.begin(runner=SimpleNamespace(req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(40).view(4, 10))))
+    again = sglang_mla._absorbed(sglang_extend([1, 5, 3], [2, 0, 4], [2, 0, 1]), shape)
+    assert again[1].axes["num_pages"] == 123 and again[2].axes["num_pages"] == 123
 
 
 def test_router_gemm_with_float32_logits_has_its_own_definition_and_baseline():
