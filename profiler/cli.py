@@ -276,6 +276,27 @@ def _names(values: Optional[list[str]]) -> Optional[list[str]]:
 
 
 @app.command()
+def recover(
+    out_dir: Annotated[Path, typer.Argument(help="The folder of a capture that was stopped before it wrote its record.")],
+) -> None:
+    """Build the record, Definitions and workloads of a capture killed before it ended (SIGKILL, an
+    OOM kill, a lost node) from the parts its engine processes saved every --save-every seconds.
+    The record says it is incomplete and why; exits 1 when there is nothing to recover."""
+    from fi_profile.capture.recovery import NothingToRecover
+    from fi_profile.capture.recovery import recover as recovered
+    from fi_profile.capture.report import print_summary
+
+    try:
+        summary = recovered(out_dir)
+    except NothingToRecover as exc:
+        err.print(str(exc), markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(code=1) from None
+    print_summary(out, summary, out_dir)
+    assert summary.record.run is not None
+    err.print(f"[yellow]recovered, incomplete: {summary.record.run.incomplete}[/yellow]", highlight=False)
+
+
+@app.command()
 def validate(
     paths: Annotated[
         Optional[list[Path]],

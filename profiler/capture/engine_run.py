@@ -221,6 +221,11 @@ def run_capture(engine_class: Callable[..., Engine],
     try:
         clear_output(out_dir)
         status = engine.start(options.count_only, out_dir, options.autosave_s) if options.capture else HookStatus()
+        if options.capture:  # for ``fi-profile recover``, should this process be killed before it merges
+            from fi_profile.capture.recovery import remember
+
+            remember(out_dir, options.model, engine.framework, options.max_workloads,
+                     run_info(engine.version, options, engine.attention_backend, status))
         try:
             tokens, failure = engine.generate(options.scenario), None
         except Exception as exc:  # the engine died (or raised): keep what was saved

@@ -8,6 +8,7 @@ spread over the axis values) and ``DIR/blob/workloads/...safetensors`` for index
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -31,6 +32,15 @@ class CaptureSummary:
     distinct_workloads: Counter[str]  # distinct var-axis values seen
     errors: Counter[str] = field(default_factory=Counter)
     kept_workloads: Counter[str] = field(default_factory=Counter)  # written to workloads/ (at most --max-workloads)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """``path`` holding ``text``, written whole or not at all: to a temporary file beside it, then
+    renamed over it (a capture killed while it writes leaves the previous file, never half of one)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def merge_parts(out_dir: Path, model: str, framework: str, max_workloads: int, run: Optional[RunInfo] = None,
@@ -70,7 +80,7 @@ def merge_parts(out_dir: Path, model: str, framework: str, max_workloads: int, r
     for definition in definitions.values():
         path = out_dir / "definitions" / definition.op_type / f"{definition.name}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(definition.to_json())
+        write_atomically(path, definition.to_json())
     run_block = merged.run_block(run or RunInfo(), len(parts))
     if unkept:
         run_block = run_block.model_copy(update={"unkept_workloads": dict(sorted(unkept.items()))})
@@ -81,7 +91,7 @@ def merge_parts(out_dir: Path, model: str, framework: str, max_workloads: int, r
         kernels=[KernelCount(id=n, count=c) for n, c in sorted(merged.calls.items(), key=lambda kv: (-kv[1], kv[0]))],
         run=run_block,
     )
-    (out_dir / "record.json").write_text(record.model_dump_json(indent=2, exclude_none=True) + "\n")
+    write_atomically(out_dir / "record.json", record.model_dump_json(indent=2, exclude_none=True) + "\n")
     return CaptureSummary(record, definitions, distinct, merged.errors, kept)
 
 
@@ -173,4 +183,4 @@ def _write_workloads(out_dir: Path, definition: Definition, chosen: list[dict[st
         lines.append(trace.model_dump_json(exclude_none=False))
     path = out_dir / "workloads" / definition.op_type / f"{definition.name}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
+    write_atomically(path, "\n".join(lines) + "\n")
