@@ -81,3 +81,66 @@ def test_a_file_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         write_atomically(path, '{"new": ' + "1" * 10_000_000 + "}\n")
     assert path.read_text() == '{"old": true}\n'
+
+
+def _children(pid: int) -> set[int]:
+    """The processes whose parent is ``pid`` (from /proc), and theirs."""
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        parents, frontier = frontier, set()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid in parents and int(entry.name) not in found:
+                found.add(int(entry.name))
+                frontier.add(int(entry.name))
+    return found
+
+
+#: the SGLang venv's fi-profile (tests/sglang_cpu/setup.sh makes it)
+SGLANG_FI_PROFILE = Path(os.environ.get("FI_PROFILE_SGLANG_PYTHON",
+                                        Path(__file__).parents[1] / ".venv-sglang/bin/python")).with_name("fi-profile")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("framework", ["vllm", "sglang"])
+def test_the_engines_processes_die_with_a_killed_fi_profile(tmp_path, framework):
+    """vLLM's EngineCore, SGLang's scheduler and detokenizer in processes of their own: fi-profile
+    SIGKILLed mid-run (no handler can run) leaves no engine process behind (before: they ran on,
+    holding a GPU)."""
+    command = FI_PROFILE if framework == "vllm" else SGLANG_FI_PROFILE
+    if not command.is_file():
+        if os.environ.get("CI") == "true":
+            raise RuntimeError(f"{command} missing: .ci/setup should have made it")
+        pytest.skip(f"no {command}")
+    out_dir = tmp_path / "orphans"
+    args = [str(command), "--model", "fi-profile/tiny-llama", "--framework", framework, "--eager",
+            "--num-prompts", "2", "--input-len", "16", "--output-len", "2000", "--save-every", "0.2",
+            "--out", str(out_dir)]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 400
+        while _saved_steps(out_dir) < 3:
+            assert proc.poll() is None, "the capture ended before it was killed"
+            assert time.monotonic() < deadline, "no part saved 3 steps"
+            time.sleep(0.1)
+        engine = _children(proc.pid)
+        assert engine, "no engine process"
+        proc.kill()  # fi-profile alone
+        proc.wait(timeout=60)
+        deadline = time.monotonic() + 60
+        while (alive := {pid for pid in engine if Path(f"/proc/{pid}").exists()
+                         and "Z" not in (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:1])}):
+            assert time.monotonic() < deadline, f"engine processes outlived fi-profile: {sorted(alive)}"
+            time.sleep(0.2)
+    finally:
+        for pid in _children(proc.pid) | {proc.pid}:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -18,6 +18,10 @@ STATUS: dict[str, list[str]] = {"installed": [], "missing": []}
 
 
 def register() -> None:
+    if os.environ.get("FI_PROFILE_DRIVER_PID"):  # an engine process fi-profile started: dies with it
+        from fi_profile.capture.parent_watch import die_with_parent
+
+        die_with_parent()
     if os.environ.get(ENV_ENABLE) != "1" or STATUS["installed"]:
         return
     from fi_profile.capture.patching import install

@@ -74,8 +74,11 @@ def resolve_model(model: str) -> ModelSource:
 def engine_model(model: str, capture: bool) -> ModelSource:
     """What an engine about to start loads, with its processes set up to capture (the plugins
     read ``FI_PROFILE_CAPTURE``) and shipped configs kept offline."""
+    from fi_profile.capture.parent_watch import mark_driver
+
     source = resolve_model(model)
     os.environ["FI_PROFILE_CAPTURE"] = "1" if capture else "0"
+    mark_driver()  # its processes die with this one (the plugins ask the kernel, in each)
     if source.shipped:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
     return source
