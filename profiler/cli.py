@@ -192,6 +192,7 @@ def _run_capture(engine: Callable[..., Engine], options: CaptureOptions, framewo
     from fi_profile.capture.engine_failure import known_cause, root_cause
     from fi_profile.capture.engine_output import ProgressLine, engine_output_to
     from fi_profile.capture.engine_run import EngineFailed, clear_output, run_capture
+    from fi_profile.capture.interruption import Interrupted, signals_interrupt
     from fi_profile.capture.report import print_summary
 
     out_dir = options.out_dir
@@ -200,14 +201,25 @@ def _run_capture(engine: Callable[..., Engine], options: CaptureOptions, framewo
     clear_output(out_dir)
     failed: Optional[EngineFailed] = None
     crash: Optional[BaseException] = None
-    with engine_output_to(log) as terminal:
+    stopped: Optional[Interrupted] = None
+    with engine_output_to(log) as terminal, signals_interrupt(out_dir, lambda text: terminal.print(
+            f"\n{text}", markup=False, highlight=False, soft_wrap=True)):
         with ProgressLine(terminal, out_dir, f"{options.model} on {framework.value}", log) if not verbose else _nothing():
             try:
                 summary, _, run = run_capture(engine, options)
             except EngineFailed as exc:
                 failed = exc
+            except Interrupted as exc:
+                stopped = exc
             except Exception as exc:  # noqa: BLE001 - the engine could not start or run: said in one line
                 crash = exc
+    if stopped is not None:
+        if stopped.summary is not None:
+            print_summary(out, stopped.summary, out_dir)
+            err.print(f"[red]{stopped.summary.record.run.incomplete}[/red]", highlight=False)
+        else:
+            err.print(f"[red]interrupted by {stopped.name} before any part was saved: no record[/red]", highlight=False)
+        raise typer.Exit(code=stopped.exit_code) from None
     if crash is not None:
         where = f"; the engine's output is in {log}" if log else ""
         cause = known_cause(log, str(crash))

@@ -144,3 +144,39 @@ def test_the_engines_processes_die_with_a_killed_fi_profile(tmp_path, framework)
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+@pytest.mark.parametrize("stop, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signalled_capture_writes_the_record_it_saved_and_leaves_no_engine(tmp_path, stop, code):
+    """SIGTERM (a scheduler's time limit, ``timeout``) or SIGINT (Ctrl-C) to fi-profile mid-run: the
+    record, Definitions and workloads from the parts saved, marked incomplete with the signal; exit
+    128 + the signal; the engine's processes gone (before: SIGINT left no record, SIGTERM killed
+    fi-profile at once and left the engine running)."""
+    out_dir = tmp_path / "signalled"
+    args = [str(FI_PROFILE), "--model", "fi-profile/tiny-llama", "--framework", "vllm", "--eager",
+            "--num-prompts", "2", "--input-len", "16", "--output-len", "2000", "--save-every", "0.2",
+            "--out", str(out_dir)]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 400
+        while _saved_steps(out_dir) < 3:
+            assert proc.poll() is None, "the capture ended before it was signalled"
+            assert time.monotonic() < deadline, "no part saved 3 steps"
+            time.sleep(0.1)
+        engine = _children(proc.pid)
+        proc.send_signal(stop)
+        _, stderr = proc.communicate(timeout=180)
+    finally:
+        for pid in _children(proc.pid) | {proc.pid}:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert proc.returncode == code, stderr[-3000:]
+    record = json.loads((out_dir / "record.json").read_text())
+    assert f"interrupted by {stop.name}" in record["run"]["incomplete"] and f"interrupted by {stop.name}" in stderr
+    counts = {k["id"]: k["count"] for k in record["kernels"]}
+    assert 3 <= counts["embedding_v2048_h256"] < 2000 and validate_paths([out_dir]).errors == []
+    time.sleep(2)
+    assert not {pid for pid in engine if Path(f"/proc/{pid}").exists()
+                and "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:1]}

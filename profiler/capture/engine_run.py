@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from fi_profile.capture.completeness import judged
+from fi_profile.capture.interruption import Interrupted
 from fi_profile.capture.kernel_accounting import prepare as prepare_accounting
 from fi_profile.capture.lengths import Length, draw_lengths
 from fi_profile.capture.output import CaptureSummary, merge_parts
@@ -235,6 +236,13 @@ def run_capture(engine_class: Callable[..., Engine],
             if not options.capture:
                 raise
             tokens, failure = [], f"{type(exc).__name__}: {exc}"
+        except Interrupted as stop:  # SIGINT / SIGTERM: keep what was saved, then shut the engine down
+            if not options.capture:
+                raise
+            run = run_info(engine.version, options, engine.attention_backend, status)
+            stop.summary = interrupted_record(out_dir, options.model, engine.framework, options.max_workloads, run,
+                                              stop.name)
+            raise
         run = run_info(engine.version, options, engine.attention_backend, status)
         if failure is not None:
             fail_with_saved_parts(out_dir, options.model, engine.framework, options.max_workloads, run, failure)
@@ -246,6 +254,16 @@ def run_capture(engine_class: Callable[..., Engine],
         return summary, tokens, summary.record.run
     finally:
         engine.shutdown()
+
+
+def interrupted_record(out_dir: Path, model: str, framework: str, max_workloads: int, run: RunInfo,
+                       signal_name: str) -> CaptureSummary | None:
+    """A signal stopped the capture: the record from what its processes saved (None: nothing saved yet)."""
+    if not any((out_dir / PARTS_DIR).glob("*.json")):
+        return None
+    return merge_parts(out_dir, model, framework, max_workloads, run,
+                       f"interrupted by {signal_name}; the record holds the steps saved before (at most one "
+                       "--save-every interval lost)")
 
 
 def fail_with_saved_parts(out_dir: Path, model: str, framework: str, max_workloads: int, run: RunInfo, failure: str) -> None:
