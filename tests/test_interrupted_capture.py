@@ -34,21 +34,28 @@ def _saved_steps(out_dir: Path) -> int:
     return steps
 
 
-def test_a_killed_capture_is_recovered_from_the_parts_its_engine_saved(tmp_path):
-    out_dir = tmp_path / "killed"
-    args = [str(FI_PROFILE), "--model", "fi-profile/tiny-llama", "--framework", "vllm", "--single-process", "--eager",
+def _capture_until_saved(out_dir: Path, command: Path = FI_PROFILE, framework: str = "vllm", *more: str,
+                         **popen) -> subprocess.Popen:
+    """A long capture of the tiny Llama on CPU, once its engine has saved 3 steps (parts every 0.2 s)."""
+    args = [str(command), "--model", "fi-profile/tiny-llama", "--framework", framework, "--eager", *more,
             "--num-prompts", "2", "--input-len", "16", "--output-len", "2000", "--save-every", "0.2",
             "--out", str(out_dir)]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 400
-        while _saved_steps(out_dir) < 3:
-            assert proc.poll() is None, "the capture ended before it was killed"
-            assert time.monotonic() < deadline, "no part saved 3 steps"
-            time.sleep(0.1)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
+    proc = subprocess.Popen(args, start_new_session=True, **({"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+                                                              | popen))
+    deadline = time.monotonic() + 400
+    while _saved_steps(out_dir) < 3:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise AssertionError("the capture ended, or saved no 3 steps, before it was stopped")
+        time.sleep(0.1)
+    return proc
+
+
+def test_a_killed_capture_is_recovered_from_the_parts_its_engine_saved(tmp_path):
+    out_dir = tmp_path / "killed"
+    proc = _capture_until_saved(out_dir, FI_PROFILE, "vllm", "--single-process")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
     assert not (out_dir / "record.json").exists()
     recovered = subprocess.run([str(FI_PROFILE), "recover", str(out_dir)], capture_output=True, text=True, timeout=300)
     assert recovered.returncode == 0, recovered.stderr[-3000:]
@@ -107,6 +114,27 @@ SGLANG_FI_PROFILE = Path(os.environ.get("FI_PROFILE_SGLANG_PYTHON",
                                         Path(__file__).parents[1] / ".venv-sglang/bin/python")).with_name("fi-profile")
 
 
+def _alive(pids: set[int]) -> set[int]:
+    """Those of ``pids`` still running (not gone, not zombies)."""
+    alive = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            alive.add(pid)
+    return alive
+
+
+def _kill(pids: set[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 @pytest.mark.parametrize("framework", ["vllm", "sglang"])
 def test_the_engines_processes_die_with_a_killed_fi_profile(tmp_path, framework):
@@ -118,32 +146,18 @@ def test_the_engines_processes_die_with_a_killed_fi_profile(tmp_path, framework)
         if os.environ.get("CI") == "true":
             raise RuntimeError(f"{command} missing: .ci/setup should have made it")
         pytest.skip(f"no {command}")
-    out_dir = tmp_path / "orphans"
-    args = [str(command), "--model", "fi-profile/tiny-llama", "--framework", framework, "--eager",
-            "--num-prompts", "2", "--input-len", "16", "--output-len", "2000", "--save-every", "0.2",
-            "--out", str(out_dir)]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = _capture_until_saved(tmp_path / "orphans", command, framework)
+    engine = _children(proc.pid)
     try:
-        deadline = time.monotonic() + 400
-        while _saved_steps(out_dir) < 3:
-            assert proc.poll() is None, "the capture ended before it was killed"
-            assert time.monotonic() < deadline, "no part saved 3 steps"
-            time.sleep(0.1)
-        engine = _children(proc.pid)
         assert engine, "no engine process"
         proc.kill()  # fi-profile alone
         proc.wait(timeout=60)
         deadline = time.monotonic() + 60
-        while (alive := {pid for pid in engine if Path(f"/proc/{pid}").exists()
-                         and "Z" not in (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:1])}):
+        while alive := _alive(engine):
             assert time.monotonic() < deadline, f"engine processes outlived fi-profile: {sorted(alive)}"
             time.sleep(0.2)
     finally:
-        for pid in _children(proc.pid) | {proc.pid}:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _kill(engine | {proc.pid})
 
 
 @pytest.mark.parametrize("stop, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
@@ -153,30 +167,20 @@ def test_a_signalled_capture_writes_the_record_it_saved_and_leaves_no_engine(tmp
     128 + the signal; the engine's processes gone (before: SIGINT left no record, SIGTERM killed
     fi-profile at once and left the engine running)."""
     out_dir = tmp_path / "signalled"
-    args = [str(FI_PROFILE), "--model", "fi-profile/tiny-llama", "--framework", "vllm", "--eager",
-            "--num-prompts", "2", "--input-len", "16", "--output-len", "2000", "--save-every", "0.2",
-            "--out", str(out_dir)]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    said = tmp_path / "stderr.txt"
+    with said.open("w") as sink:  # a file, not a pipe: a full pipe would stop the capture
+        proc = _capture_until_saved(out_dir, stderr=sink)
+    engine = _children(proc.pid)
     try:
-        deadline = time.monotonic() + 400
-        while _saved_steps(out_dir) < 3:
-            assert proc.poll() is None, "the capture ended before it was signalled"
-            assert time.monotonic() < deadline, "no part saved 3 steps"
-            time.sleep(0.1)
-        engine = _children(proc.pid)
         proc.send_signal(stop)
-        _, stderr = proc.communicate(timeout=180)
+        proc.wait(timeout=180)
+        stderr = said.read_text()
     finally:
-        for pid in _children(proc.pid) | {proc.pid}:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _kill(engine | {proc.pid})
     assert proc.returncode == code, stderr[-3000:]
     record = json.loads((out_dir / "record.json").read_text())
     assert f"interrupted by {stop.name}" in record["run"]["incomplete"] and f"interrupted by {stop.name}" in stderr
     counts = {k["id"]: k["count"] for k in record["kernels"]}
     assert 3 <= counts["embedding_v2048_h256"] < 2000 and validate_paths([out_dir]).errors == []
     time.sleep(2)
-    assert not {pid for pid in engine if Path(f"/proc/{pid}").exists()
-                and "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:1]}
+    assert not _alive(engine)
