@@ -194,11 +194,26 @@ def test_chunked_attention_is_named_after_its_chunk_and_offered_no_native():
 
 
 def test_only_natives_that_take_the_variant_are_offered_for_it():
-    """FlashInfer's and SGLang's attention natives here run plain attention only: a windowed or
-    sink Definition is offered vLLM's Triton kernel alone, with its window, cap and sinks set."""
+    """A windowed or sink Definition is offered vLLM's and (on its page size of 1) SGLang's Triton
+    kernels, and FlashInfer's paged wrappers where it has no sinks, each with the window, cap and
+    sinks set; a chunked one none (vLLM runs it over chunk-sized virtual requests)."""
     definition = variant_definition("decode", attention.Variant(window=128, sinks=True), page_size=1)
-    (native,) = attention.FAMILY.natives(definition, None)
-    assert native.label == "vllm_triton" and native.constants == attention.VARIANT_CONSTANTS
+    natives = attention.FAMILY.natives(definition, None)
+    assert [n.label for n in natives] == ["vllm_triton", "sglang_triton"]
+    assert all(n.constants == attention.VARIANT_CONSTANTS for n in natives)
+    from fi_profile.replay.baseline_solutions import native_candidates
+
+    # the replay offers them where their ``run`` takes the Definition's inputs (gpt-oss's take
+    # kv_last_page_len: SGLang's was left out on an H200 before)
+    for stage in ("decode", "prefill"):
+        sink = variant_definition(stage, attention.Variant(window=127, sinks=True), page_size=1)
+        assert [n.label for _, n in native_candidates(sink)] == ["vllm_triton", "sglang_triton"], stage
+    paged = variant_definition("decode", attention.Variant(window=128, sinks=True), page_size=16)
+    assert [n.label for n in attention.FAMILY.natives(paged, None)] == ["vllm_triton"]
+    capped = attention.FAMILY.natives(variant_definition("prefill", attention.Variant(window=8, soft_cap=30.0)), None)
+    assert [n.label or n.library for n in capped] == ["flashinfer", "vllm_triton"]
+    assert capped[0].constants == attention.VARIANT_CONSTANTS
+    assert attention.FAMILY.natives(variant_definition("decode", attention.Variant(chunk=64), page_size=1), None) == []
     plain = definition_for("gqa_paged_decode_h32_kv8_d128_ps1", "gqa_paged_decode_h4_kv2_d64_ps1",
                            {"num_qo_heads": H, "num_kv_heads": KV, "head_dim": D, "page_size": 1}, DType.bfloat16)
     assert {n.label or n.library for n in attention.FAMILY.natives(plain, None)} == {"flashinfer", "vllm_triton",
@@ -301,7 +316,7 @@ def test_sglangs_attention_layer_is_judged_by_everything_it_holds_and_is_passed(
     assert sglang_attention.variant(layer(sliding_window_size=127), torch.zeros(H)) == \
         attention.Variant(window=128, sinks=True)
     assert sglang_attention.variant(layer(logit_cap=30.0)) == attention.Variant(soft_cap=30.0)
-    assert "use_irope=True" in sglang_attention.layer_problem(layer(use_irope=True))
+    assert sglang_attention.layer_problem(layer(use_irope=True)) is None  # judged with the step's backend
     assert "logit capping method" in sglang_attention.layer_problem(layer(logit_cap=1.0, logit_capping_method="idk"))
     assert "newer=3 (an attribute fi-profile does not know)" in sglang_attention.layer_problem(layer(newer=3))
     assert "k_rope" in sglang_attention._keyword_problem({"k_rope": torch.zeros(1), "sinks": None})
@@ -312,5 +327,73 @@ def test_sglangs_attention_layer_is_judged_by_everything_it_holds_and_is_passed(
         assert sglang_attention._variant_problem(attention.Variant(window=8)) is None
         problem = sglang_attention._variant_problem(attention.Variant(window=8, sinks=True))
         assert problem is not None and "sinks (swa8_sink) on SGLang's TorchNativeAttnBackend" in problem
+    finally:
+        sglang_attention.STEP.begin()
+
+
+@pytest.mark.parametrize(("backend", "allows_bidirectional", "irope_listed", "bidirectional_listed"), [
+    ("TorchNativeAttnBackend", None, False, False),
+    ("TritonAttnBackend", False, False, False),  # CUDA graphs or chunked prefill on: its extends stay causal
+    ("TritonAttnBackend", True, False, True),
+    ("TritonAttnBackend", None, False, True),  # a triton backend that does not say: it may not be causal
+    ("FlashAttentionBackend", None, True, True),  # SGLang's FA3 attends Llama-4's layers by chunks
+])
+def test_sglangs_backend_decides_what_irope_and_bidirectional_layers_compute(backend, allows_bidirectional,
+                                                                             irope_listed, bidirectional_listed):
+    """Llama-4's chunked layers (``use_irope``) and Gemma-3's ``DECODER_BIDIRECTIONAL`` ones (SGLang
+    0.5.16) are causal attention over every key on SGLang's ``triton`` and ``torch_native``
+    backends, which read neither (``triton`` only while it says it allows no bidirectional
+    extends): recorded as such; on any other backend they are listed by name, never recorded as
+    plain attention."""
+    from fi_profile.hooks.sglang import attention as sglang_attention
+
+    fields = {} if allows_bidirectional is None else {"allow_bidirectional_attention_in_extend": allows_bidirectional}
+    runner = SimpleNamespace(attn_backend=type(backend, (), fields)())
+    sglang_attention.STEP.begin(runner=runner)
+    try:
+        irope = sglang_attention._backend_reading_problem(SimpleNamespace(use_irope=True, attn_type="decoder"))
+        both_ways = sglang_attention._backend_reading_problem(
+            SimpleNamespace(use_irope=False, attn_type=SimpleNamespace(value="decoder_bidirectional")))
+        assert (irope is not None and f"use_irope=True (Llama-4's chunked attention) on SGLang's {backend}" in irope) \
+            == irope_listed, irope
+        assert (both_ways is not None and "decoder_bidirectional" in both_ways) == bidirectional_listed, both_ways
+        assert sglang_attention._backend_reading_problem(SimpleNamespace(use_irope=False, attn_type="decoder")) is None
+    finally:
+        sglang_attention.STEP.begin()
+    # an attention type no backend makes causal decoder attention is the layer's own problem
+    assert "attention type encoder_only" in sglang_attention.layer_problem(type("RadixAttention", (SimpleNamespace,), {})(
+        tp_q_head_num=H, tp_k_head_num=KV, head_dim=D, v_head_dim=D, attn_type="encoder_only"))
+
+
+def test_sglangs_triton_decode_is_recorded_with_the_window_it_reads():
+    """SGLang's Triton backend decodes a windowed layer over each request's last ``min(seq_len, S)``
+    keys, S its runner's ``sliding_window_size`` (gpt-oss: 127), one key fewer than its extends
+    attend (``q - k <= S``: 128): the decode is recorded as ``_swa127``, the prefill as ``_swa128``
+    (both were ``_swa128`` before: the decode's Definition read one key more than SGLang). Its CPU
+    backend masks both by ``k >= q - S``: ``_swa128`` both."""
+    from fi_profile.capture.paged_layout import paged_batches
+    from fi_profile.hooks.sglang import attention as sglang_attention
+
+    layer = attention.Variant(window=128, sinks=True)
+    q_starts, seq_lens = torch.tensor([0, 1, 4]), torch.tensor([200, 3])  # a decode and a prefill request
+    pages = torch.arange(400).view(2, 200)
+    decode, prefill = paged_batches(q_starts, seq_lens, pages, 1)
+    shape = (H, KV, D, 1, 400, DType.bfloat16, 0.125, None, None)
+    for backend, decoded in (("TritonAttnBackend", 127), ("TorchNativeAttnBackend", 128)):
+        runner = SimpleNamespace(attn_backend=type(backend, (), {"sliding_window_size": 127})())
+        sglang_attention.STEP.begin(runner=runner)
+        try:
+            kind = sglang_attention.decode_variant(layer)
+            names = [c.definition.name for c in sglang_attention._stage_calls(decode, prefill, *shape, layer, kind)]
+        finally:
+            sglang_attention.STEP.begin()
+        assert names == [f"gqa_paged_decode_h{H}_kv{KV}_d{D}_ps1_swa{decoded}_sink",
+                         f"gqa_paged_prefill_causal_h{H}_kv{KV}_d{D}_ps1_swa128_sink"], (backend, names)
+    plain = attention.Variant()
+    sglang_attention.STEP.begin(runner=SimpleNamespace(attn_backend=type("TritonAttnBackend", (), {})()))
+    try:
+        assert sglang_attention.decode_variant(plain) is plain  # no window: nothing to read
+        with pytest.raises(NotImplementedError, match="does not say how many keys its decode reads"):
+            sglang_attention.decode_variant(layer)
     finally:
         sglang_attention.STEP.begin()

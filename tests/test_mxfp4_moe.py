@@ -120,3 +120,44 @@ def test_vllms_hook_records_gpt_oss_mxfp4_experts_at_the_models_sizes_and_lists_
     assert vllm_moe.problems(_runner(method="Mxfp4MoEMethod")) == ["quantization Mxfp4MoEMethod", "activation swigluoai",
                                                                    "expert bias"]
     assert vllm_moe.problems(_runner(activation="silu")) == ["quantization GptOssMxfp4MoEMethod", "expert bias"]
+
+
+def _sglang_experts(method="Mxfp4MoEMethod", **quant):
+    from test_layer_audit import PLAIN_RUNNER
+
+    runner = SimpleNamespace(**{**PLAIN_RUNNER, "num_experts": 4, "num_local_experts": 4, "hidden_size": 2880,
+                                "intermediate_size_per_partition": 2880, "gemm1_alpha": 1.702,
+                                "gemm1_clamp_limit": 7.0})
+    return type("FusedMoE", (SimpleNamespace,), {})(
+        moe_runner_config=runner, quant_method=type(method, (), quant)(), num_experts=4, num_local_experts=4,
+        intermediate_size_per_partition=2880, w13_weight_bias=torch.zeros(4, 5760), w2_weight_bias=torch.zeros(4, 2880))
+
+
+def test_sglangs_hook_records_gpt_oss_mxfp4_experts_and_lists_mxfp8_activations():
+    """SGLang's ``Mxfp4MoEMethod`` (listed as ``quantization Mxfp4MoEMethod`` before) with gpt-oss's
+    biased ``swigluoai`` experts is the MXFP4 Definition at the layer's own intermediate size (the
+    method pads its copy for its kernels); FlashInfer's Blackwell kernels on MXFP8 activations, or
+    another MXFP4 method, stay listed."""
+    from fi_profile.hooks.sglang import moe as sglang_moe
+
+    def route():
+        config = SimpleNamespace(top_k=2, renormalize=True, custom_routing_function=None, use_grouped_topk=False,
+                                 correction_bias=None, scoring_func="softmax", routed_scaling_factor=None)
+        sglang_moe.routing_calls(type("TopK", (SimpleNamespace,), {})(topk_config=config),
+                                 torch.zeros(3, 4, dtype=torch.bfloat16))
+
+    x = torch.zeros(3, 2880, dtype=torch.bfloat16)
+    route()
+    (call,) = sglang_moe.layer_calls(_sglang_experts(), x)
+    assert call.definition.name == "moe_mxfp4_renorm_topk2_e4_h2880_i2880_swigluoai_bias" and call.axes == {"seq_len": 3}
+    route()
+    with pytest.raises(NotImplementedError, match="MXFP8 activations"):
+        sglang_moe.layer_calls(_sglang_experts(_fi_kernel="trtllm_sm100", flashinfer_mxfp4_moe_precision="default"), x)
+    route()
+    (call,) = sglang_moe.layer_calls(_sglang_experts(_fi_kernel="trtllm_sm100", flashinfer_mxfp4_moe_precision="bf16"), x)
+    assert call.definition.name.startswith("moe_mxfp4_")
+    assert sglang_moe.mxfp4_layer_problem(_sglang_experts()) is None  # the built model's judgment (run.not_covered)
+    assert "MXFP8 activations" in sglang_moe.mxfp4_layer_problem(_sglang_experts(_fi_kernel="trtllm_sm100"))
+    route()
+    with pytest.raises(NotImplementedError, match="quantization W4A16MoEMethod"):
+        sglang_moe.layer_calls(_sglang_experts("W4A16MoEMethod"), x)

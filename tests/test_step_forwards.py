@@ -272,4 +272,13 @@ def test_a_fused_kernel_function_is_hooked_where_the_engine_looks_it_up(recordin
     assert ran == [["eps", "head_dim", "k", "k_weight", "q", "q_weight"]]
     assert recording.workloads == {("qk_rmsnorm_h8_kv2_d64", (("num_tokens", 5),)): 1}
     assert unseen_layers(norms, [LayerRule(f"{__name__}:RMSNorm", covered)]) == {}
+    # Llama-4's q/k norm has no weight: SGLang holds ones as a plain tensor and hands them to the
+    # kernel (an H200 run listed those layers as never seen before)
+    weightless = torch.nn.ModuleDict({"qk_norm": RMSNorm()})
+    weightless["qk_norm"].weight = torch.ones(64)
+    rules = [LayerRule(f"{__name__}:RMSNorm", covered)]
+    assert sum(unseen_layers(weightless, rules).values()) == 1
+    module.fused_inplace_qknorm(q=q, k=k, q_weight=weightless["qk_norm"].weight, k_weight=weightless["qk_norm"].weight,
+                                eps=1e-6, head_dim=64)
+    assert unseen_layers(weightless, rules) == {}
     del sys.modules[module.__name__]

@@ -4,6 +4,7 @@ rows are the page ids)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable, Mapping, Optional
 
@@ -59,8 +60,8 @@ def step_batches(batch: Any) -> Batches:
 LAYER_ATTRIBUTES = KnownAttributes(
     read=frozenset({"tp_q_head_num", "tp_k_head_num", "tp_v_head_num", "head_dim", "qk_head_dim", "v_head_dim",
                     "scaling", "logit_cap", "logit_capping_method", "sliding_window_size", "is_cross_attention",
-                    "attn_type", "k_scale", "v_scale", "k_scale_float", "v_scale_float"}),
-    neutral={"use_irope": False, "pos_encoding_mode": "NONE", "idx_q_scale_float": None, "idx_k_scale_float": None,
+                    "attn_type", "k_scale", "v_scale", "k_scale_float", "v_scale_float", "use_irope"}),
+    neutral={"pos_encoding_mode": "NONE", "idx_q_scale_float": None, "idx_k_scale_float": None,
              "idx_v_scale_float": None},
     inert=frozenset({"layer_id", "use_prefill_attention_wrapper", "quant_method", "q_scale_float", "q_scale",
                      "prob_scale"}),
@@ -84,19 +85,35 @@ def variant(layer: Any, sinks: Any = None) -> attention.Variant:
                              sinks=sinks is not None)
 
 
+def _attention_type(layer: Any) -> str:
+    kind = getattr(layer, "attn_type", "decoder")
+    return str(getattr(kind, "value", kind)).lower().removeprefix("attentiontype.")
+
+
+#: a layer SGLang builds as ``DECODER_BIDIRECTIONAL`` (Gemma-3 in 0.5.16, EmbeddingGemma) attends
+#: causally on these backends: its ``torch_native`` one always; its ``triton`` one unless it allows
+#: bidirectional extends (CUDA graphs off and no chunked prefill), which it says itself
+BIDIRECTIONAL_CAUSAL_BACKENDS = ("TorchNativeAttnBackend", "TritonAttnBackend")
+#: SGLang's attention backends that attend over every key whatever a layer's ``use_irope`` (Llama-4's
+#: chunked layers) says: they read no ``attention_chunk_size`` (only its FA3 and XPU backends chunk)
+IROPE_UNCHUNKED_BACKENDS = ("TorchNativeAttnBackend", "TritonAttnBackend")
+
+
 def layer_problem(layer: Any) -> Optional[str]:
     """Why an attention layer is not a paged GQA call the Definitions compute, or None: only
     ``RadixAttention`` as causal decoder self-attention (MLA runs through the same class with a
     latent value head), with a sliding window or a tanh logit cap where it has them
     (:func:`variant`); every other attribute that may change what it computes is judged against
-    what the hook knows, and listed by name where unknown."""
-    attn_type = str(getattr(getattr(layer, "attn_type", "decoder"), "value", getattr(layer, "attn_type", "decoder")))
+    what the hook knows, and listed by name where unknown. What the step's backend makes of a
+    bidirectional decoder or ``use_irope`` is judged where the backend is known
+    (:func:`_backend_reading_problem`)."""
+    attn_type = _attention_type(layer)
     head_dim = getattr(layer, "head_dim", None)
     method = getattr(layer, "logit_capping_method", "tanh")
     return attention.layer_problem(layer, "RadixAttention", {
         f"latent attention (MLA: value head {getattr(layer, 'v_head_dim', None)} of qk head {head_dim})":
             getattr(layer, "v_head_dim", head_dim) != head_dim,
-        f"attention type {attn_type}": attn_type.lower() not in ("decoder", "attentiontype.decoder"),
+        f"attention type {attn_type}": attn_type not in ("decoder", "decoder_bidirectional"),
         f"logit capping method {method}": bool(getattr(layer, "logit_cap", 0) or 0) and method != "tanh",
         "cross attention": bool(getattr(layer, "is_cross_attention", False)),
         **{what: True for what in LAYER_ATTRIBUTES.problems(layer)},
@@ -111,15 +128,73 @@ def _keyword_problem(extra: Mapping[str, Any]) -> Optional[str]:
     return None
 
 
+def _step_backend() -> tuple[Any, Optional[str]]:
+    """The step's attention backend (its decode one where the runner has two) and its class name."""
+    runner = STEP.context.get("runner")
+    backend = getattr(runner, "decode_attn_backend", None) or getattr(runner, "attn_backend", None)
+    return backend, type(backend).__name__ if backend is not None else None
+
+
+def _bidirectional_runs_causal(backend: Any, name: Optional[str]) -> bool:
+    if name not in BIDIRECTIONAL_CAUSAL_BACKENDS:
+        return False
+    # the triton backend says whether it lets them attend both ways (an absent flag: it may)
+    return name != "TritonAttnBackend" or getattr(backend, "allow_bidirectional_attention_in_extend", None) is False
+
+
+def _backend_reading_problem(layer: Any) -> Optional[str]:
+    """What the step's backend makes of a layer's ``use_irope`` and of a bidirectional decoder, where
+    the Definitions do not say it: both are recorded as the causal attention over every key that
+    SGLang's ``triton`` and ``torch_native`` backends run for them (Llama-4's chunked layers attend
+    over the whole sequence there, not per chunk); on another backend, or a ``triton`` one that
+    allows bidirectional extends, they are listed. None where no runner is known yet (a CUDA
+    graph's capture: each replay judges)."""
+    if STEP.context.get("runner") is None:
+        return None
+    backend, name = _step_backend()
+    which = f"SGLang's {name}" if name else "an attention backend the runner does not name"
+    found = []
+    if getattr(layer, "use_irope", False) and name not in IROPE_UNCHUNKED_BACKENDS:
+        found.append(f"use_irope=True (Llama-4's chunked attention) on {which}, which may attend by chunks")
+    if _attention_type(layer) == "decoder_bidirectional" and not _bidirectional_runs_causal(backend, name):
+        found.append(f"attention type decoder_bidirectional on {which}, which may attend to later tokens in a prefill")
+    if not found:
+        return None
+    return f"RadixAttention with {' and '.join(found)} (no Definition says what it ran)"
+
+
+def decode_variant(kind: attention.Variant) -> attention.Variant:
+    """What a windowed layer's decode attends on the step's backend. SGLang's ``triton`` backend
+    decodes over each request's last ``min(seq_len, S)`` keys, S its runner's
+    ``sliding_window_size`` (``update_sliding_window_buffer``): one key fewer than its extend's
+    mask (``q - k <= S``) and its ``torch_native`` backend (``k >= q - S``) attend, so its decode's
+    window is S keys (gpt-oss: 127 of HF's 128), recorded so."""
+    if kind.window is None:
+        return kind
+    backend, name = _step_backend()
+    if name != "TritonAttnBackend":
+        return kind
+    size = getattr(backend, "sliding_window_size", None)
+    if size is None or int(size) < 1:
+        require(f"a sliding window on SGLang's {name}, which does not say how many keys its decode reads "
+                "(sliding_window_size)")
+    return dataclasses.replace(kind, window=int(size))
+
+
+def _stage_calls(decode: Any, prefill: Any, *shape: Any) -> list[KernelCall]:
+    """A layer's calls in a step, its decode part with the variant its backend decodes (the shape's
+    last item, :func:`decode_variant`), its prefill part with the layer's own."""
+    *common, kind, decoded = shape
+    return attention.layer_calls(decode, None, *common, decoded) + attention.layer_calls(None, prefill, *common, kind)
+
+
 def _variant_problem(kind: attention.Variant) -> Optional[str]:
     """A part of the layer's variant that the step's attention backend does not compute."""
     parts = [part for part, on in (("window", kind.window is not None), ("soft_cap", kind.soft_cap is not None),
                                    ("sinks", kind.sinks)) if on]
     if not parts:
         return None
-    runner = STEP.context.get("runner")
-    backend = getattr(runner, "decode_attn_backend", None) or getattr(runner, "attn_backend", None)
-    name = type(backend).__name__ if backend is not None else None
+    _, name = _step_backend()
     missing = [part for part in parts if part not in VARIANT_BACKENDS.get(name, ())]
     if not missing:
         return None
@@ -159,11 +234,10 @@ FP8_CACHE_BACKENDS = ("TritonAttnBackend",)
 
 def _backend_problem() -> Optional[str]:
     """Why the step's attention backend is not one whose FP8-cache attention a Definition computes."""
-    runner = STEP.context.get("runner")
-    backend = getattr(runner, "decode_attn_backend", None) or getattr(runner, "attn_backend", None)
-    if backend is not None and type(backend).__name__ in FP8_CACHE_BACKENDS:
+    _, name = _step_backend()
+    if name in FP8_CACHE_BACKENDS:
         return None
-    which = f"SGLang's {type(backend).__name__}" if backend is not None else "an attention backend the runner does not name"
+    which = f"SGLang's {name}" if name else "an attention backend the runner does not name"
     return f"an FP8 KV cache read by {which} (how it reads the cache and the queries is not known here: no Definition)"
 
 
@@ -232,7 +306,8 @@ def layer_calls(self: Any, q: torch.Tensor, forward_batch: Any, k: Optional[torc
     seen(self)
     dtype = schema_dtype(q.dtype)
     kind = variant(self, extra.get("sinks"))
-    require(judged_once(self, layer_problem) or _keyword_problem(extra) or _variant_problem(kind) or cache_problem(dtype))
+    require(judged_once(self, layer_problem) or _keyword_problem(extra) or _backend_reading_problem(self)
+            or _variant_problem(kind) or cache_problem(dtype))
     STEP.batches(forward_batch, step_batches)
     scales = cache_scales(self)
     attended = _attended_scales(forward_batch, scales)
@@ -240,7 +315,8 @@ def layer_calls(self: Any, q: torch.Tensor, forward_batch: Any, k: Optional[torc
         if k is not None and save_kv_cache else []
     return writes + STEP.calls((self.tp_q_head_num, self.tp_k_head_num, self.head_dim, 1, RECORDER.num_pages or 0,
                                 dtype, float(self.scaling), attended,
-                                query_scale(self.tp_q_head_num, self.tp_k_head_num, attended is not None), kind))
+                                query_scale(self.tp_q_head_num, self.tp_k_head_num, attended is not None), kind,
+                                decode_variant(kind)), _stage_calls)
 
 
 def captured_layer_calls(self: Any, q: torch.Tensor, k: Optional[torch.Tensor] = None,
@@ -261,9 +337,10 @@ def _calls_in_graph(layer: tuple, writes: bool = False) -> list[KernelCall]:
         raise RuntimeError("a CUDA graph replayed outside a model step: its attention layout is unknown")
     STEP.batches(batch, step_batches)
     heads, kv_heads, head_dim, dtype, scale, attention_layer, kind = layer
-    require(cache_problem(dtype) or _variant_problem(kind))
+    require(cache_problem(dtype) or _backend_reading_problem(attention_layer) or _variant_problem(kind))
     scales = cache_scales(attention_layer)  # judged at each replay: the runner says the cache's dtype
     written = _cache_write(batch, kv_heads, head_dim, dtype, scales) if writes else []
     attended = _attended_scales(batch, scales)
     return written + STEP.calls((heads, kv_heads, head_dim, 1, RECORDER.num_pages or 0, dtype, scale, attended,
-                                 query_scale(heads, kv_heads, attended is not None), kind))
+                                 query_scale(heads, kv_heads, attended is not None), kind, decode_variant(kind)),
+                                _stage_calls)

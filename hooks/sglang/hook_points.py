@@ -205,6 +205,7 @@ LAYER_RULES = [
     sglang_fp8.LAYER_RULE,
     sglang_fp8.COMPRESSED_TENSORS_RULE,
     LayerRule(f"{_LAYERS}.quantization.fp8:Fp8MoEMethod", sglang_moe.fp8_block_problem),
+    LayerRule(f"{_LAYERS}.quantization.mxfp4:Mxfp4MoEMethod", sglang_moe.mxfp4_layer_problem),
     # an FP8 checkpoint's attention layers hold their KV-cache scales in a quantization method; the
     # cache's dtype is the engine's (the attention hooks judge it at each call)
     LayerRule(f"{_LAYERS}.quantization.kv_cache:BaseKVCacheMethod", by_layer_class),

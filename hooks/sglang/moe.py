@@ -40,13 +40,30 @@ def deepseek_routing(config: Any) -> Optional[moe.DeepSeekRouting]:
                                routed_scaling_factor=float(getattr(config, "routed_scaling_factor", None) or 1.0))
 
 
+#: the custom routing function of SGLang's Llama-4 (``Llama4MoE.custom_routing_function``: the top-k
+#: logits, each through a sigmoid, as vLLM's), by where it is defined: any other is listed by name
+LLAMA4_ROUTING = "sglang.srt.models.llama4:Llama4MoE.custom_routing_function"
+
+
+def llama4_routing(config: Any) -> bool:
+    """Whether a ``TopK`` router routes as Llama-4 does (its custom function, no renormalization);
+    that the experts take the weight on their input is their runner configuration's to say."""
+    return (moe.routing_function_name(getattr(config, "custom_routing_function", None)) == LLAMA4_ROUTING
+            and not bool(getattr(config, "renormalize", False)))
+
+
 def routing_problems(config: Any, runner: Any = None) -> dict[str, Any]:
     """What a ``TopK`` router (its ``topk_config``) does, as :func:`fi_profile.families.moe.problems`
-    takes it."""
+    takes it; ``runner``: the experts' runner configuration after it, which says whether they take
+    the router's weight on their input (judged there; a router alone is judged as if they do,
+    where it routes as Llama-4's)."""
     return dict(
         scoring=getattr(config, "scoring_func", "softmax"),
         grouped_topk=bool(getattr(config, "use_grouped_topk", False)),
         custom_routing=getattr(config, "custom_routing_function", None) is not None,
+        llama4_routing_recorded=llama4_routing(config),
+        router_weight_on_input=bool(getattr(runner, "apply_router_weight_on_input", False)) if runner is not None
+        else llama4_routing(config),
         correction_bias=getattr(config, "correction_bias", None) is not None,
         fused_shared_experts=bool(_fused_shared_experts(config)),
         # one shared expert fused beside DeepSeek's routing, in its own top-k slot at weight 1, has
@@ -61,6 +78,9 @@ def routing_problems(config: Any, runner: Any = None) -> dict[str, Any]:
 
 def _routing_found(config: Any, runner: Any = None, **experts: Any) -> list[str]:
     found = moe.problems(**routing_problems(config, runner), **experts)
+    if "custom routing" in found:
+        found[found.index("custom routing")] = \
+            f"custom routing {moe.routing_function_name(getattr(config, 'custom_routing_function', None))}"
     deepseek = deepseek_routing(config)
     if deepseek is not None and not deepseek.renormalize:
         found.append("DeepSeek routing without renormalized weights")
@@ -221,6 +241,35 @@ def _experts_problems(layer: Any) -> list[str]:
     return found
 
 
+#: SGLang's method for gpt-oss's MXFP4 experts (weights in the checkpoint's E2M1 blocks of 32 with
+#: E8M0 scales; on Hopper it runs them with Triton's ``matmul_ogs``, Marlin or FlashInfer's CUTLASS
+#: mixed-input GEMM, on bf16 activations: the accounting's kernel names say which); another MXFP4
+#: method is listed by name
+MXFP4_METHODS = ("Mxfp4MoEMethod",)
+
+
+def mxfp4(layer: Any) -> bool:
+    """Whether the layer's experts are gpt-oss's MXFP4 ones."""
+    return type(layer.quant_method).__name__ in MXFP4_METHODS
+
+
+def mxfp4_problems(layer: Any) -> list[str]:
+    """What SGLang's MXFP4 experts do beyond the ``moe_mxfp4_*`` Definitions: FlashInfer's TRT-LLM
+    kernels (Blackwell) quantize the activations to MXFP8 unless told bf16."""
+    method = layer.quant_method
+    if getattr(method, "_fi_kernel", None) == "trtllm_sm100" and \
+            getattr(method, "flashinfer_mxfp4_moe_precision", None) != "bf16":
+        return ["MXFP4 experts on MXFP8 activations (FlashInfer's TRT-LLM kernels)"]
+    return []
+
+
+def mxfp4_layer_problem(layer: Any) -> Optional[str]:
+    """Why a layer with SGLang's MXFP4 method is not what its hook records (:func:`mxfp4_problems`),
+    or None; its routing and experts are judged at its calls, as for any MoE layer."""
+    found = mxfp4_problems(layer)
+    return f"{type(layer).__name__} with {', '.join(found)}" if found else None
+
+
 def layer_calls(self: Any, hidden_states: torch.Tensor) -> list:
     """``FusedMoE``: routing (from the ``TopK`` call before it) and SwiGLU experts as one call."""
     seen(self)
@@ -232,14 +281,15 @@ def layer_calls(self: Any, hidden_states: torch.Tensor) -> list:
     shared = _fused_shared_experts(config)
     routed = int(router_logits.shape[-1])
     fp8_block = type(self.quant_method).__name__ == "Fp8MoEMethod"
+    microscaled = mxfp4(self)
     found = _routing_found(
         config, runner,
         quantization=type(self.quant_method).__name__, quantization_recorded=fp8_block,
         activation=runner.activation, gated=bool(getattr(runner, "is_gated", True)),
-        router_weight_on_input=bool(getattr(runner, "apply_router_weight_on_input", False)),
         expert_parallel=self.num_local_experts != self.num_experts,
         expert_parallel_recorded=local_experts(self) is not None,
-    ) + _expert_parallel_problems(self) + _experts_problems(self)
+        mxfp4_recorded=microscaled, swiglu_oai_recorded=swiglu_oai(self) is not None,
+    ) + _expert_parallel_problems(self) + _experts_problems(self) + (mxfp4_problems(self) if microscaled else [])
     fp8_problem = fp8_block_problem(self) if fp8_block else None
     if fp8_problem is not None:
         found.append(fp8_problem)
@@ -252,4 +302,6 @@ def layer_calls(self: Any, hidden_states: torch.Tensor) -> list:
                            intermediate_size=self.intermediate_size_per_partition, renormalize=bool(config.renormalize),
                            deepseek=deepseek, routing_bias=config.correction_bias if deepseek is not None else None,
                            shared_experts=shared, local=local_experts(self), fp8_block_scale=fp8_block,
-                           swiglu_oai=None if fp8_block else swiglu_oai(self))
+                           swiglu_oai=None if fp8_block else swiglu_oai(self),
+                           llama4=llama4_routing(config) and bool(getattr(runner, "apply_router_weight_on_input", False)),
+                           mxfp4=microscaled)

@@ -148,10 +148,7 @@ LLAMA4_ROUTING = ("vllm.model_executor.models.llama4", "Llama4MoE.custom_routing
 
 def _custom_routing(router: Any) -> Optional[str]:
     """The router's custom routing function, as ``module:qualname``, or None."""
-    function = getattr(router, "custom_routing_function", None)
-    if function is None:
-        return None
-    return f"{getattr(function, '__module__', '?')}:{getattr(function, '__qualname__', type(function).__name__)}"
+    return moe.routing_function_name(getattr(router, "custom_routing_function", None))
 
 
 def _weight_on_input(runner: Any) -> bool:

@@ -251,7 +251,9 @@ def unseen_layers(model: Any, rules: Iterable[LayerRule] = ()) -> dict[str, int]
     say) and are not in the record. Read at the end of a run that ran steps."""
     found: Counter[str] = Counter()
     for module, problem, marked in _judged_layers(model, rules, ()):
-        weight = module.__dict__.get("_parameters", {}).get("weight")
+        # a parameter, or a plain tensor (SGLang's RMSNorm without a weight holds ones, which its
+        # fused q/k norm kernel is handed in its place)
+        weight = module.__dict__.get("_parameters", {}).get("weight", module.__dict__.get("weight"))
         if problem is None and marked and not module.__dict__.get("_fi_profile_seen", False) and id(weight) not in SEEN_WEIGHTS:
             found[f"{type(module).__name__} (in the model, but no call of it reached its hook: its kernels ran "
                   "elsewhere, e.g. in a fused kernel, and are not in the record)"] += 1

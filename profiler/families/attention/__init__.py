@@ -38,7 +38,7 @@ class Variant:
 
     #: each query attends its ``window`` latest keys, itself included (FlashInfer's ``window_left``
     #: is ``window - 1``; vLLM's ``sliding_window`` is ``window``, SGLang's ``sliding_window_size``
-    #: ``window - 1``); None: every key
+    #: ``window - 1``, except in its Triton decode: ``window``); None: every key
     window: Optional[int] = None
     #: the logits become ``soft_cap * tanh(logits / soft_cap)`` (Gemma-2's, Grok's); None: no cap
     soft_cap: Optional[float] = None
@@ -186,14 +186,20 @@ def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
                   computes=("output",), constants=VARIANT_CONSTANTS)
     if chunked(definition):  # vLLM runs it as plain attention over chunk-sized virtual requests: no native here
         return []
+    # SGLang's Triton kernels take a window, a tanh cap and sinks too, on its page size of 1
+    sglang = Native("sglang", "sglang_triton_attention.py", must_fit=True, requires=_SGLANG_TRITON,
+                    label="sglang_triton", computes=("output",), constants=VARIANT_CONSTANTS)
+    on_sglangs_cache = kind == "paged" and definition.const_axes.get("page_size") == 1 and _sglang_computes(definition)
     if is_variant(definition):
-        return [vllm] if kind == "paged" else []
+        if kind != "paged":
+            return []
+        # FlashInfer's paged wrappers take a window and a cap (``window_left``, ``logits_soft_cap``), not sinks here
+        windowed = [] if "sinks" in definition.inputs else [
+            Native("flashinfer", "flashinfer_paged_attention.py", must_fit=True, constants=VARIANT_CONSTANTS)]
+        return windowed + [vllm] + ([sglang] if on_sglangs_cache else [])
     natives = [Native("flashinfer", f"flashinfer_{kind}_attention.py", must_fit=True)]
     if kind == "paged":  # neither Triton kernel computes the log-sum-exp: ``output`` only
-        natives.append(vllm)
-        if definition.const_axes.get("page_size") == 1 and _sglang_computes(definition):
-            natives.append(Native("sglang", "sglang_triton_attention.py", must_fit=True, requires=_SGLANG_TRITON,
-                                  label="sglang_triton", computes=("output",)))
+        natives += [vllm] + ([sglang] if on_sglangs_cache else [])
     return natives
 
 
@@ -220,7 +226,7 @@ def _engine_kernel(run: EngineRun, definition: Definition) -> EngineKernel:
     if definition.op_type == "gqa_paged" and (framework, backend) == ("vllm", "triton_attn"):
         return EngineKernel("vllm_triton", "vLLM's TRITON_ATTN backend (its Triton unified attention kernel)")
     if definition.op_type == "gqa_paged" and (framework, backend) == ("sglang", "triton") \
-            and definition.const_axes.get("page_size") == 1 and not is_variant(definition):
+            and definition.const_axes.get("page_size") == 1 and not chunked(definition):
         return EngineKernel("sglang_triton", "SGLang's triton attention backend (its decode and extend kernels)")
     return EngineKernel(None, f"the {run.attention_backend} attention backend, which the replay has no solution of")
 

@@ -1,6 +1,10 @@
 import flashinfer
 import torch
 
+#: set from a windowed or capped Definition (a plain one sets neither: no window, no cap)
+WINDOW_LEFT = -1  # each query attends its WINDOW_LEFT + 1 latest keys, itself included (-1: every key)
+LOGITS_SOFT_CAP = 0.0  # the logits become cap * tanh(logits / cap) (0: no cap)
+
 _WORKSPACE = {}
 #: layout -> (planned wrapper, the index tensors it was planned for, kept alive so that their
 #: addresses cannot be taken by other tensors while the plan is cached)
@@ -14,12 +18,15 @@ def _workspace(device):
 
 
 def run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale, qo_indptr=None, kv_last_page_len=None):
-    """FlashInfer's paged decode / causal prefill. Planned once per index layout, as an engine
-    plans once per step for all its layers; the plan is not in the timed call after warm-up."""
+    """FlashInfer's paged decode / causal prefill, with its ``window_left`` and ``logits_soft_cap``
+    where the Definition sets them. Planned once per index layout, as an engine plans once per step
+    for all its layers; the plan is not in the timed call after warm-up."""
     num_qo_heads, head_dim = q.shape[1], q.shape[2]
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     tensors = (kv_indptr, kv_indices, qo_indptr, kv_last_page_len)
-    key = (tuple(q.shape), float(sm_scale)) + tuple(None if t is None else (t.data_ptr(), t.numel()) for t in tensors)
+    variant = dict(window_left=int(WINDOW_LEFT), logits_soft_cap=float(LOGITS_SOFT_CAP) or None)
+    key = (tuple(q.shape), float(sm_scale), WINDOW_LEFT, LOGITS_SOFT_CAP) + tuple(
+        None if t is None else (t.data_ptr(), t.numel()) for t in tensors)
     if key not in _PLANS:
         last = kv_last_page_len
         if last is None:  # page size 1: every page is full
@@ -27,10 +34,10 @@ def run(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale, qo_indptr=None, kv
         if qo_indptr is None:
             wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(_workspace(q.device), "NHD")
             wrapper.plan(kv_indptr, kv_indices, last, num_qo_heads, num_kv_heads, head_dim, page_size,
-                         q_data_type=q.dtype, kv_data_type=k_cache.dtype, sm_scale=float(sm_scale))
+                         q_data_type=q.dtype, kv_data_type=k_cache.dtype, sm_scale=float(sm_scale), **variant)
         else:
             wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_workspace(q.device), "NHD")
             wrapper.plan(qo_indptr, kv_indptr, kv_indices, last, num_qo_heads, num_kv_heads, head_dim, page_size,
-                         causal=True, sm_scale=float(sm_scale), q_data_type=q.dtype, kv_data_type=k_cache.dtype)
+                         causal=True, sm_scale=float(sm_scale), q_data_type=q.dtype, kv_data_type=k_cache.dtype, **variant)
         _PLANS[key] = (wrapper, tensors, last)
     return _PLANS[key][0].run(q, (k_cache, v_cache), return_lse=True)

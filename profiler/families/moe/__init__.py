@@ -253,6 +253,14 @@ def problems(*, router: Optional[str] = None, scoring: Any = "softmax", grouped_
     return [what for what, applies in features.items() if applies]
 
 
+def routing_function_name(function: Any) -> Optional[str]:
+    """A router's custom routing function as ``module:qualname`` (how an engine's Llama-4 one is
+    known, and any other is listed), or None where it has none."""
+    if function is None:
+        return None
+    return f"{getattr(function, '__module__', '?')}:{getattr(function, '__qualname__', type(function).__name__)}"
+
+
 def layer_problem(layer: Any, found: list[str]) -> Optional[str]:
     """``run.not_covered``'s entry for a MoE layer with the ``found`` :func:`problems`, or None."""
     return f"{type(layer).__name__} with {', '.join(found)} (no MoE Definition computes it)" if found else None
