@@ -34,16 +34,28 @@ def _saved_steps(out_dir: Path) -> int:
     return steps
 
 
+def _progress_steps(out_dir: Path) -> int:
+    steps = 0
+    for progress in (out_dir / ".fi-profile" / "progress").glob("*.json"):
+        try:
+            steps += json.loads(progress.read_text())["steps"]
+        except (OSError, ValueError, KeyError):
+            pass
+    return steps
+
+
 def _capture_until_saved(out_dir: Path, command: Path = FI_PROFILE, framework: str = "vllm", *more: str,
-                         **popen) -> subprocess.Popen:
-    """A long capture of the tiny Llama on CPU, once its engine has saved 3 steps (parts every 0.2 s)."""
+                         save_every: float = 0.2, **popen) -> subprocess.Popen:
+    """A long capture of the tiny Llama on CPU, once its engine has saved 3 steps (parts every
+    ``save_every`` s; with a longer interval, once it has run 3 steps)."""
     args = [str(command), "--model", "fi-profile/tiny-llama", "--framework", framework, "--eager", *more,
-            "--num-prompts", "2", "--input-len", "16", "--output-len", "2000", "--save-every", "0.2",
+            "--num-prompts", "2", "--input-len", "16", "--output-len", "2000", "--save-every", str(save_every),
             "--out", str(out_dir)]
     proc = subprocess.Popen(args, start_new_session=True, **({"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
                                                               | popen))
     deadline = time.monotonic() + 400
-    while _saved_steps(out_dir) < 3:
+    done = _saved_steps if save_every < 1 else _progress_steps
+    while done(out_dir) < 3:
         if proc.poll() is not None or time.monotonic() > deadline:
             os.killpg(proc.pid, signal.SIGKILL)
             raise AssertionError("the capture ended, or saved no 3 steps, before it was stopped")
@@ -160,16 +172,26 @@ def test_the_engines_processes_die_with_a_killed_fi_profile(tmp_path, framework)
         _kill(engine | {proc.pid})
 
 
-@pytest.mark.parametrize("stop, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_a_signalled_capture_writes_the_record_it_saved_and_leaves_no_engine(tmp_path, stop, code):
-    """SIGTERM (a scheduler's time limit, ``timeout``) or SIGINT (Ctrl-C) to fi-profile mid-run: the
-    record, Definitions and workloads from the parts saved, marked incomplete with the signal; exit
-    128 + the signal; the engine's processes gone (before: SIGINT left no record, SIGTERM killed
-    fi-profile at once and left the engine running)."""
+@pytest.mark.parametrize("framework, stop, code", [("vllm", signal.SIGTERM, 143), ("vllm", signal.SIGINT, 130),
+                                                   ("sglang", signal.SIGTERM, 143), ("sglang", signal.SIGINT, 130)])
+def test_a_signalled_capture_writes_the_record_it_saved_and_leaves_no_engine(tmp_path, framework, stop, code):
+    """SIGTERM (a scheduler's time limit, ``timeout``) or SIGINT (Ctrl-C) to fi-profile mid-run, in
+    vLLM and in SGLang: the record, Definitions and workloads, marked incomplete with the signal,
+    holding every step the engine had finished (its processes save them at the signal: with parts
+    saved every 1000 s none was on disk; before, that run had no record); exit 128 + the signal;
+    the engine's processes gone (before: SIGINT left no record, SIGTERM killed fi-profile at once
+    and left the engine running)."""
+    command = FI_PROFILE if framework == "vllm" else SGLANG_FI_PROFILE
+    if not command.is_file():
+        if os.environ.get("CI") == "true":
+            raise RuntimeError(f"{command} missing: .ci/setup should have made it")
+        pytest.skip(f"no {command}")
     out_dir = tmp_path / "signalled"
     said = tmp_path / "stderr.txt"
     with said.open("w") as sink:  # a file, not a pipe: a full pipe would stop the capture
-        proc = _capture_until_saved(out_dir, stderr=sink)
+        proc = _capture_until_saved(out_dir, command, framework, save_every=1000, stderr=sink)
+    ran = _progress_steps(out_dir)
+    assert _saved_steps(out_dir) == 0  # nothing saved yet: what the record holds, the signal saved
     engine = _children(proc.pid)
     try:
         proc.send_signal(stop)
@@ -180,7 +202,36 @@ def test_a_signalled_capture_writes_the_record_it_saved_and_leaves_no_engine(tmp
     assert proc.returncode == code, stderr[-3000:]
     record = json.loads((out_dir / "record.json").read_text())
     assert f"interrupted by {stop.name}" in record["run"]["incomplete"] and f"interrupted by {stop.name}" in stderr
+    assert "the steps each engine process had finished at the signal" in record["run"]["incomplete"]
     counts = {k["id"]: k["count"] for k in record["kernels"]}
-    assert 3 <= counts["embedding_v2048_h256"] < 2000 and validate_paths([out_dir]).errors == []
+    assert ran <= counts["embedding_v2048_h256"] < 2000 and validate_paths([out_dir]).errors == []
+    assert counts["rmsnorm_h256"] == counts["embedding_v2048_h256"]  # whole steps
     time.sleep(2)
     assert not _alive(engine)
+
+
+def test_a_signal_sent_twice_at_once_is_one_signal(tmp_path):
+    """GNU ``timeout`` sends its SIGTERM to the command and then to its own process group, fi-profile
+    in it: an H200 capture under ``timeout`` stopped "at once by a second SIGTERM" and wrote no
+    record. The same signal again within ECHO_S is the first one's echo; another signal is not."""
+    from fi_profile.capture import interruption
+
+    said = []
+    with pytest.raises(interruption.Interrupted) as stopped:
+        with interruption.signals_interrupt(tmp_path, said.append):
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(1)
+            finally:  # the echo arrives while the first one is being handled: ignored, no exit
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.2)
+    assert stopped.value.name == "SIGTERM" and said == []
+    probe = ("import os, signal, time, pathlib\n"
+             "from fi_profile.capture import interruption\n"
+             "with interruption.signals_interrupt(pathlib.Path('/tmp/x')):\n"
+             "    try:\n"
+             "        os.kill(os.getpid(), signal.SIGTERM); time.sleep(1)\n"
+             "    except interruption.Interrupted:\n"
+             "        os.kill(os.getpid(), signal.SIGINT); time.sleep(5)\n")
+    second = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert second.returncode == 130 and "stopped at once by a second SIGINT" in second.stderr

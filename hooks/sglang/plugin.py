@@ -53,6 +53,13 @@ def fi_profile_stop(self: Any, out_dir: str) -> None:
     stop_recording(out_dir, unseen, KERNEL_NAMING)
 
 
+def fi_profile_save(self: Any, out_dir: str) -> None:
+    """A signal stopped the capture: stop recording and save this scheduler's whole steps."""
+    from fi_profile.capture.recorder import save_whole_steps
+
+    save_whole_steps(out_dir)
+
+
 def run_scheduler_process(*args: Any, **kwargs: Any) -> Any:
     """The scheduler process's entry with the hooks registered first: for SGLang versions whose
     scheduler does not load ``sglang.srt.plugins`` (the runner passes it as the Engine's
@@ -81,3 +88,4 @@ def register() -> None:
         return
     Scheduler.fi_profile_start = fi_profile_start  # type: ignore[attr-defined]
     Scheduler.fi_profile_stop = fi_profile_stop  # type: ignore[attr-defined]
+    Scheduler.fi_profile_save = fi_profile_save  # type: ignore[attr-defined]

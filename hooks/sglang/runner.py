@@ -110,12 +110,30 @@ class SglangEngine:
         return HookStatus.of_ranks(ranks)
 
     def generate(self, scenario: Scenario) -> list[list[int]]:
+        self._reclaim_signals()
         prompts = prompts_for(scenario, vocab_size(self.model_path))
         params = [sampling_params(scenario, n) for n in scenario.output_lengths()]
         return [list(o["output_ids"]) for o in self.engine.generate(input_ids=prompts, sampling_params=params)]
 
+    def _reclaim_signals(self) -> None:
+        """SGLang's tokenizer manager, at its first request, takes SIGTERM on its event loop (it
+        drains every request before it stops): made here first, then fi-profile's handlers again,
+        so a SIGTERM stops the capture keeping its record. (Its running-phase SIGQUIT handler, which
+        kills its process tree when a scheduler fails, is left: raised from uvloop's signal callback
+        an exception hangs the capture.)"""
+        from fi_profile.capture.interruption import reclaim_signals
+
+        create = getattr(getattr(self.engine, "tokenizer_manager", None), "auto_create_handle_loop", None)
+        if create is None:
+            return
+        create()
+        reclaim_signals()
+
     def stop(self, out_dir: Path) -> None:
         self.engine.collective_rpc("fi_profile_stop", out_dir=str(out_dir))
+
+    def save(self, out_dir: Path) -> None:
+        self.engine.collective_rpc("fi_profile_save", out_dir=str(out_dir))
 
     def shutdown(self) -> None:
         self.engine.shutdown()

@@ -121,6 +121,12 @@ class CaptureWorkerExtension:
                         num_pages=int(getattr(cache, "num_gpu_blocks", None) or 0))
         return {"pid": os.getpid(), **STATUS, "not_covered": _not_covered(self), "inexact": _inexact(self)}
 
+    def fi_profile_save(self, out_dir: str) -> Optional[str]:
+        """A signal stopped the capture: stop recording and save this worker's whole steps."""
+        from fi_profile.capture.recorder import save_whole_steps
+
+        return save_whole_steps(out_dir)
+
     def fi_profile_stop(self, out_dir: str) -> str:
         from fi_profile.capture.recorder import RECORDER, stop_recording
         from fi_profile.capture.traced import TRACES

@@ -111,6 +111,9 @@ class VllmEngine:
     def stop(self, out_dir: Path) -> None:
         self.llm.collective_rpc("fi_profile_stop", args=(str(out_dir),))
 
+    def save(self, out_dir: Path) -> None:
+        self.llm.collective_rpc("fi_profile_save", args=(str(out_dir),))
+
     def shutdown(self) -> None:
         self.llm = None  # vLLM shuts its engine processes down when the LLM is collected
 

@@ -7,10 +7,11 @@ import json
 import os
 import random
 import shutil
+import threading
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
 from fi_profile.capture.completeness import judged
 from fi_profile.capture.interruption import Interrupted
@@ -209,6 +210,7 @@ class Engine(Protocol):
     def start(self, count_only: bool, out_dir: Path, autosave_s: float) -> HookStatus: ...
     def generate(self, scenario: Scenario) -> list[list[int]]: ...
     def stop(self, out_dir: Path) -> None: ...
+    def save(self, out_dir: Path) -> None: ...  # a signal stopped the capture: each process saves its whole steps
     def shutdown(self) -> None: ...
 
 
@@ -240,8 +242,9 @@ def run_capture(engine_class: Callable[..., Engine],
             if not options.capture:
                 raise
             run = run_info(engine.version, options, engine.attention_backend, status)
+            saved = saved_in_time(engine, out_dir)
             stop.summary = interrupted_record(out_dir, options.model, engine.framework, options.max_workloads, run,
-                                              stop.name)
+                                              stop.name, saved)
             raise
         run = run_info(engine.version, options, engine.attention_backend, status)
         if failure is not None:
@@ -256,14 +259,40 @@ def run_capture(engine_class: Callable[..., Engine],
         engine.shutdown()
 
 
+#: how long the engine's processes have to save their steps after a signal, before the record is
+#: made from their last saved parts
+SAVE_AT_SIGNAL_S = 30.0
+
+
+def saved_in_time(engine: Engine, out_dir: Path, timeout_s: float = SAVE_AT_SIGNAL_S) -> Optional[str]:
+    """A signal stopped the capture: ask every engine process to save the whole steps it has
+    (:meth:`Engine.save`), waiting at most ``timeout_s``. Returns None once they did, else why not
+    (the engine is gone, or busy past the wait: their last parts stand)."""
+    outcome: list[Optional[str]] = []
+
+    def save() -> None:
+        try:
+            engine.save(out_dir)
+            outcome.append(None)
+        except Exception as exc:  # noqa: BLE001 - the parts saved before stand
+            outcome.append(f"{type(exc).__name__}: {exc}"[:200])
+
+    saver = threading.Thread(target=save, name="fi-profile-save", daemon=True)
+    saver.start()
+    saver.join(timeout_s)
+    return outcome[0] if outcome else f"the engine did not save within {timeout_s:g} s"
+
+
 def interrupted_record(out_dir: Path, model: str, framework: str, max_workloads: int, run: RunInfo,
-                       signal_name: str) -> CaptureSummary | None:
-    """A signal stopped the capture: the record from what its processes saved (None: nothing saved yet)."""
+                       signal_name: str, not_saved: Optional[str] = None) -> CaptureSummary | None:
+    """A signal stopped the capture: the record from what its processes saved (None: nothing saved
+    yet); ``not_saved``: why they could not save at the signal (then their last parts stand)."""
     if not any((out_dir / PARTS_DIR).glob("*.json")):
         return None
-    return merge_parts(out_dir, model, framework, max_workloads, run,
-                       f"interrupted by {signal_name}; the record holds the steps saved before (at most one "
-                       "--save-every interval lost)")
+    held = "the steps each engine process had finished at the signal (the one in flight left out)" if not_saved is None \
+        else f"the steps saved before (at most one --save-every interval lost: {not_saved})"
+    return merge_parts(out_dir, model, framework, max_workloads, run, f"interrupted by {signal_name}; the record holds "
+                       f"{held}")
 
 
 def fail_with_saved_parts(out_dir: Path, model: str, framework: str, max_workloads: int, run: RunInfo, failure: str) -> None:

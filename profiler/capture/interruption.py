@@ -1,6 +1,7 @@
 """A capture stopped by a signal keeps what it recorded: SIGINT (Ctrl-C) and SIGTERM (``timeout``,
-a batch scheduler's time limit) raise :class:`Interrupted` in the driver, which merges the parts its
-engine processes saved (at most one ``--save-every`` interval lost), writes the record marked
+a batch scheduler's time limit) raise :class:`Interrupted` in the driver, which asks its engine's
+processes to save the steps they finished and merges their parts (where they cannot, what they
+saved before: at most one ``--save-every`` interval lost), writes the record marked
 incomplete, shuts the engine down and exits 128 + the signal (130, 143). A second signal while it
 does so stops at once, saying where the saved parts are (``fi-profile recover`` makes the record)."""
 
@@ -10,15 +11,20 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: seconds within which the same signal again is the first one's echo (``timeout`` sends it twice)
+ECHO_S = 2.0
 
 
-class Interrupted(BaseException):
-    """A signal stopped the capture (a BaseException, as KeyboardInterrupt is: no engine code's
-    ``except Exception`` swallows it)."""
+class Interrupted(KeyboardInterrupt):
+    """A signal stopped the capture: a KeyboardInterrupt, which no engine code's ``except
+    Exception`` swallows and asyncio's event loop lets out (SGLang generates in one: another
+    BaseException raised there ended the task that reads the scheduler's replies, and the capture
+    hung)."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -39,25 +45,46 @@ class Interrupted(BaseException):
 def signals_interrupt(out_dir: Path, say: Callable[[str], None] = lambda text: print(text, file=sys.stderr)
                       ) -> Iterator[None]:
     """Within: the first SIGINT or SIGTERM raises :class:`Interrupted` in the main thread; a second
-    one exits at once (its code 128 + the signal), saying what was kept (``say``: to the terminal)."""
-    seen: list[int] = []
+    one exits at once (its code 128 + the signal), saying what was kept (``say``: to the terminal).
+    The same signal again within :data:`ECHO_S` of the first is that signal's echo, not a second
+    one: GNU ``timeout`` signals its command and then its own process group, fi-profile in it."""
+    seen: list[tuple[int, float]] = []
 
     def handler(signum: int, frame: object) -> None:
         if seen:
+            first, at = seen[0]
+            if signum == first and time.monotonic() - at < ECHO_S:
+                return
             say(f"stopped at once by a second {signal.Signals(signum).name}; the parts saved so far are in "
                 f"{out_dir / '.fi-profile' / 'parts'}: fi-profile recover {out_dir}")
             os._exit(128 + signum)
-        seen.append(signum)
+        seen.append((signum, time.monotonic()))
         raise Interrupted(signum)
 
+    global _HANDLER
     previous = {s: signal.getsignal(s) for s in SIGNALS}
     try:
         for s in SIGNALS:
             signal.signal(s, handler)
     except ValueError:  # not the main thread: signals stay as they were
         previous = {}
+    outer, _HANDLER = _HANDLER, handler if previous else None
     try:
         yield
     finally:
+        _HANDLER = outer
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+#: the handler :func:`signals_interrupt` installed, while it is in effect
+_HANDLER: Optional[Callable[[int, Any], None]] = None
+
+
+def reclaim_signals() -> None:
+    """Within :func:`signals_interrupt`: its handler again, for an engine that installed its own
+    meanwhile (SGLang's tokenizer manager takes SIGTERM to drain every request, at its first
+    request: a SIGTERM then ended the capture only once all of them were done)."""
+    if _HANDLER is not None:
+        for s in SIGNALS:
+            signal.signal(s, _HANDLER)

@@ -19,6 +19,7 @@ seconds, so an engine process that dies leaves its record up to its last whole s
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -262,6 +263,17 @@ class Recorder:
         self.report_progress()
         return self._write(Path(directory), *snapshot)
 
+    def save_whole_steps(self, directory: Path) -> Optional[Path]:
+        """A capture stopped by a signal: stop recording and write this process's part with the
+        steps it has committed (the step in flight, if any, is left out: whole steps only); None
+        where it was not recording (nothing new since its last part)."""
+        with self._lock:
+            if not self.active:
+                return None
+            self.active, self.autosave = False, None
+            snapshot = self._snapshot()
+        return self._write(Path(directory), *snapshot)
+
     def _snapshot(self) -> tuple[dict, dict[str, torch.Tensor]]:
         """The part document and, when samples were added since the last save, the blob tensors.
 
@@ -341,6 +353,11 @@ def start_recording(*, count_only: bool, out_dir: Optional[str], autosave_s: flo
     """Start this process's model phase (every engine's worker-side start): reset, then record;
     with ``out_dir`` the part is saved every ``autosave_s`` seconds and progress is reported."""
     RECORDER.autosave = (Path(out_dir), autosave_s) if out_dir is not None else None
+    global _EXIT_DIR
+    if out_dir is not None:  # an engine process stopped by a signal (Ctrl-C reaches them all) keeps its steps
+        if _EXIT_DIR is None:
+            atexit.register(_save_at_exit)
+        _EXIT_DIR = Path(out_dir)
     RECORDER.progress_file = Path(out_dir) / PROGRESS_DIR / f"{os.getpid()}.json" if out_dir is not None else None
     RECORDER.reset()
     RECORDER.count_only = count_only
@@ -353,6 +370,26 @@ def start_recording(*, count_only: bool, out_dir: Optional[str], autosave_s: flo
         except Exception as exc:  # noqa: BLE001 - another profiler holds it, say: the record says so
             RECORDER.error("kernel accounting", RuntimeError(
                 f"the engine's kernels are not measured: torch.profiler did not start ({type(exc).__name__}: {exc})"))
+
+
+#: where this process saves its part at exit, while it still records (set by :func:`start_recording`)
+_EXIT_DIR: Optional[Path] = None
+
+
+def _save_at_exit() -> None:
+    """At this process's exit while it still records (the capture was stopped before its end):
+    save its whole steps (:meth:`Recorder.save_whole_steps`); never an error at exit."""
+    try:
+        if _EXIT_DIR is not None:
+            RECORDER.save_whole_steps(_EXIT_DIR)
+    except Exception:  # noqa: BLE001 - exiting: its last autosaved part stands
+        pass
+
+
+def save_whole_steps(out_dir: str) -> Optional[str]:
+    """Every engine's worker-side save at a signal (:meth:`Recorder.save_whole_steps`)."""
+    part = RECORDER.save_whole_steps(Path(out_dir))
+    return None if part is None else str(part)
 
 
 def stop_recording(out_dir: str, unseen_layers: Optional[dict[str, int]] = None,
