@@ -126,7 +126,11 @@ class SglangEngine:
         create = getattr(getattr(self.engine, "tokenizer_manager", None), "auto_create_handle_loop", None)
         if create is None:
             return
-        create()
+
+        async def on_the_engines_loop() -> None:  # outside a running loop, SGLang makes a new one
+            create()
+
+        self.engine.loop.run_until_complete(on_the_engines_loop())
         reclaim_signals()
 
     def stop(self, out_dir: Path) -> None:
