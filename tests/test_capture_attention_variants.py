@@ -209,6 +209,15 @@ def test_sglang_records_gemma3s_windows_on_its_page_size_one_cache(tmp_path):
     # SGLang's Gemma3RMSNorm and GeluAndMul, as vLLM's (one step more of them there: vLLM's two prefill steps)
     assert {k: counts(result)[k] for k in ("gemma_rmsnorm_h256", "gemma_rmsnorm_h64", "gelu_tanh_and_mul_i512")} == \
         {"gemma_rmsnorm_h256": 7 * steps, "gemma_rmsnorm_h64": 6 * steps, "gelu_tanh_and_mul_i512": 3 * steps}
+    # its Hugging Face RoPE by the model's own tables (the local one plain, the global one linear x8,
+    # as vLLM's), its scaled nn.Embedding, and the tied lm_head on that table: the record is whole
+    assert {k: counts(result)[k] for k in ("rope_neox_style_h4_kv2_d64_theta10000",
+                                           "rope_linear_neox_style_h4_kv2_d64_theta1000000_f8",
+                                           "embedding_v2048_h256", "gemm_bf16_n2048_k256")} == {
+        "rope_neox_style_h4_kv2_d64_theta10000": 2 * steps, "rope_linear_neox_style_h4_kv2_d64_theta1000000_f8": steps,
+        "embedding_v2048_h256": steps, "gemm_bf16_n2048_k256": steps}
+    run = result["record"]["run"]
+    assert run["not_covered"] == {} and run["hook_errors"] == {} and "incomplete" not in run, run.get("incomplete")
 
 
 @sglang_only

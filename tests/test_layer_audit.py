@@ -100,3 +100,52 @@ def test_sglangs_tinygemm_router_is_one_gemm_with_its_bias_whichever_path_it_tak
     router = SimpleNamespace(output_size=32, input_size=64, bias=torch.zeros(32), skip_bias_add=False)
     (call,) = _tiny_gemm_linear(router, torch.zeros(5, 64, dtype=torch.bfloat16))
     assert call.definition.name == "gemm_bias_bf16_n32_k64" and call.axes["M"] == 5
+
+
+def test_torchs_own_layers_in_a_model_are_listed_unless_a_rule_judges_them():
+    """SGLang's Gemma-3 embeds its tokens with a subclass of torch's ``nn.Embedding``, past every
+    engine layer class: no hook saw it, and the record said nothing of it. torch's own layers with
+    weights are listed by name; one a rule judges (and its hook marks) is not; weightless ones run
+    no kernel of a layer."""
+    from fi_profile.capture.layers import LayerRule, uncovered_layers
+
+    class ScaledEmbedding(torch.nn.Embedding):
+        pass
+
+    model = torch.nn.Sequential(ScaledEmbedding(16, 8), torch.nn.Linear(8, 4), torch.nn.LayerNorm(4),
+                                torch.nn.LayerNorm(4, elementwise_affine=False), torch.nn.Dropout())
+    assert uncovered_layers(model) == {"ScaledEmbedding (a torch nn.Embedding no hook records)": 1,
+                                       "Linear (a torch nn.Linear no hook records)": 1,
+                                       "LayerNorm (a torch nn.LayerNorm no hook records)": 1}
+    rule = LayerRule(f"{__name__}:ScaledEmbedding", lambda layer: None)
+    globals()["ScaledEmbedding"] = ScaledEmbedding  # where the rule looks it up
+    try:
+        assert "ScaledEmbedding (a torch nn.Embedding no hook records)" not in uncovered_layers(model, [rule])
+    finally:
+        del globals()["ScaledEmbedding"]
+
+
+def _gemma3_table(rope_type="default", theta=10000.0, factor=None, scaling=1.0, off=1.0):
+    parameters = {"rope_type": rope_type, "rope_theta": theta, **({"factor": factor} if factor else {})}
+
+    def init(config, device):
+        inv = 1.0 / theta ** (torch.arange(0, 64, 2, dtype=torch.float32) / 64) / (factor or 1.0)
+        return inv * off, scaling
+
+    return SimpleNamespace(rope_type=rope_type, config=SimpleNamespace(rope_parameters=parameters), rope_init_fn=init)
+
+
+def test_sglangs_gemma3_rope_tables_are_judged_by_their_own_frequencies():
+    """SGLang's Gemma-3 rotates by two tables of its own (Hugging Face's ``Gemma3RotaryEmbedding``):
+    plain and linear ones are the RoPE Definitions' (their frequencies, made again by the table's own
+    function, checked); another rope type, a magnitude, or frequencies its constants do not give are
+    listed."""
+    from fi_profile.families.rope import RopeParams
+    from fi_profile.hooks.sglang.gemma3 import table_params, table_problem
+
+    assert table_problem(_gemma3_table()) is None
+    assert table_problem(_gemma3_table("linear", 1e6, factor=8.0)) is None
+    assert table_params(_gemma3_table("linear", 1e6, factor=8.0)) == RopeParams(theta=1e6, linear_factor=8.0)
+    assert "rope_type 'dynamic'" in table_problem(_gemma3_table("dynamic", factor=2.0))
+    assert "attention scaling 1.2" in table_problem(_gemma3_table("default", scaling=1.2))
+    assert "inverse frequencies are not its constants'" in table_problem(_gemma3_table(off=1.01))

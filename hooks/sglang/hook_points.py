@@ -25,7 +25,7 @@ from fi_profile.families import (
     sampling,
     silu_and_mul,
 )
-from fi_profile.hooks.sglang import attention, steps
+from fi_profile.hooks.sglang import attention, gemma3, steps
 from fi_profile.hooks.sglang import fp8_linear as sglang_fp8
 from fi_profile.hooks.sglang import mla as sglang_mla
 from fi_profile.hooks.sglang import moe as sglang_moe
@@ -103,6 +103,7 @@ def _sampler(self: Any, logits_output: Any, sampling_info: Any) -> list:
 _LAYERS = "sglang.srt.layers"
 _EXECUTOR = "sglang.srt.model_executor"
 _MLA = "sglang.srt.models.deepseek_common.attention_forward_methods"
+_GEMMA3 = "sglang.srt.models.gemma3_causal"
 
 POINTS = [
     HookPoint(f"{_LAYERS}.layernorm", "RMSNorm", ("forward",), rmsnorm.KEY, rmsnorm.layer_calls),
@@ -113,6 +114,15 @@ POINTS = [
     HookPoint(f"{_LAYERS}.activation", "SiluAndMul", ("forward",), silu_and_mul.KEY, silu_and_mul.layer_calls),
     HookPoint(f"{_LAYERS}.activation", "GeluAndMul", ("forward",), silu_and_mul.KEY, silu_and_mul.gelu_layer_calls),
     HookPoint(f"{_LAYERS}.rotary_embedding.base", "RotaryEmbedding", ("forward",), rope.KEY, rope.layer_calls),
+    # Gemma-3's Hugging Face RoPE: cos/sin from the model's own tables, each layer rotating by the
+    # one its kind takes (the model and layer forwards say which); its own scaled embedding
+    HookPoint(_GEMMA3, "Gemma3TextModel", ("forward",), "gemma3_rope_tables", gemma3.model_forward, around=True,
+              optional=True),
+    HookPoint(_GEMMA3, "Gemma3DecoderLayer", ("forward",), "gemma3_layer", gemma3.decoder_layer_forward, around=True,
+              optional=True),
+    HookPoint(_GEMMA3, "", ("apply_rotary_pos_emb",), rope.KEY, gemma3.rotation_calls, optional=True),
+    HookPoint(_GEMMA3, "Gemma3TextScaledWordEmbedding", ("forward",), embedding.KEY, gemma3.embedding_calls,
+              optional=True),
     HookPoint(f"{_LAYERS}.quantization.unquant", "UnquantizedLinearMethod", ("apply",), gemm.KEY, gemm.linear_calls),
     # a linear layer of gpt-oss's with a GEMM of its own (its method's apply, where it falls back, nested)
     HookPoint("sglang.srt.models.gpt_oss", "TinyGemmLinear", ("forward",), gemm.KEY, _tiny_gemm_linear, optional=True),
@@ -197,6 +207,10 @@ LAYER_RULES = [
     LayerRule(f"{_LAYERS}.activation:SiluAndMul", silu_and_mul.layer_problem),
     LayerRule(f"{_LAYERS}.activation:GeluAndMul", silu_and_mul.gelu_layer_problem),
     LayerRule(f"{_LAYERS}.rotary_embedding.base:RotaryEmbedding", rope.layer_problem),
+    # Gemma-3's RoPE tables: judged, not marked (on SGLang's AMX CPU path its layers' RotaryEmbedding
+    # runs instead, and the tables are unused)
+    LayerRule(f"{_GEMMA3}:Gemma3RotaryEmbedding", gemma3.table_problem, container=True),
+    LayerRule(f"{_GEMMA3}:Gemma3TextScaledWordEmbedding", gemma3.embedding_problem),
     sglang_mla.LAYER_RULE,
     LayerRule(f"{_LAYERS}.radix_attention:RadixAttention", attention.layer_problem),
     LayerRule(f"{_LAYERS}.moe.topk:TopK", sglang_moe.routing_problem),

@@ -11,6 +11,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
+import torch
+
 #: A layer's exact class decides its Definition: a subclass or a sibling computes something else
 #: (another RoPE scaling, a norm with another weight convention), so it is either known here by its
 #: own name or reported as not covered, never recorded as the class it derives from.
@@ -198,6 +200,18 @@ def _own_forward(module: Any, method: str) -> Optional[str]:
             "which no hook records")
 
 
+#: torch's own layers with weights, which a model may use past the engine's layer classes (SGLang's
+#: Gemma-3 embeds with a subclass of ``nn.Embedding``): each runs a kernel of its own
+TORCH_LAYERS = (torch.nn.Linear, torch.nn.Bilinear, torch.nn.Embedding, torch.nn.EmbeddingBag, torch.nn.LayerNorm,
+                torch.nn.GroupNorm, torch.nn.RMSNorm, torch.nn.modules.conv._ConvNd,
+                torch.nn.modules.batchnorm._NormBase, torch.nn.MultiheadAttention, torch.nn.RNNBase)
+
+
+def _torch_base(module: Any) -> str:
+    base = next(cls for cls in type(module).__mro__ if cls in TORCH_LAYERS)
+    return f"nn.{base.__name__.lstrip('_')}"
+
+
 def _judged_layers(model: Any, rules: Iterable[LayerRule],
                    kernel_layers: Iterable[str]) -> Iterator[tuple[Any, Optional[str], bool]]:
     """Each layer of ``model`` with a verdict, as ``(layer, why it is not covered or None, whether
@@ -228,6 +242,8 @@ def _judged_layers(model: Any, rules: Iterable[LayerRule],
             yield module, rule.problem(module), True
         elif bases and isinstance(module, bases):
             yield module, f"{type(module).__name__} (a layer class no hook records)", False
+        elif isinstance(module, TORCH_LAYERS) and any(p is not None for p in module.__dict__.get("_parameters", {}).values()):
+            yield module, f"{type(module).__name__} (a torch {_torch_base(module)} no hook records)", False
         else:
             pending.extend(reversed(list(module.children())))
 
@@ -241,7 +257,8 @@ def uncovered_layers(model: Any, rules: Iterable[LayerRule] = (), kernel_layers:
     - a layer that one of ``rules`` judges not covered (a RoPE, norm or attention class or
       configuration no Definition computes);
     - a layer of a kernel-layer base (``kernel_layers``: the engine's custom-op and attention
-      bases) that no rule knows: a class no hook records, by its name."""
+      bases) that no rule knows: a class no hook records, by its name;
+    - one of torch's own layers with weights (:data:`TORCH_LAYERS`) that no rule knows."""
     return dict(Counter(problem for _, problem, _ in _judged_layers(model, rules, kernel_layers) if problem is not None))
 
 

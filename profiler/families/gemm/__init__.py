@@ -69,6 +69,8 @@ def layer_size(layer: Any) -> tuple[int, int]:
     methods store it packed or transposed, and its shape then says nothing about the GEMM."""
     if hasattr(layer, "num_embeddings_per_partition") and hasattr(layer, "embedding_dim"):  # lm_head
         return int(layer.num_embeddings_per_partition), int(layer.embedding_dim)
+    if isinstance(layer, torch.nn.Embedding):  # a tied lm_head that is torch's own table (SGLang's Gemma-3)
+        return int(layer.num_embeddings), int(layer.embedding_dim)
     n = getattr(layer, "output_size_per_partition", None)
     if n is None:
         sizes = getattr(layer, "output_partition_sizes", None)

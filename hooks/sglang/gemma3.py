@@ -1,0 +1,114 @@
+"""SGLang's Gemma-3 (``sglang.srt.models.gemma3_causal``), which runs two computations of its own
+off its AMX CPU path:
+
+- its token embedding, ``Gemma3TextScaledWordEmbedding``: torch's ``nn.Embedding`` (unsharded),
+  then times the model's scale (an elementwise op no Definition has, as vLLM's ``normalizer``
+  multiply after its embedding);
+- Hugging Face's RoPE. Each forward computes cos/sin for its tokens from two tables of the model's
+  (``Gemma3RotaryEmbedding``: ``rotary_emb`` for the global layers, with their scaling,
+  ``rotary_emb_local`` for the sliding ones), and each layer rotates q and k with them
+  (``apply_rotary_pos_emb``). The attention layers' own ``rotary_emb`` (SGLang's RotaryEmbedding,
+  built without the global layers' scaling) runs on the AMX path only, where its own hook records it.
+
+Which table a rotation used is the decoder layer's: its ``is_sliding``, set while it runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Iterator, Optional
+
+import torch
+
+from fi_profile.capture.layers import judged_once, require, seen
+from fi_profile.families import embedding, rope
+
+#: the model and the decoder layer that run now (the hooks below set them around their forwards)
+_CURRENT = threading.local()
+#: the tables' rope types a Definition computes: cos/sin of the positions (divided by a linear factor)
+TABLE_TYPES = ("default", "linear")
+
+
+@contextlib.contextmanager
+def _current(**values: Any) -> Iterator[None]:
+    before = {name: getattr(_CURRENT, name, None) for name in values}
+    for name, value in values.items():
+        setattr(_CURRENT, name, value)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            setattr(_CURRENT, name, value)
+
+
+def model_forward(self: Any) -> Any:
+    """``Gemma3TextModel.forward``: its two RoPE tables, the global one first."""
+    return _current(tables=(getattr(self, "rotary_emb", None), getattr(self, "rotary_emb_local", None)))
+
+
+def decoder_layer_forward(self: Any) -> Any:
+    """``Gemma3DecoderLayer.forward``: whether its attention is a sliding layer's, and its RoPE layer."""
+    attention = getattr(self, "self_attn", None)
+    return _current(sliding=getattr(self, "is_sliding", None), layer_rope=getattr(attention, "rotary_emb", None))
+
+
+def rotation_calls(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor) -> list:
+    """``apply_rotary_pos_emb(q, k, cos, sin)`` in Gemma-3's attention: one position per token (a
+    row of ``cos``, ``[..., tokens, head_dim]``), the heads what ``q`` and ``k`` hold besides (their
+    layout differs between versions: ``[tokens, heads, d]`` or ``[1, heads, tokens, d]``)."""
+    tables, sliding = getattr(_CURRENT, "tables", None), getattr(_CURRENT, "sliding", None)
+    if tables is None or sliding is None:
+        raise NotImplementedError("apply_rotary_pos_emb outside Gemma3TextModel's decoder layers: which RoPE "
+                                  "table it rotates by is not known")
+    table = tables[1] if sliding else tables[0]
+    if table is None:
+        raise NotImplementedError("Gemma3TextModel without rotary_emb/rotary_emb_local: its RoPE is not known")
+    seen(table, getattr(_CURRENT, "layer_rope", None))
+    require(judged_once(table, table_problem))
+    head_dim = int(cos.shape[-1])
+    tokens = cos.numel() // head_dim
+    return [rope.call(q, q.numel() // (tokens * head_dim), k.numel() // (tokens * head_dim), head_dim,
+                      table_params(table))]
+
+
+def table_params(table: Any) -> rope.RopeParams:
+    """A table's constants: its theta, and the linear factor of a ``linear`` one."""
+    parameters = table.config.rope_parameters
+    factor = float(parameters["factor"]) if table.rope_type == "linear" else 1.0
+    return rope.RopeParams(theta=float(parameters["rope_theta"]), linear_factor=factor)
+
+
+def table_problem(table: Any) -> Optional[str]:
+    """Why a ``Gemma3RotaryEmbedding`` is not what the RoPE Definitions compute, or None: a rope type
+    other than the plain and linear ones, a magnitude (attention scaling), or inverse frequencies that
+    are not its constants' (its own ``rope_init_fn`` run again on the CPU: nothing of the GPU is
+    read, so this may run while a CUDA graph is captured)."""
+    name = type(table).__name__
+    rope_type = getattr(table, "rope_type", None)
+    if rope_type not in TABLE_TYPES:
+        return f"{name} with rope_type {rope_type!r} (only {', '.join(TABLE_TYPES)} have a Definition)"
+    try:
+        params = table_params(table)
+        inv_freq, scaling = table.rope_init_fn(table.config, torch.device("cpu"))
+    except Exception as exc:  # noqa: BLE001 - an attribute this version names otherwise
+        return f"{name} whose constants cannot be read ({type(exc).__name__}: {exc})"
+    if float(scaling) != 1.0:
+        return f"{name} with attention scaling {float(scaling):g} (no RoPE Definition scales cos/sin)"
+    dim = 2 * inv_freq.numel()
+    expected = 1.0 / (params.theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)) / params.linear_factor
+    if not torch.allclose(inv_freq.float().cpu(), expected, rtol=1e-5, atol=0):
+        return f"{name} whose inverse frequencies are not its constants' ({params}: an attribute fi-profile does not know)"
+    return None
+
+
+def embedding_calls(self: Any, input_ids: torch.Tensor) -> list:
+    """``Gemma3TextScaledWordEmbedding.forward``: torch's embedding over the whole table."""
+    seen(self)
+    require(embedding_problem(self))
+    return [embedding.call(input_ids, int(self.num_embeddings), int(self.embedding_dim), self.weight.dtype)]
+
+
+def embedding_problem(layer: Any) -> Optional[str]:
+    dtype = layer.weight.dtype
+    return None if dtype.is_floating_point else f"{type(layer).__name__} with a {dtype} table (quantized): no Definition"
