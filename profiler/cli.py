@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import sys
 import time
 from enum import Enum
 from pathlib import Path
@@ -219,6 +221,10 @@ def _run_capture(engine: Callable[..., Engine], options: CaptureOptions, framewo
             err.print(f"[red]{stopped.summary.record.run.incomplete}[/red]", highlight=False)
         else:
             err.print(f"[red]interrupted by {stopped.name} before any part was saved: no record[/red]", highlight=False)
+        if stopped.unanswered is not None:  # the engine's client may wait on, or abort at, its channel at exit
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(stopped.exit_code)
         raise typer.Exit(code=stopped.exit_code) from None
     if crash is not None:
         where = f"; the engine's output is in {log}" if log else ""

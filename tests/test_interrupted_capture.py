@@ -172,15 +172,21 @@ def test_the_engines_processes_die_with_a_killed_fi_profile(tmp_path, framework)
         _kill(engine | {proc.pid})
 
 
-@pytest.mark.parametrize("framework, stop, code", [("vllm", signal.SIGTERM, 143), ("vllm", signal.SIGINT, 130),
-                                                   ("sglang", signal.SIGTERM, 143), ("sglang", signal.SIGINT, 130)])
-def test_a_signalled_capture_writes_the_record_it_saved_and_leaves_no_engine(tmp_path, framework, stop, code):
+@pytest.mark.parametrize("framework, stop, code, group", [
+    ("vllm", signal.SIGTERM, 143, False), ("vllm", signal.SIGINT, 130, False), ("vllm", signal.SIGTERM, 143, True),
+    ("sglang", signal.SIGTERM, 143, False), ("sglang", signal.SIGINT, 130, False), ("sglang", signal.SIGTERM, 143, True),
+])
+def test_a_signalled_capture_writes_the_record_it_saved_and_leaves_no_engine(tmp_path, framework, stop, code, group):
     """SIGTERM (a scheduler's time limit, ``timeout``) or SIGINT (Ctrl-C) to fi-profile mid-run, in
     vLLM and in SGLang: the record, Definitions and workloads, marked incomplete with the signal,
     holding every step the engine had finished (its processes save them at the signal: with parts
     saved every 1000 s none was on disk; before, that run had no record); exit 128 + the signal;
     the engine's processes gone (before: SIGINT left no record, SIGTERM killed fi-profile at once
-    and left the engine running)."""
+    and left the engine running).
+
+    ``group``: the signal to the whole process group (``timeout``'s second send, ``kill -TERM -PGID``,
+    a batch scheduler), the engine's processes too. Before, SGLang's scheduler died at once and the
+    run had no record; then fi-profile, its save unanswered, aborted in zmq at its shutdown (exit -6)."""
     command = FI_PROFILE if framework == "vllm" else SGLANG_FI_PROFILE
     if not command.is_file():
         if os.environ.get("CI") == "true":
@@ -194,7 +200,10 @@ def test_a_signalled_capture_writes_the_record_it_saved_and_leaves_no_engine(tmp
     assert _saved_steps(out_dir) == 0  # nothing saved yet: what the record holds, the signal saved
     engine = _children(proc.pid)
     try:
-        proc.send_signal(stop)
+        if group:
+            os.killpg(proc.pid, stop)
+        else:
+            proc.send_signal(stop)
         proc.wait(timeout=180)
         stderr = said.read_text()
     finally:

@@ -18,6 +18,7 @@ from fi_profile.capture.interruption import Interrupted
 from fi_profile.capture.kernel_accounting import prepare as prepare_accounting
 from fi_profile.capture.lengths import Length, draw_lengths
 from fi_profile.capture.output import CaptureSummary, merge_parts
+from fi_profile.capture.parent_watch import kill_engine_processes
 from fi_profile.capture.recorder import PARTS_DIR
 from fi_profile.schema.run_info import RunInfo
 
@@ -224,6 +225,7 @@ def run_capture(engine_class: Callable[..., Engine],
     out_dir = options.out_dir
     prepare_accounting(options.min_attributed if options.kernel_accounting and options.capture else None)
     engine = engine_class(options.model, options.scenario, options.engine, capture=options.capture)
+    unanswered: Optional[str] = None
     try:
         clear_output(out_dir)
         status = engine.start(options.count_only, out_dir, options.autosave_s) if options.capture else HookStatus()
@@ -242,9 +244,10 @@ def run_capture(engine_class: Callable[..., Engine],
             if not options.capture:
                 raise
             run = run_info(engine.version, options, engine.attention_backend, status)
-            saved = saved_in_time(engine, out_dir)
+            stop.unanswered = saved_in_time(engine, out_dir)
             stop.summary = interrupted_record(out_dir, options.model, engine.framework, options.max_workloads, run,
-                                              stop.name, saved)
+                                              stop.name, stop.unanswered)
+            unanswered = stop.unanswered
             raise
         run = run_info(engine.version, options, engine.attention_backend, status)
         if failure is not None:
@@ -256,7 +259,10 @@ def run_capture(engine_class: Callable[..., Engine],
         assert summary.record.run is not None
         return summary, tokens, summary.record.run
     finally:
-        engine.shutdown()
+        if unanswered is None:
+            engine.shutdown()
+        else:  # its shutdown would talk to processes that did not answer (SGLang's zmq then aborts)
+            kill_engine_processes()
 
 
 #: how long the engine's processes have to save their steps after a signal, before the record is
@@ -287,10 +293,15 @@ def interrupted_record(out_dir: Path, model: str, framework: str, max_workloads:
                        signal_name: str, not_saved: Optional[str] = None) -> CaptureSummary | None:
     """A signal stopped the capture: the record from what its processes saved (None: nothing saved
     yet); ``not_saved``: why they could not save at the signal (then their last parts stand)."""
-    if not any((out_dir / PARTS_DIR).glob("*.json")):
+    parts = sorted((out_dir / PARTS_DIR).glob("*.json"))
+    if not parts:
         return None
-    held = "the steps each engine process had finished at the signal (the one in flight left out)" if not_saved is None \
-        else f"the steps saved before (at most one --save-every interval lost: {not_saved})"
+    # a process that saved at the stop says so in its part (through the RPC or at its own exit,
+    # when the signal reached it too); an RPC that did not answer is then no loss
+    if all(json.loads(part.read_text()).get("stopped") for part in parts):
+        held = "the steps each engine process had finished at the signal (the one in flight left out)"
+    else:
+        held = f"the steps saved before (at most one --save-every interval lost{f': {not_saved}' if not_saved else ''})"
     return merge_parts(out_dir, model, framework, max_workloads, run, f"interrupted by {signal_name}; the record holds "
                        f"{held}")
 

@@ -31,6 +31,9 @@ class Interrupted(KeyboardInterrupt):
         self.signum = signum
         #: the record merged from what was saved (a ``CaptureSummary``), where anything was
         self.summary: Any = None
+        #: why the engine did not save at the signal (it did not answer): its processes are killed,
+        #: not shut down, and the driver exits without its teardown (which may wait on that answer)
+        self.unanswered: Optional[str] = None
 
     @property
     def name(self) -> str:

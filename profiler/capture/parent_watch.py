@@ -41,3 +41,18 @@ def die_with_parent() -> bool:
     if parent is not None and parent.pid != os.getppid():  # reparented: the parent died before prctl
         os.kill(os.getpid(), signal.SIGKILL)
     return True
+
+
+def kill_engine_processes() -> list[int]:
+    """In the driver: SIGKILL every process below it (the engine's, which did not answer at a
+    signal); returns their pids. psutil comes with every engine fi-profile drives."""
+    import psutil
+
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(children, timeout=10)
+    return [child.pid for child in children]

@@ -23,6 +23,7 @@ import atexit
 import contextlib
 import json
 import os
+import signal
 import threading
 import time
 from collections import Counter
@@ -255,11 +256,12 @@ class Recorder:
         # keeps the step's invocation count right; its range names no Definition: its kernels are nobody's
         return self.record((), op, learned, times=times, empty_label=op)
 
-    def flush(self, directory: Path) -> Path:
-        """End the current step and write this process's part atomically; returns the part file."""
+    def flush(self, directory: Path, stopped: bool = False) -> Path:
+        """End the current step and write this process's part atomically; returns the part file.
+        ``stopped``: the recording has ended, and the part holds all of it."""
         with self._lock:
             self._commit_step()
-            snapshot = self._snapshot()
+            snapshot = self._snapshot(stopped)
         self.report_progress()
         return self._write(Path(directory), *snapshot)
 
@@ -271,11 +273,12 @@ class Recorder:
             if not self.active:
                 return None
             self.active, self.autosave = False, None
-            snapshot = self._snapshot()
+            snapshot = self._snapshot(stopped=True)
         return self._write(Path(directory), *snapshot)
 
-    def _snapshot(self) -> tuple[dict, dict[str, torch.Tensor]]:
-        """The part document and, when samples were added since the last save, the blob tensors.
+    def _snapshot(self, stopped: bool = False) -> tuple[dict, dict[str, torch.Tensor]]:
+        """The part document and, when samples were added since the last save, the blob tensors;
+        ``stopped``: the part holds every step this process recorded (the merge says so).
 
         Blob keys are the samples' insertion order, which never changes until a reset: the blob
         is rewritten only when samples were added, always before the JSON that names its keys,
@@ -317,6 +320,7 @@ class Recorder:
             "unseen_layers": self.unseen_layers,
             "schedule": self.schedule,
             "engine_kernels": self.engine_kernels,
+            "stopped": stopped,
         }
         self._saved_samples = len(self.samples)
         return part, blob_tensors
@@ -357,6 +361,7 @@ def start_recording(*, count_only: bool, out_dir: Optional[str], autosave_s: flo
     if out_dir is not None:  # an engine process stopped by a signal (Ctrl-C reaches them all) keeps its steps
         if _EXIT_DIR is None:
             atexit.register(_save_at_exit)
+            _exit_at_sigterm()
         _EXIT_DIR = Path(out_dir)
     RECORDER.progress_file = Path(out_dir) / PROGRESS_DIR / f"{os.getpid()}.json" if out_dir is not None else None
     RECORDER.reset()
@@ -374,6 +379,23 @@ def start_recording(*, count_only: bool, out_dir: Optional[str], autosave_s: flo
 
 #: where this process saves its part at exit, while it still records (set by :func:`start_recording`)
 _EXIT_DIR: Optional[Path] = None
+
+
+def _exit_at_sigterm() -> None:
+    """An engine process that would die at once at SIGTERM (its default: a process group signalled,
+    as ``timeout`` and batch schedulers do, reaches the engine's processes too) exits instead, so
+    that :func:`_save_at_exit` keeps its steps. The exit unwinds the engine's code first (the
+    recorder's lock released: nothing is saved from inside the handler). A handler of the engine's
+    own (vLLM's EngineCore raises SystemExit) is left as it is; so is a process that is not its
+    main thread's."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def exit_now(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one kills as before
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, exit_now)
 
 
 def _save_at_exit() -> None:
@@ -407,6 +429,6 @@ def stop_recording(out_dir: str, unseen_layers: Optional[dict[str, int]] = None,
     except Exception as exc:  # noqa: BLE001 - the accounting must never cost the record
         RECORDER.error("kernel accounting", exc)
     RECORDER.autosave = None
-    part = RECORDER.flush(Path(out_dir))
+    part = RECORDER.flush(Path(out_dir), stopped=True)
     RECORDER.progress_file = None
     return part
