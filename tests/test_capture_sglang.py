@@ -343,3 +343,19 @@ def test_an_engine_process_that_fails_to_start_is_said_with_its_log_not_a_silent
     assert str(out / "engine.log") in "".join(stderr.split())  # where its output is (the path as printed, unwrapped)
     assert "sgl_per_tensor_quant_fp8" in stderr  # the log's tail, with the engine's own error
     assert engine_processes and not [p for p in engine_processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_scheduler_killed_mid_run_leaves_the_saved_steps(tmp_path):
+    """SGLang's scheduler SIGKILLed once it has saved 3 steps: SGLang signals its launcher with
+    SIGQUIT, whose running-phase handler (its tokenizer manager's, at the first request) killed
+    the whole tree, fi-profile with it, and no record was written. fi-profile's handler is put
+    back: the record holds the steps saved before, and says the engine failed."""
+    long_run = {"num_prompts": 3, "input_len": 20, "output_len": 400}
+    killed = capture(tmp_path, "killed", python=SGLANG_PYTHON, framework="sglang", fault="kill-engine", autosave_s=0.0,
+                     scenario=long_run)
+    incomplete = killed["run"]["incomplete"]
+    assert killed["tokens"] == [] and "engine failed mid-run" in incomplete and "SIGQUIT" in incomplete, incomplete
+    c = counts(killed)
+    steps = c["embedding_v2048_h256"]
+    assert 3 <= steps < long_run["output_len"] and c["rmsnorm_h256"] == steps  # whole steps only
+    assert c["gemm_bf16_n2048_k256"] == steps and killed["record"]["run"]["incomplete"] == incomplete

@@ -4,8 +4,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
+import signal
+import threading
 from pathlib import Path
 from typing import Any, Optional
 
@@ -113,14 +117,19 @@ class SglangEngine:
         self._reclaim_signals()
         prompts = prompts_for(scenario, vocab_size(self.model_path))
         params = [sampling_params(scenario, n) for n in scenario.output_lengths()]
-        return [list(o["output_ids"]) for o in self.engine.generate(input_ids=prompts, sampling_params=params)]
+        try:
+            outputs = self.engine.generate(input_ids=prompts, sampling_params=params)
+        except _FailedInTheLoop as failed:
+            raise EngineProcessFailed(str(failed)) from None
+        return [list(o["output_ids"]) for o in outputs]
 
     def _reclaim_signals(self) -> None:
-        """SGLang's tokenizer manager, at its first request, takes SIGTERM on its event loop (it
-        drains every request before it stops): made here first, then fi-profile's handlers again,
-        so a SIGTERM stops the capture keeping its record. (Its running-phase SIGQUIT handler, which
-        kills its process tree when a scheduler fails, is left: raised from uvloop's signal callback
-        an exception hangs the capture.)"""
+        """SGLang's tokenizer manager, at its first request, takes SIGTERM and SIGQUIT on its event
+        loop: SIGTERM to drain every request before it stops, SIGQUIT (a scheduler failed) to kill
+        its process tree, fi-profile with it, leaving no record. Its loop is made here first, on the
+        engine's own event loop, then its handlers removed and fi-profile's put back: SIGTERM and
+        SIGINT stop the capture keeping its record, and SIGQUIT says the engine failed keeping what
+        its processes saved (:func:`engine_process_failed`)."""
         from fi_profile.capture.interruption import reclaim_signals
 
         create = getattr(getattr(self.engine, "tokenizer_manager", None), "auto_create_handle_loop", None)
@@ -130,8 +139,14 @@ class SglangEngine:
         async def on_the_engines_loop() -> None:  # outside a running loop, SGLang makes a new one
             create()
 
-        self.engine.loop.run_until_complete(on_the_engines_loop())
+        loop = self.engine.loop
+        loop.run_until_complete(on_the_engines_loop())
+        for taken in (signal.SIGTERM, signal.SIGQUIT):
+            with contextlib.suppress(Exception):  # not taken there (not the main thread): nothing to undo
+                loop.remove_signal_handler(taken)
         reclaim_signals()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGQUIT, engine_process_failed)
 
     def stop(self, out_dir: Path) -> None:
         self.engine.collective_rpc("fi_profile_stop", out_dir=str(out_dir))
@@ -147,15 +162,31 @@ class EngineProcessFailed(RuntimeError):
     """An SGLang engine process failed and said so to fi-profile's (SIGQUIT)."""
 
 
+class _FailedInTheLoop(KeyboardInterrupt):
+    """:class:`EngineProcessFailed` raised inside SGLang's event loop while it generates: uvloop
+    runs a signal handler in a callback of its own and swallows an Exception raised there (the
+    capture hung), letting only a KeyboardInterrupt out. ``generate`` says it as the failure."""
+
+
 def engine_process_failed(signum: int, frame: Any) -> None:
     """SGLang's processes send SIGQUIT to the one that launched them when one fails; SGLang's own
     handler then kills that process too, fi-profile with it, without a word. This one stops the
     engine's processes and raises here instead, so that the capture says the engine failed and
-    where its output is (``DIR/engine.log``)."""
+    where its output is (``DIR/engine.log``). While a signal stops the capture it does nothing:
+    the engine's processes the signal reached too exit saving their steps."""
     from sglang.srt.utils import kill_process_tree
 
+    from fi_profile.capture.interruption import stopping
+
+    if stopping():  # the signal reached the engine's processes too: they save their steps as they exit
+        return
     kill_process_tree(os.getpid(), include_parent=False)
-    raise EngineProcessFailed("an SGLang engine process failed (it signalled fi-profile with SIGQUIT)")
+    said = "an SGLang engine process failed (it signalled fi-profile with SIGQUIT)"
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # launching: no loop runs
+        raise EngineProcessFailed(said) from None
+    raise _FailedInTheLoop(said)
 
 
 #: this engine, as :data:`fi_profile.capture.options.ENGINE_RUNNERS` finds it

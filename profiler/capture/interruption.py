@@ -62,9 +62,11 @@ def signals_interrupt(out_dir: Path, say: Callable[[str], None] = lambda text: p
                 f"{out_dir / '.fi-profile' / 'parts'}: fi-profile recover {out_dir}")
             os._exit(128 + signum)
         seen.append((signum, time.monotonic()))
+        global _STOPPING
+        _STOPPING = True
         raise Interrupted(signum)
 
-    global _HANDLER
+    global _HANDLER, _STOPPING
     previous = {s: signal.getsignal(s) for s in SIGNALS}
     try:
         for s in SIGNALS:
@@ -75,13 +77,21 @@ def signals_interrupt(out_dir: Path, say: Callable[[str], None] = lambda text: p
     try:
         yield
     finally:
-        _HANDLER = outer
+        _HANDLER, _STOPPING = outer, False
         for s, h in previous.items():
             signal.signal(s, h)
 
 
 #: the handler :func:`signals_interrupt` installed, while it is in effect
 _HANDLER: Optional[Callable[[int, Any], None]] = None
+#: a first signal was taken: the capture is stopping (:func:`stopping`)
+_STOPPING = False
+
+
+def stopping() -> bool:
+    """Whether a signal is stopping the capture: an engine process that dies now may have been sent
+    the same signal (a process group signalled), and is no failure of the engine's."""
+    return _STOPPING
 
 
 def reclaim_signals() -> None:
