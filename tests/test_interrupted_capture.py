@@ -244,3 +244,22 @@ def test_a_signal_sent_twice_at_once_is_one_signal(tmp_path):
              "        os.kill(os.getpid(), signal.SIGINT); time.sleep(5)\n")
     second = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert second.returncode == 130 and "stopped at once by a second SIGINT" in second.stderr
+
+
+def test_only_the_engines_processes_are_killed_when_they_do_not_answer(monkeypatch):
+    """A save the engine does not answer at a signal: its processes (those started with this
+    process named their driver) are killed, not its shutdown waited for; another child of the
+    same process (a caller's own) is left."""
+    from fi_profile.capture.parent_watch import ENV_DRIVER, kill_engine_processes, mark_driver
+
+    monkeypatch.delenv(ENV_DRIVER, raising=False)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    mark_driver()
+    engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(0.5)  # both started: their environments readable
+        assert kill_engine_processes() == [engine.pid]
+        assert not _alive({engine.pid}) and other.poll() is None  # (psutil reaped the killed one)
+    finally:
+        other.kill()
+        engine.kill()

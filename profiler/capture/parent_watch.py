@@ -44,15 +44,22 @@ def die_with_parent() -> bool:
 
 
 def kill_engine_processes() -> list[int]:
-    """In the driver: SIGKILL every process below it (the engine's, which did not answer at a
-    signal); returns their pids. psutil comes with every engine fi-profile drives."""
+    """In the driver: SIGKILL the engine's processes below it (those that :func:`mark_driver` names
+    it the driver of: they did not answer at a signal); returns their pids. psutil comes with every
+    engine fi-profile drives."""
     import psutil
 
-    children = psutil.Process().children(recursive=True)
-    for child in children:
+    engine = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.environ().get(ENV_DRIVER) == str(os.getpid()):
+                engine.append(child)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    for child in engine:
         try:
             child.kill()
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(children, timeout=10)
-    return [child.pid for child in children]
+    psutil.wait_procs(engine, timeout=10)
+    return [child.pid for child in engine]
