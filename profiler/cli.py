@@ -437,7 +437,7 @@ def replay(
         print_projection,
         print_results,
     )
-    from fi_profile.replay.runner import ReplayOptions, not_replayed
+    from fi_profile.replay.runner import ReplayOptions, without_pairs
     from fi_profile.replay.runner import replay as run_replay
     from fi_profile.replay.timing import TIMERS
 
@@ -507,8 +507,12 @@ def replay(
             timers = frozenset(r.timing.method for r in results if r.timing is not None and r.source != "reference")
             print_measured(out, against_measurement(engine, measured), measured.total_ms, measured.device, timers,
                            bias_routed_dummy(dataset.record, dataset.definitions))
-    for name, why in not_replayed(dataset.definitions.values()).items():
+    for name, why in without_pairs(dataset, results).items():
         out.print(f"not replayed: {name} ({why})", markup=False, highlight=False)
+    if not results:
+        err.print(f"nothing was replayed of {len(dataset.definitions)} Definition(s) in {dataset_dir} (why: above)",
+                  markup=False, highlight=False)
+        raise typer.Exit(code=1)
     print_breakdown(out, json.loads((results_dir / BREAKDOWN_FILE).read_text()))
     where = f"Ray cluster {ray}" if ray is not None else f"devices {', '.join(chosen)}"
     out.print(f"results: {results_dir / 'results.jsonl'} ({len(results)} results, {where})")

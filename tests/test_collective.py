@@ -101,5 +101,31 @@ def test_the_replay_leaves_collectives_out_and_says_why(tmp_path):
     assert "one GPU cannot replay" in not_replayed(dataset.definitions.values())[definition.name]
     assert replay(dataset, [], True, tmp_path / "out", ReplayOptions(device="cpu", min_time_s=0.01)) == []
     result = CliRunner().invoke(app, ["replay", str(tmp_path), "--out", str(tmp_path / "cli"), "--device", "cpu"])
+    said = " ".join(result.output.split())
+    assert f"not replayed: {definition.name} (a collective among GPUs" in said
+    # nothing else to replay: nothing ran, and the exit says so (it was 0, with an empty breakdown)
+    assert result.exit_code == 1 and "nothing was replayed of 1 Definition(s)" in said, result.output
+
+
+def test_a_definition_without_workloads_is_named_and_the_rest_replays(tmp_path):
+    """flashinfer-trace has Definitions without workloads (``gdn_decode_qk4_v8_d128_k_last``): a
+    replay of one printed "0 pairs" and exited 0. Each Definition left without pairs is named with
+    why, beside those that ran."""
+    from fi_profile.families import rmsnorm
+
+    empty = rmsnorm.call(torch.zeros(2, 32, dtype=torch.bfloat16), None, 1e-6).definition
+    ran = rmsnorm.call(torch.zeros(2, 64, dtype=torch.bfloat16), None, 1e-6).definition
+    (tmp_path / "definitions" / "rmsnorm").mkdir(parents=True)
+    (tmp_path / "workloads" / "rmsnorm").mkdir(parents=True)
+    for definition in (empty, ran):
+        (tmp_path / "definitions" / "rmsnorm" / f"{definition.name}.json").write_text(definition.to_json())
+    workload = {"definition": ran.name, "workload": {"uuid": "w0", "axes": {"batch_size": 4},
+                                                     "inputs": {"hidden_states": {"type": "random"},
+                                                                "weight": {"type": "random"}}}}
+    (tmp_path / "workloads" / "rmsnorm" / f"{ran.name}.jsonl").write_text(json.dumps(workload) + "\n")
+    result = CliRunner().invoke(app, ["replay", str(tmp_path), "--out", str(tmp_path / "cli"), "--device", "cpu",
+                                      "--min-time", "0.01"])
+    said = " ".join(result.output.split())
     assert result.exit_code == 0, result.output
-    assert f"not replayed: {definition.name} (a collective among GPUs" in " ".join(result.output.split())
+    assert f"not replayed: {empty.name} ({tmp_path / 'workloads'} has no workload of it)" in said
+    assert f"not replayed: {ran.name}" not in said

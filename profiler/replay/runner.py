@@ -107,6 +107,24 @@ def not_replayed(definitions: Iterable[Definition]) -> dict[str, str]:
     return found
 
 
+def without_pairs(dataset: Dataset, results: Iterable[BenchmarkResult]) -> dict[str, str]:
+    """The Definitions of ``dataset`` that the replay ran nothing of, by name, with why: their
+    family's reason (:func:`not_replayed`), or no workload of them in the dataset."""
+    ran = {result.kernel_id for result in results}
+    reasons = not_replayed(dataset.definitions.values())
+    found = {}
+    for name in dataset.definitions:
+        if name in ran:
+            continue
+        if name in reasons:
+            found[name] = reasons[name]
+        elif not dataset.workloads.get(name):
+            found[name] = f"{dataset.root / 'workloads'} has no workload of it"
+        else:
+            found[name] = "no pair of it ran"
+    return found
+
+
 def replay(
     dataset: Dataset,
     solutions: list[Solution],
