@@ -305,6 +305,10 @@ def test_deepseek_on_sglangs_default_cpu_path_stops_where_its_backend_cannot_run
         if "Expected size for first two dimensions of batch2 tensor" in str(failed):
             pytest.skip("SGLang's CPU attention (torch_native) cannot run MLA's up-projected prefill")
         raise
+    incomplete = result["run"].get("incomplete", "")
+    if "engine failed mid-run" in incomplete:  # the scheduler died there: fi-profile says so, keeping the steps before
+        assert "SIGQUIT" in incomplete and result["tokens"] == [], incomplete
+        return
     assert counts(result)["mla_ragged_prefill_causal_h4_qk128_vo64"] == 3
 
 

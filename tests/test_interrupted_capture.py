@@ -254,6 +254,7 @@ def test_only_the_engines_processes_are_killed_when_they_do_not_answer(monkeypat
 
     monkeypatch.delenv(ENV_DRIVER, raising=False)
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    monkeypatch.setenv(ENV_DRIVER, "")  # undone after the test, as mark_driver's own setting is not
     mark_driver()
     engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
