@@ -406,16 +406,19 @@ def replay(
     min_time: Annotated[float, typer.Option(min=0.0, help="Seconds of timed calls per pair.")] = 0.1,
     cuda_graph: Annotated[bool, typer.Option("--cuda-graph", help="Time CUDA-graph replays of each call (labelled).")] = False,
     timer: Annotated[
-        str, typer.Option(help="'events': CUDA events around each call (its device time, gaps between its kernels "
-                          "included); 'kernels': the durations of the call's own kernels (CUPTI, through "
-                          "torch.profiler), as the capture's engine kernel accounting measures the engine's.")
-    ] = "events",
+        str, typer.Option(help="'kernels': the durations of the call's own kernels (CUPTI, through torch.profiler), "
+                          "as the capture's engine kernel accounting measures the engine's (a call CUPTI links no "
+                          "kernel to is timed by events, and its result says so); 'events': CUDA events around "
+                          "each call (its device time, gaps between its kernels included). CPU: wall clock.")
+    ] = "kernels",
     warm_inputs: Annotated[
         bool, typer.Option("--warm-inputs/--cold-inputs", help="After the L2 flush before each call, read the "
                            "call's per-step inputs (activations, not weights or the KV cache) back into the L2, as "
                            "the engine's previous kernel leaves them.")
     ] = False,
     resume: Annotated[bool, typer.Option("--resume", help="Skip pairs already in results.jsonl.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", help="A table per Definition (each solution's median, "
+                                          "speedups, failures), not only the best solution of each.")] = False,
     prewarm: Annotated[
         Optional[bool],
         typer.Option("--prewarm/--no-prewarm", help="Build what the pairs compile (FlashInfer JIT, Triton, "
@@ -432,6 +435,7 @@ def replay(
     from fi_profile.replay.projection import against_measurement, project
     from fi_profile.replay.report import (
         bias_routed_dummy,
+        print_best,
         print_breakdown,
         print_measured,
         print_projection,
@@ -496,8 +500,10 @@ def replay(
 
         results = run_replay(dataset, given, with_baselines, results_dir, options, progress=advanced,
                              plan=lambda total: bar.update(task, total=total))
-    print_results(out, results, dataset.definitions,
-                  {w.uuid: w.axes for workloads in dataset.workloads.values() for w in workloads})
+    if verbose:
+        print_results(out, results, dataset.definitions,
+                      {w.uuid: w.axes for workloads in dataset.workloads.values() for w in workloads})
+    print_best(out, results)
     if dataset.record is not None:
         print_projection(out, project(dataset.record, results, captured_workloads, baseline, dataset.definitions),
                          dataset.record.model)

@@ -16,6 +16,7 @@ from fi_profile.replay.dataset import DatasetError, load_dataset, load_solutions
 from fi_profile.replay.projection import project
 from fi_profile.replay.runner import REFERENCE, ReplayOptions, read_results, replay
 from fi_profile.schema import DType, Solution
+from fi_profile.schema.benchmark_result import Status
 from fi_profile.schema.run_info import RunInfo
 from fi_profile.validate import validate_paths
 
@@ -292,7 +293,14 @@ def test_projection_compares_with_the_kernel_the_engine_ran_by_default(baseline_
     assert rows[GEMM].baseline == f"{GEMM}__torch" and rows[GEMM].missing is None
     norm = rows[RMSNORM]
     assert norm.baseline is None and norm.baseline_ms is None and norm.saved_ms == 0.0
-    assert norm.missing == "the engine's kernel (vllm) did not pass every workload here"
+    assert norm.missing == "the engine's kernel (vllm) was not run: the engines' natives run on CUDA only"
+    # where it ran and failed a workload, the row says that instead
+    ran = next(r for r in results if r.kernel_id == RMSNORM and r.source != REFERENCE)
+    failed = ran.model_copy(update={"source": f"{RMSNORM}__vllm", "time": None, "speedup": None,
+                                    "status": Status.incorrect_numerical})
+    again = {row.kernel: row for row in project(dataset.record, [*results, failed], dataset.workloads, "engine",
+                                                 dataset.definitions)}
+    assert again[RMSNORM].missing == "the engine's kernel (vllm) did not pass every workload here"
     record = dataset.record.model_copy(update={"run": RunInfo(execution={RMSNORM: "compiled"}, attention_backend="TRITON_ATTN")})
     assert engine_kernel(record, dataset.definitions[RMSNORM]).label == "torch_compile"  # Inductor's, in graph mode
     decode = engine_kernel(record, dataset.definitions[DECODE])
@@ -518,7 +526,10 @@ def test_cli_bad_devices_are_one_line(dataset_dir, tmp_path, flags, message):
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
 
 
-def test_cli_replay_prints_tables_and_projection(dataset_dir, tmp_path):
+def test_cli_replay_prints_tables_and_projection(dataset_dir, tmp_path, monkeypatch):
+    """At the width of a log (80 columns) every Definition's name is shown whole, and no number
+    wraps: one compact table of the best solutions, then the projection."""
+    monkeypatch.setenv("COLUMNS", "80")
     result = CliRunner().invoke(
         app,
         [
@@ -535,7 +546,11 @@ def test_cli_replay_prints_tables_and_projection(dataset_dir, tmp_path):
         ],
     )
     assert result.exit_code == 0, result.output
-    assert "× reference" in result.output and "test-model" in result.output and "saved" in result.output
+    assert "best solution per Definition" in result.output and "× ref" in result.output
+    assert "test-model" in result.output and "saved" in result.output
+    assert max(len(line) for line in result.output.splitlines() if line.startswith(("│", "┃"))) <= 80
+    assert re.search(rf"^│ {GEMM} +│ +1 │ +2/2 │ torch", result.output, re.M), result.output  # whole, on its row
+    assert f"{GEMM} on cpu" not in result.output  # the per-solution tables are --verbose's
     assert len(read_results(tmp_path / "r" / "results.jsonl")) == 3
     assert "Where the time went: 3 pairs" in result.output
     # progress: a line for all pairs and one per device, each with its rate

@@ -86,7 +86,7 @@ def test_shipped_references_run_on_synthesized_inputs(definition):
 
 
 @pytest.mark.parametrize(
-    "definition", [within_cpu_budget(d) for d in flashinfer_definitions() if d.op_type in SHIPPED_OP_TYPES]
+    "definition", [within_cpu_budget(d, SHIPPED_INPUT_BUDGET) for d in flashinfer_definitions() if d.op_type in SHIPPED_OP_TYPES]
 )
 def test_flashinfer_references_of_shipped_op_types_run(definition):
     check_runs(definition, small_axes(definition))

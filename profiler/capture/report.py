@@ -5,34 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
 from fi_profile.capture.output import CaptureSummary
+from fi_profile.readable_table import print_table
 from fi_profile.schema.run_info import EngineKernels, RunInfo
 
 
 def print_summary(console: Console, summary: CaptureSummary, out_dir: Path) -> None:
     run = summary.record.run or RunInfo()
     total = sum(k.count for k in summary.record.kernels) or 1
-    table = Table(title=f"{summary.record.model} on {summary.record.framework.value}: {total} kernel calls")
-    for column, justify in (
-        ("kernel", "left"),
-        ("op type", "left"),
-        ("count", "right"),
-        ("workloads kept", "right"),
-        ("share", "right"),
-    ):
-        table.add_column(column, justify=justify)  # type: ignore[arg-type]
-    for kernel in summary.record.kernels:
-        definition = summary.definitions[kernel.id]
-        table.add_row(
-            kernel.id,
-            definition.op_type,
-            str(kernel.count),
-            _workloads(summary, kernel.id),
-            f"{100 * kernel.count / total:.1f}%",
-        )
-    console.print(table)
+    rows = [[kernel.id, summary.definitions[kernel.id].op_type, str(kernel.count), _workloads(summary, kernel.id),
+             f"{100 * kernel.count / total:.1f}%"] for kernel in summary.record.kernels]
+    print_table(console, f"{summary.record.model} on {summary.record.framework.value}: {total} kernel calls",
+                ["kernel", "op type", "count", "workloads kept", "share"], rows, left=("op type",))
     console.print(f"engine {run.engine}, weights {run.weights}, {_mode(run)}")
     if run.engine_kernels is not None:
         console.print(engine_kernel_line(run.engine_kernels), markup=False, highlight=False, soft_wrap=True)

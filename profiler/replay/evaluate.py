@@ -42,7 +42,7 @@ class Task:
     min_time_s: float = 0.1
     cuda_graph: bool = False
     #: CUDA events around each call, or the call's own kernels' durations (:data:`~fi_profile.replay.timing.TIMERS`)
-    timer: str = "events"
+    timer: str = "kernels"
     #: the call's per-step inputs read back into the L2 after each flush (:func:`per_step_inputs`)
     warm_inputs: bool = False
     #: build and call once, untimed and unchecked (a warm-up of the on-disk caches: replay/prewarm.py)

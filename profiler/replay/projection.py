@@ -122,7 +122,7 @@ def project(
                 missing = engine.what if engine is not None else "its Definition is not in the dataset"
         base = next((s for s in times if wanted and (s == wanted or label_of(s) == wanted)), None)
         if base is None and wanted is not None and missing is None:
-            missing = f"the engine's kernel ({wanted}) did not pass every workload here"
+            missing = _why_not(wanted, [r for r in results if r.kernel_id == kernel.id])
         if base is None and baseline != ENGINE and REFERENCE in times:
             base = REFERENCE
         candidates = {s: t for s, t in times.items() if s != REFERENCE and s not in partial}
@@ -144,6 +144,15 @@ def project(
             )
         )
     return rows
+
+
+def _why_not(label: str, results: list[BenchmarkResult]) -> str:
+    """Why the engine's kernel (``label``) is no baseline of a Definition's results."""
+    if any(label in (r.source, label_of(r.source)) for r in results):
+        return f"the engine's kernel ({label}) did not pass every workload here"
+    if results and all(r.device.name == "cpu" for r in results):
+        return f"the engine's kernel ({label}) was not run: the engines' natives run on CUDA only"
+    return f"the engine's kernel ({label}) was not among the solutions replayed"
 
 
 @dataclass

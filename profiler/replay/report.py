@@ -1,4 +1,6 @@
-"""Rich tables of a replay: per Definition, and the model-level projection."""
+"""The tables a replay prints: one line per Definition (its best solution), the per-Definition
+detail (``--verbose``), and the model-level projections. Every name is shown whole at any width
+(:mod:`fi_profile.readable_table`)."""
 
 from __future__ import annotations
 
@@ -7,8 +9,8 @@ from collections import defaultdict
 from typing import Mapping, Optional
 
 from rich.console import Console
-from rich.table import Table
 
+from fi_profile.readable_table import Notes, print_table
 from fi_profile.replay.projection import KernelProjection, MeasuredRow
 from fi_profile.replay.runner import REFERENCE, label_of
 from fi_profile.replay.throughput import peak, tflops
@@ -33,68 +35,106 @@ def _throughput(rs: list[BenchmarkResult], definition: Optional[Definition],
     return f"{rate:.1f}", f"{100 * rate / roof:.0f}%" if roof else ""
 
 
+def _by_definition(results: list[BenchmarkResult]) -> dict[str, dict[str, list[BenchmarkResult]]]:
+    """Definition -> solution -> its results, in the results' order."""
+    grouped: dict[str, dict[str, list[BenchmarkResult]]] = defaultdict(lambda: defaultdict(list))
+    for r in results:
+        grouped[r.kernel_id][r.source].append(r)
+    return grouped
+
+
+def _median_ms(rs: list[BenchmarkResult]) -> Optional[float]:
+    passed = sorted(r.time for r in rs if r.time is not None)
+    return passed[len(passed) // 2] if passed else None
+
+
+def _speedup(rs: list[BenchmarkResult], baseline: bool = False) -> Optional[float]:
+    values = [r.baseline_speedup if baseline else r.speedup for r in rs if r.time is not None]
+    values = [v for v in values if v]
+    return _geomean(values) if values else None
+
+
+def _x(value: Optional[float]) -> str:
+    return f"{value:.2f}" if value is not None else "-"
+
+
+def print_best(console: Console, results: list[BenchmarkResult]) -> None:
+    """One row per Definition: how many solutions passed all its workloads, and the fastest of
+    them (the highest geometric-mean speedup over the reference) with its speedups."""
+    device = results[0].device.name if results else "?"
+    rows, notes = [], Notes()
+    for name, by_source in _by_definition(results).items():
+        workloads = {r.workload for rs in by_source.values() for r in rs}
+        candidates = {source: rs for source, rs in by_source.items() if source != REFERENCE}
+        whole = {source: rs for source, rs in candidates.items() if all(r.time is not None for r in rs)}
+        best = max(whole, key=lambda source: _speedup(whole[source]) or 0.0) if whole else None
+        failed = sorted({f"{label_of(source)} {r.status.value}" for source, rs in candidates.items()
+                         for r in rs if r.time is None and r.status is not None})
+        rows.append([name, str(len(workloads)), f"{len(whole)}/{len(candidates)}",
+                     label_of(best) if best else "-",
+                     _x(_speedup(whole[best])) if best else "-",
+                     _x(_speedup(whole[best], baseline=True)) if best else "-",
+                     notes.mark("failed: " + ", ".join(failed)) if failed else ""])
+    print_table(console, f"best solution per Definition on {device} (--verbose: each solution)",
+                ["Definition", "workloads", "passed", "best", "× ref", "× base", "note"], rows,
+                left=("best", "note"), notes=notes)
+
+
 def print_results(console: Console, results: list[BenchmarkResult], definitions: Mapping[str, Definition] = {},
                   workload_axes: Mapping[str, Mapping[str, int]] = {}) -> None:
     """One table per Definition: each solution's passed workloads, median time, speedups and, where
     the family counts its FLOPs (``definitions`` and the workloads' var axes by uuid given), the
     achieved TFLOP/s and its share of the card's dense peak for the operands' precision."""
-    by_definition: dict[str, list[BenchmarkResult]] = defaultdict(list)
-    for r in results:
-        by_definition[r.kernel_id].append(r)
     device = results[0].device.name if results else "?"
-    for name, rows in by_definition.items():
-        table = Table(title=f"{name} on {device}")
-        by_source: dict[str, list[BenchmarkResult]] = defaultdict(list)
-        for r in rows:
-            by_source[r.source].append(r)
+    for name, by_source in _by_definition(results).items():
         # on a GPU, where the family counts the Definition's FLOPs (a CPU's rate says little)
         rates = {source: _throughput(rs, definitions.get(name), workload_axes) for source, rs in by_source.items()}
         shown = device != "cpu" and any(rate for rate, _ in rates.values())
-        for column in ("solution", "passed", "median ms", *(("TFLOP/s", "% of peak") if shown else ()), "× reference",
-                       "× baseline", "failures"):
-            table.add_column(column, justify="left" if column in ("solution", "failures") else "right")
+        rows, notes = [], Notes()
         for source, rs in by_source.items():
             passed = [r for r in rs if r.time is not None]
             failures = sorted({r.status.value for r in rs if r.time is None and r.status is not None})
             unchecked = sorted({n for r in rs if r.check is not None for n in r.check.unchecked})
             if unchecked:
                 failures.append(f"computes no {', '.join(unchecked)}")
-            table.add_row(
+            median = _median_ms(rs)
+            rows.append([
                 label_of(source),
                 f"{len(passed)}/{len(rs)}",
-                f"{sorted(r.time for r in passed)[len(passed) // 2]:.4f}" if passed else "-",
+                f"{median:.4f}" if median is not None else "-",
                 *(rates[source] if shown else ()),
-                f"{_geomean([r.speedup for r in passed if r.speedup]):.2f}" if passed and source != REFERENCE else "",
-                f"{_geomean([r.baseline_speedup for r in passed if r.baseline_speedup]):.2f}"
-                if any(r.baseline_speedup for r in passed)
-                else "",
-                ", ".join(failures),
-            )
-        console.print(table)
+                _x(_speedup(rs)) if passed and source != REFERENCE else "",
+                _x(_speedup(rs, baseline=True)) if any(r.baseline_speedup for r in passed) else "",
+                notes.mark(", ".join(failures)) if failures else "",
+            ])
+        print_table(console, f"{name} on {device}",
+                    ["solution", "passed", "median ms", *(("TFLOP/s", "% peak") if shown else ()), "× ref", "× base",
+                     "failures"], rows, left=("failures",), notes=notes)
 
 
 def print_projection(console: Console, rows: list[KernelProjection], model: str) -> None:
-    table = Table(title=f"{model}: kernel time per the captured calls (ms)")
-    for column in ("kernel", "calls", "baseline", "baseline total", "best", "best total", "saved"):
-        table.add_column(column, justify="left" if column in ("kernel", "baseline", "best") else "right")
+    notes, cells = Notes(), []
     for row in rows:
-        table.add_row(
+        cells.append([
             row.kernel,
             str(row.count),
-            label_of(row.baseline) if row.baseline else f"none: {row.missing}" if row.missing else "-",
+            label_of(row.baseline) if row.baseline else f"none {notes.mark(row.missing)}" if row.missing else "-",
             f"{row.count * row.baseline_ms:.3f}" if row.baseline_ms is not None else "-",
             label_of(row.best) if row.best else "-",
             f"{row.count * row.best_ms:.3f}" if row.best_ms is not None else "-",
             f"{row.saved_ms:.3f}",
-        )
+        ])
+    print_table(console, f"{model}: kernel time per the captured calls (ms)",
+                ["kernel", "calls", "baseline", "base ms", "best", "best ms", "saved"], cells,
+                left=("baseline", "best"), notes=notes)
     compared = [r for r in rows if r.baseline_ms is not None]
     base_total = sum(r.count * r.baseline_ms for r in compared)
     saved = sum(r.saved_ms for r in rows)
-    console.print(table)
     console.print(
         f"model kernel time: baseline {base_total:.3f} ms, best {base_total - saved:.3f} ms, "
         f"saved {saved:.3f} ms ({100 * saved / base_total if base_total else 0:.1f}%)"
-        + (f", over {len(compared)} of {len(rows)} kernels (the others have no baseline)" if len(compared) < len(rows) else "")
+        + (f", over {len(compared)} of {len(rows)} kernels (the others have no baseline)" if len(compared) < len(rows) else ""),
+        markup=False, highlight=False, soft_wrap=True,
     )
 
 
@@ -121,27 +161,26 @@ def print_measured(console: Console, rows: list[MeasuredRow], total_ms: float, d
     weights, whose routing the replay's random logits do not reproduce."""
     what = "kernel time" if device == "cuda" else "operator time (CPU)"
     how = f"; replay timed by {', '.join(sorted(timers))}" if timers else ""
-    table = Table(title=f"projection against the engine's measured {what} (ms, over the captured steps{how})")
     clocks = any(r.engine_mhz is not None or r.replay_mhz is not None for r in rows)
-    columns = ["kernel", "calls", "measured", "projected", "projected / measured", "engine's kernel", "best saves"]
+    headers = ["kernel", "calls", "measured", "projected", "ratio", "engine's kernel", "best saves"]
     if clocks:
-        columns.insert(5, "SM MHz engine / replay")
-    for column in columns:
-        table.add_column(column, justify="left" if column in ("kernel", "engine's kernel") else "right")
-    off = []
+        headers.insert(5, "SM MHz eng/replay")
+    off, cells, notes = [], [], Notes()
     for row in rows:
         ratio = row.ratio
         flag = ""
         if ratio is not None and row.measured_ms >= MATTERS * total_ms and abs(ratio - 1) > ROW_TOLERANCE:
             flag = " !"
             off.append(row)
-        cells = [" + ".join(row.kernels), str(row.calls), f"{row.measured_ms:.3f}",
-                 f"{row.projected_ms:.3f}" if row.projected_ms is not None else "-",
-                 f"{ratio:.2f}{flag}" if ratio is not None else "-", row.engine, f"{row.saved_ms:.3f}"]
+        engine = row.engine if len(row.engine) <= 24 else notes.mark(row.engine)
+        line = [" + ".join(row.kernels), str(row.calls), f"{row.measured_ms:.3f}",
+                f"{row.projected_ms:.3f}" if row.projected_ms is not None else "-",
+                f"{ratio:.2f}{flag}" if ratio is not None else "-", engine, f"{row.saved_ms:.3f}"]
         if clocks:
-            cells.insert(5, f"{_mhz(row.engine_mhz)} / {_mhz(row.replay_mhz)}")
-        table.add_row(*cells)
-    console.print(table)
+            line.insert(5, f"{_mhz(row.engine_mhz)}/{_mhz(row.replay_mhz)}")
+        cells.append(line)
+    print_table(console, f"projection against the engine's measured {what} (ms, over the captured steps{how}; "
+                "ratio: projected / measured)", headers, cells, left=("engine's kernel",), notes=notes)
     compared = [r for r in rows if r.projected_ms is not None]
     measured = sum(r.measured_ms for r in compared)
     projected = sum(r.projected_ms for r in compared)  # type: ignore[misc]
@@ -177,8 +216,8 @@ def print_measured(console: Console, rows: list[MeasuredRow], total_ms: float, d
                           "section)", markup=False, highlight=False, soft_wrap=True)
     if device == "cuda" and any("events" in t or t == "cuda_graph" for t in timers):
         console.print("note: CUDA events time a kernel of a few µs at 2-2.5× the duration the engine's accounting "
-                      "measures for it (benchmarks/l2_state.py); --timer kernels times the replay as the accounting "
-                      "does", markup=False, highlight=False, soft_wrap=True)
+                      "measures for it (benchmarks/l2_state.py); the kernels timer (the default) times the replay as "
+                      "the accounting does", markup=False, highlight=False, soft_wrap=True)
 
 
 def _mhz(value: Optional[float]) -> str:
@@ -187,14 +226,11 @@ def _mhz(value: Optional[float]) -> str:
 
 def print_breakdown(console: Console, document: dict) -> None:
     """Where the replay's time went (``time_breakdown.json``)."""
-    table = Table(title=f"Where the time went: {document['pairs']} pairs in {document['wall_s']:.1f} s "
-                        f"({document['pairs_per_minute']} pairs/min) on {', '.join(document['devices'])}")
-    table.add_column("phase")
-    table.add_column("s (summed over pairs)", justify="right")
-    for phase, seconds in document["phases_s"].items():
-        table.add_row(phase, f"{seconds:.1f}")
-    table.add_row("worker start, transfers", f"{document['worker_start_and_transfer_s']:.1f}")
-    console.print(table)
+    rows = [[phase, f"{seconds:.1f}"] for phase, seconds in document["phases_s"].items()]
+    rows.append(["worker start, transfers", f"{document['worker_start_and_transfer_s']:.1f}"])
+    print_table(console, f"Where the time went: {document['pairs']} pairs in {document['wall_s']:.1f} s "
+                f"({document['pairs_per_minute']} pairs/min) on {', '.join(document['devices'])}",
+                ["phase", "s (summed over pairs)"], rows)
     prewarmed = document.get("prewarmed") or {}
     if prewarmed.get("tasks"):
         console.print(f"built up front, in parallel: {prewarmed['tasks']} (Definition, solution) warm-ups"

@@ -49,7 +49,7 @@ class ReplayOptions:
     cuda_graph: bool = False
     #: CUDA events around each call, or the call's own kernels' durations (as the engine's kernel
     #: accounting measures them): :data:`fi_profile.replay.timing.TIMERS`
-    timer: str = "events"
+    timer: str = "kernels"
     #: each call's per-step inputs read back into the L2 after the flush, as the engine leaves them
     warm_inputs: bool = False
     #: build what the pairs compile (FlashInfer JIT, Triton, torch.compile) in parallel up front

@@ -11,11 +11,13 @@ as they sit there when the engine runs the kernel. Then a spin kernel (``torch.c
 for twice the host time one call takes to enqueue: while it spins, the host enqueues the call, so
 what is timed is the device's work, not the host's launch overhead.
 
-Two timers: ``events`` (the default), CUDA events around each call, which time the device from
-the call's first launch to its last kernel's end, gaps between its kernels included; ``kernels``,
-the durations CUPTI reports for the call's own kernels (torch.profiler), summed: what the engine's
-kernel accounting (:mod:`fi_profile.capture.kernel_accounting`) measures, without the µs or two an
-event pair adds around a kernel of a few µs.
+Two timers: ``kernels`` (the default), the durations CUPTI reports for the call's own kernels
+(torch.profiler), summed: what the engine's kernel accounting
+(:mod:`fi_profile.capture.kernel_accounting`) measures, without the µs or two an event pair adds
+around a kernel of a few µs; ``events``, CUDA events around each call, which time the device from
+the call's first launch to its last kernel's end, gaps between its kernels included. A call in
+which CUPTI sees no kernel of its own (work off the GPU, or launched where CUPTI does not link it to
+the call) is timed by events instead, and its ``method`` says so.
 On CUDA the GPU's SM clock is sampled through the timed loop (NVML: :mod:`fi_profile.capture.gpu_clock`)
 and reported beside the times: a kernel timed at the boost clock runs slower in an engine whose
 load holds the clock down for power.
@@ -37,6 +39,11 @@ import torch
 
 from fi_profile.capture.gpu_clock import ClockSampler, Reader, nvml_reader
 from fi_profile.capture.kernel_accounting import is_cuda_launch
+
+
+class NoKernelSeen(RuntimeError):
+    """CUPTI linked no kernel to some timed call: it works off the GPU, or launches where CUPTI does
+    not link the kernel to the call's range."""
 
 
 @dataclass
@@ -134,7 +141,7 @@ def measure(
     max_reps: int = 100_000,
     warmup_calls: int = 3,
     cuda_graph: bool = False,
-    timer: str = "events",
+    timer: str = "kernels",
     warm: Sequence[torch.Tensor] = (),
 ) -> Measured:
     """Time ``call`` (``prepare`` runs untimed before each); the loop runs for ``min_time_s``.
@@ -149,10 +156,14 @@ def measure(
         return _measure_cpu(call, prepare, min_time_s, min_reps, max_reps)
     loop = _Loop(device, timer, warm, min_time_s, min_reps, max_reps)
     with torch.cuda.device(device):
-        if cuda_graph:
-            return _measure_graph(call, prepare, loop, warmup_calls)
-        enqueue_s = _warm_up(call, prepare, warmup_calls, device)
-        return loop.run(call, prepare, "cuda_events" if timer == "events" else "cupti_kernels", enqueue_s)
+        try:
+            if cuda_graph:
+                return _measure_graph(call, prepare, loop, warmup_calls)
+            enqueue_s = _warm_up(call, prepare, warmup_calls, device)
+            return loop.run(call, prepare, "cuda_events" if timer == "events" else "cupti_kernels", enqueue_s)
+        except NoKernelSeen:  # CUPTI links no kernel to the call: the events timer still sees its device time
+            return measure(call, prepare, device, min_time_s=min_time_s, min_reps=min_reps, max_reps=max_reps,
+                           warmup_calls=warmup_calls, cuda_graph=cuda_graph, timer="events", warm=warm)
 
 
 def _warm_up(call, prepare, calls: int, device: torch.device | None = None) -> float:
@@ -219,9 +230,7 @@ class _Loop:
         times = ([s.elapsed_time(e) for s, e in zip(starts, ends)] if prof is None
                  else _kernel_times(prof, len(starts)))
         if prof is not None and not all(times):
-            raise RuntimeError(f"the kernels timer saw no kernel in {times.count(0.0)} of {len(times)} calls: the "
-                               "call does its work off the GPU, or launches it where CUPTI does not link it to the "
-                               "call; time it with the events timer")
+            raise NoKernelSeen(f"the kernels timer saw no kernel in {times.count(0.0)} of {len(times)} calls")
         return Measured(method, times, last, True, lead_ms * 1e3, bool(self.warm),
                         clock.mean_mhz() if clock is not None else None,
                         clock.limited_share() if clock is not None else None)

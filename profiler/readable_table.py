@@ -1,0 +1,59 @@
+"""Tables that show every name whole, at any width (a log, a CI job, ``| tee`` at 80 columns).
+
+A kernel engineer acts on a row by its Definition's name, so no cell is cut or wrapped. Where the
+table with whole names is wider than the console, the names in its first column become keys
+(``[1]``, ``[2]``, ...) listed whole under it. Long words (why a row has no native) are not cells:
+:class:`Notes` turns them into numbered notes printed under the table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from rich.console import Console
+from rich.measure import Measurement
+from rich.table import Table
+
+
+@dataclass
+class Notes:
+    """Long texts of a table's cells, each numbered once and printed under the table."""
+
+    texts: list[str] = field(default_factory=list)
+
+    def mark(self, text: str) -> str:
+        """The mark that stands for ``text`` in a cell: ``(1)``, ``(2)``, ..."""
+        if text not in self.texts:
+            self.texts.append(text)
+        return f"({self.texts.index(text) + 1})"
+
+
+def print_table(console: Console, title: str, headers: Sequence[str], rows: Sequence[Sequence[str]],
+                left: Sequence[str] = (), notes: Notes | None = None) -> None:
+    """A table whose cells never wrap; the first column's names keyed under it where they would
+    not fit whole. ``left``: the headers of the left-justified columns (the first one always is)."""
+    table = _table(title, headers, rows, left)
+    keyed = _width(console, table) > console.width and len(rows) > 0
+    if keyed:
+        table = _table(title, headers, [[f"[{i}]", *row[1:]] for i, row in enumerate(rows, 1)], left)
+    console.print(table)
+    if keyed:
+        for i, row in enumerate(rows, 1):
+            console.print(f"  [{i}] {row[0]}", markup=False, highlight=False, soft_wrap=True)
+    for i, text in enumerate(notes.texts if notes is not None else (), 1):
+        console.print(f"  ({i}) {text}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]], left: Sequence[str]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for n, header in enumerate(headers):
+        table.add_column(header, justify="left" if n == 0 or header in left else "right", no_wrap=True)
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def _width(console: Console, table: Table) -> int:
+    """The width the table takes with no cell wrapped."""
+    return Measurement.get(console, console.options.update_width(10_000), table).maximum

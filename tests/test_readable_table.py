@@ -1,0 +1,36 @@
+"""Tables at the width of a log: names whole, numbers on one line, long words under the table."""
+
+from rich.console import Console
+
+from fi_profile.readable_table import Notes, print_table
+
+LONG = "moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e256_h7168_i2048"
+WHY = "the engine's kernel (vllm) was not run: the engines' natives run on CUDA only"
+
+
+def printed(width: int, names: list[str]) -> list[str]:
+    console = Console(record=True, width=width)
+    notes = Notes()
+    rows = [[name, "1,234", "0.1234", "12.345", f"none {notes.mark(WHY)}", "1.23"] for name in names]
+    print_table(console, "title", ["kernel", "calls", "ms", "total ms", "baseline", "× base"], rows,
+                left=("baseline",), notes=notes)
+    return console.export_text().splitlines()
+
+
+def test_names_that_fit_stay_in_their_rows():
+    lines = printed(120, [LONG, "rmsnorm_h7168"])
+    assert any(line.startswith(f"│ {LONG} │") for line in lines), lines
+    assert sum(WHY in line for line in lines) == 1 and lines[-1] == f"  (1) {WHY}"  # one note for two rows
+
+
+def test_names_too_long_for_the_width_are_keyed_and_listed_whole():
+    lines = printed(80, [LONG, "rmsnorm_h7168"])
+    table = [line for line in lines if line.startswith(("│", "┃", "┏", "└"))]
+    assert all(len(line) <= 80 for line in lines if WHY not in line), lines
+    assert any(line.startswith("│ [1] ") and "1,234" in line and "12.345" in line for line in table), lines
+    assert f"  [1] {LONG}" in lines and "  [2] rmsnorm_h7168" in lines
+    assert not any(LONG in line for line in table)  # never cut in a cell
+
+
+def test_an_empty_table_prints_its_headers():
+    assert any("kernel" in line for line in printed(80, []))
