@@ -21,6 +21,7 @@ from fi_profile.schema import (
     Solution,
     Trace,
 )
+from fi_profile.schema.time_breakdown import TimeBreakdownDocument
 
 
 class Kind(str, Enum):
@@ -32,6 +33,7 @@ class Kind(str, Enum):
     benchmark_result = "benchmark result"
     agent_conversation = "agent conversation"
     agent_trace = "agent trace"
+    time_breakdown = "replay time breakdown"
 
 
 MODELS: dict[Kind, type[BaseModel]] = {
@@ -43,6 +45,7 @@ MODELS: dict[Kind, type[BaseModel]] = {
     Kind.benchmark_result: BenchmarkResult,
     Kind.agent_conversation: AgentConversation,
     Kind.agent_trace: AgentTrace,
+    Kind.time_breakdown: TimeBreakdownDocument,
 }
 
 DOCUMENT_SUFFIXES = (".json", ".jsonl")
@@ -65,6 +68,8 @@ def detect_kind(obj: Any) -> Optional[Kind]:
         return Kind.calling_record
     if {"spec", "sources"} & keys:
         return Kind.solution
+    if {"pairs", "phases_s"} <= keys:
+        return Kind.time_breakdown
     if "conversation" in keys:
         return Kind.agent_conversation
     if keys & {"reference_code", "code", "assumptions", "id"}:

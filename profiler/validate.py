@@ -108,10 +108,11 @@ def _cross_check(report: ValidationReport, definitions: DefinitionScope) -> None
         model = doc.model
         if isinstance(model, Trace):
             report.problems.extend(_guarded(doc.label, _check_trace, doc, model, definitions, missing_blobs))
-            uuid = model.workload.uuid
-            if uuid in seen_uuids:
-                report.problems.append(Problem(doc.label, "workload.uuid", f"{uuid} repeats {seen_uuids[uuid]}"))
-            seen_uuids.setdefault(uuid, doc.label)
+            # a workload once per dataset; a trace once per (workload, solution)
+            key = f"{model.workload.uuid}" + (f" of {model.solution}" if model.solution is not None else "")
+            if key in seen_uuids:
+                report.problems.append(Problem(doc.label, "workload.uuid", f"{key} repeats {seen_uuids[key]}"))
+            seen_uuids.setdefault(key, doc.label)
         elif isinstance(model, Solution):
             report.problems.extend(_guarded(doc.label, _check_solution, doc, model, definitions))
         elif isinstance(model, KernelCallingRecord):
@@ -140,7 +141,7 @@ def _check_trace(
     doc: Document, trace: Trace, definitions: DefinitionScope, missing_blobs: Counter[str]
 ) -> list[Problem]:
     file = doc.label.rsplit(":", 1)[0]
-    root = dataset_root(Path(file), "workloads")
+    root = dataset_root(Path(file), "traces" if trace.solution is not None else "workloads")
     definition = definitions.lookup(trace.definition, root)
     if definition is None:
         return [Problem(doc.label, "definition", f"no Definition named {trace.definition!r} is known")]

@@ -788,3 +788,47 @@ def test_fp8_model_on_a_cpu_without_amx_ends_with_one_line_naming_the_missing_fe
     assert proc.returncode == 1
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
     assert len(lines) == 1 and "no AMX" in lines[0] and "engine.log" in lines[0], lines
+
+
+def test_flashinfer_bench_reads_the_capture_and_its_replay_results(tmp_path, single):
+    """The real flashinfer-bench (0.1.2, from PyPI) loads the tiny capture unchanged, and a
+    replay's results folder as a dataset of its own: a Trace per (workload, solution) that ran,
+    the solutions replayed, their Definitions and workloads. fi-profile validates every file of
+    that folder, and reads its solutions back."""
+    from flashinfer_bench.data import EvaluationStatus, TraceSet
+    from typer.testing import CliRunner
+
+    from fi_profile.cli import app
+    from fi_profile.replay.dataset import load_solutions
+
+    captured = TraceSet.from_path(str(single["out_dir"]))
+    assert set(captured.definitions) == set(counts(single))  # every Definition of the record, the 14 of them
+    assert {name: len(ws) for name, ws in captured.workloads.items()} == {
+        name: len(workloads(single["out_dir"], name)) for name in counts(single)}
+
+    names = ["rmsnorm_h256", DECODE, QKV]
+    replayed = CliRunner().invoke(app, ["replay", str(single["out_dir"]), "--definitions", ",".join(names),
+                                        "--device", "cpu", "--min-time", "0.01", "--max-workloads", "2",
+                                        "--out", str(tmp_path / "r")])
+    assert replayed.exit_code == 0, replayed.output
+    results = [json.loads(line) for line in (tmp_path / "r" / "results.jsonl").read_text().splitlines()]
+    ran = TraceSet.from_path(str(tmp_path / "r"))
+    assert set(ran.definitions) == set(names) and set(ran.traces) == set(names)
+    for name in names:
+        mine = [r for r in results if r["kernel_id"] == name and r["source"] != "reference"]
+        traces = ran.traces[name]
+        assert sorted((t.workload.uuid, t.solution) for t in traces) == sorted((r["workload"], r["source"]) for r in mine)
+        assert all(t.evaluation.status == EvaluationStatus.PASSED and t.evaluation.performance.latency_ms > 0
+                   for t in traces), [t.evaluation.log for t in traces]
+        assert {s.name for s in ran.solutions[name]} == {r["source"] for r in mine}
+        for trace in traces:  # its workload's captured tensors are in the results folder too
+            for source in trace.workload.inputs.values():
+                if source.type == "safetensors":
+                    assert (tmp_path / "r" / source.path).is_file()
+    report = validate_paths([tmp_path / "r"])
+    assert not report.errors, report.errors
+    assert {d.kind.value for d in report.documents} >= {"definition", "solution", "workload", "benchmark result",
+                                                         "replay time breakdown"}
+    again = load_solutions([tmp_path / "r" / "solutions"])
+    assert {s.name for s in again} == {r["source"] for r in results if r["source"] != "reference"}
+    assert any(s.spec.language.value == "torch_compile" for s in again)  # read back as it was replayed

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from fi_profile.replay.evaluate import Outcome
+from fi_profile.schema.time_breakdown import TimeBreakdownDocument
 
 PHASES = ("build", "first call", "inputs", "reference", "check", "timed calls")
 FILE = "time_breakdown.json"
@@ -58,6 +59,6 @@ class TimeBreakdown:
         }
 
     def write(self, out_dir: Path, wall_s: float, devices: list[str]) -> dict[str, Any]:
-        document = self.document(wall_s, devices)
+        document = TimeBreakdownDocument.model_validate(self.document(wall_s, devices)).model_dump(mode="json")
         (out_dir / FILE).write_text(json.dumps(document, indent=1) + "\n")
         return document

@@ -26,6 +26,7 @@ from fi_profile.replay.dataset import Dataset
 from fi_profile.replay.engine_kernel import ENGINE, engine_kernel
 from fi_profile.replay.evaluate import Outcome, Task
 from fi_profile.replay.prewarm import Prewarm, order, warm_ups
+from fi_profile.replay.trace_dataset import append_traces, write_dataset
 from fi_profile.replay.worker import Worker
 from fi_profile.replay.workload_size import largest
 from fi_profile.schema import BenchmarkResult, Definition, Solution, Workload
@@ -154,6 +155,11 @@ def replay(
         for definition in dataset.definitions.values() if definition.name not in skipped
         for workload in dataset.workloads.get(definition.name, [])
     ]
+    write_dataset(out_dir, dataset, {d.name: solutions_for(d, solutions, with_baselines)
+                                     for d in dataset.definitions.values() if d.name not in skipped})
+    for group in groups:  # a resumed run's traces so far
+        append_traces(out_dir, group.definition, group.workload,
+                      [BenchmarkResult.model_validate(r) for r in group.by_source.values()])
     plan(sum(len(g.candidates) for g in groups))
     for group in groups:  # what a resumed run has already
         for source in group.by_source:
@@ -176,6 +182,7 @@ def replay(
                 for result in validated:
                     f.write(result.model_dump_json(exclude_none=True) + "\n")
             results.extend(validated)
+            append_traces(out_dir, group.definition, group.workload, validated)
             breakdown.write(out_dir, time.perf_counter() - began, where)  # so far: a stopped run keeps it
 
     def report(device: str, source: str) -> None:

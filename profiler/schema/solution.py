@@ -52,6 +52,11 @@ class SourceFile(StrictModel):
 
 
 class SolutionSpec(StrictModel):
+    """flashinfer-bench's spec fields are read as well: ``destination_passing_style`` (its name
+    for ``destination_passing``) and ``binding`` (C++/CUDA: tvm-ffi or torch). A Python entry
+    that fi-profile compiles with torch.compile is written in its form as ``language: python``
+    with ``torch_compile: true`` (its languages have no torch_compile)."""
+
     language: Annotated[Language, BeforeValidator(_lower)]
     target_hardware: list[str] = Field(default_factory=list)
     dependencies: list[str] = Field(default_factory=list)
@@ -65,6 +70,24 @@ class SolutionSpec(StrictModel):
     #: attention kernel that returns no log-sum-exp): only these are checked, the result names the
     #: others (``check.unchecked``), and such a Solution is never a projection's best candidate
     computes: Optional[list[str]] = Field(default=None, min_length=1)
+    binding: Optional[str] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flashinfer_bench_form(cls, spec: Any) -> Any:
+        if not isinstance(spec, dict):
+            return spec
+        spec = dict(spec)
+        if "destination_passing_style" in spec:
+            style = spec.pop("destination_passing_style")
+            if spec.get("destination_passing") is not None and spec["destination_passing"] != style:
+                raise ValueError("destination_passing and destination_passing_style disagree")
+            spec["destination_passing"] = style
+        if spec.pop("torch_compile", False) is True:
+            if _lower(spec.get("language")) != Language.python.value:
+                raise ValueError("torch_compile: true is for a python entry point")
+            spec["language"] = Language.torch_compile.value
+        return spec
 
     @field_validator("entry_point")
     @classmethod

@@ -73,6 +73,7 @@ class EvaluationStatus(str, Enum):
     incorrect_dtype = "INCORRECT_DTYPE"
     runtime_error = "RUNTIME_ERROR"
     compile_error = "COMPILE_ERROR"
+    timeout = "TIMEOUT"
 
 
 class Correctness(StrictModel):
