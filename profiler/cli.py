@@ -504,14 +504,16 @@ def replay(
         print_results(out, results, dataset.definitions,
                       {w.uuid: w.axes for workloads in dataset.workloads.values() for w in workloads})
     print_best(out, results)
+    projection, against = [], []
     if dataset.record is not None:
-        print_projection(out, project(dataset.record, results, captured_workloads, baseline, dataset.definitions),
-                         dataset.record.model)
+        projection = project(dataset.record, results, captured_workloads, baseline, dataset.definitions)
+        print_projection(out, projection, dataset.record.model)
         measured = dataset.record.run.engine_kernels if dataset.record.run is not None else None
         if measured is not None:  # the projection as the engine ran its kernels, beside what they took
             engine = project(dataset.record, results, captured_workloads, ENGINE, dataset.definitions)
+            against = against_measurement(engine, measured)
             timers = frozenset(r.timing.method for r in results if r.timing is not None and r.source != "reference")
-            print_measured(out, against_measurement(engine, measured), measured.total_ms, measured.device, timers,
+            print_measured(out, against, measured.total_ms, measured.device, timers,
                            bias_routed_dummy(dataset.record, dataset.definitions))
     for name, why in without_pairs(dataset, results).items():
         out.print(f"not replayed: {name} ({why})", markup=False, highlight=False)
@@ -520,8 +522,52 @@ def replay(
                   markup=False, highlight=False)
         raise typer.Exit(code=1)
     print_breakdown(out, json.loads((results_dir / BREAKDOWN_FILE).read_text()))
+    _write_report(results_dir, results, dataset, captured_workloads, projection, against)
     where = f"Ray cluster {ray}" if ray is not None else f"devices {', '.join(chosen)}"
     out.print(f"results: {results_dir / 'results.jsonl'} ({len(results)} results, {where})")
+
+
+def _write_report(results_dir: Path, results: list, dataset: Any, workloads: dict, projection: list,
+                  against: list) -> None:
+    from fi_profile.replay.html_report import available, write_report
+
+    why = available()
+    if why is not None:
+        out.print(f"no report.html: {why}", markup=False, highlight=False)
+        return
+    path = write_report(results_dir, results, dataset.definitions, workloads, dataset.record, projection, against)
+    out.print(f"report: {path}", markup=False, highlight=False, soft_wrap=True)
+
+
+@app.command()
+def report(
+    results_dir: Annotated[Path, typer.Argument(help="A replay's results folder (results.jsonl).")],
+    dataset_dir: Annotated[Path, typer.Argument(help="The capture output or dataset it replayed.")],
+    baseline: Annotated[str, typer.Option(help="As replay's --baseline.")] = "engine",
+) -> None:
+    """Write RESULTS/report.html again (one self-contained page: plots of the replay and the capture)."""
+    from fi_profile.replay.dataset import DatasetError, load_dataset
+    from fi_profile.replay.engine_kernel import ENGINE
+    from fi_profile.replay.projection import against_measurement, project
+    from fi_profile.replay.runner import read_results
+
+    results = read_results(results_dir / "results.jsonl")
+    if not results:
+        err.print(f"{results_dir / 'results.jsonl'}: no results to report", markup=False, highlight=False)
+        raise typer.Exit(code=1)
+    try:
+        dataset = load_dataset(dataset_dir)
+    except DatasetError as exc:
+        err.print(str(exc), markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(code=1) from None
+    projection, against = [], []
+    if dataset.record is not None:
+        projection = project(dataset.record, results, dataset.workloads, baseline, dataset.definitions)
+        measured = dataset.record.run.engine_kernels if dataset.record.run is not None else None
+        if measured is not None:
+            engine = project(dataset.record, results, dataset.workloads, ENGINE, dataset.definitions)
+            against = against_measurement(engine, measured)
+    _write_report(results_dir, results, dataset, dataset.workloads, projection, against)
 
 
 def replay_devices(device: Optional[str], devices: Optional[list[str]]) -> list[str]:

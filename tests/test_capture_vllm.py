@@ -6,6 +6,7 @@ Scenario: 3 prompts of 20 tokens, 5 new tokens each, greedy.
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -790,15 +791,36 @@ def test_fp8_model_on_a_cpu_without_amx_ends_with_one_line_naming_the_missing_fe
     assert len(lines) == 1 and "no AMX" in lines[0] and "engine.log" in lines[0], lines
 
 
-def test_flashinfer_bench_reads_the_capture_and_its_replay_results(tmp_path, single):
+@pytest.fixture(scope="module")
+def replayed(single, tmp_path_factory):
+    """The tiny capture replayed whole, as a user would, in a log 80 columns wide."""
+    from typer.testing import CliRunner
+
+    from fi_profile.cli import app
+
+    out = tmp_path_factory.mktemp("replay") / "r"
+    result = CliRunner().invoke(app, ["replay", str(single["out_dir"]), "--device", "cpu", "--min-time", "0.005",
+                                      "--max-workloads", "1", "--out", str(out)], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    return out, result.output
+
+
+def test_the_replay_shows_every_definition_whole_at_80_columns(single, replayed):
+    _, output = replayed
+    lines = output.splitlines()
+    assert max(len(line) for line in lines if line.startswith(("│", "┃", "┏", "└"))) <= 80
+    for name in counts(single):  # in a row, or keyed under its table, never cut
+        assert re.search(rf"^(│ |  \[\d+\] ){re.escape(name)}( |$)", output, re.M), name
+    assert "…" not in "".join(line for line in lines if line.startswith("│"))
+
+
+def test_flashinfer_bench_reads_the_capture_and_its_replay_results(single, replayed):
     """The real flashinfer-bench (0.1.2, from PyPI) loads the tiny capture unchanged, and a
     replay's results folder as a dataset of its own: a Trace per (workload, solution) that ran,
     the solutions replayed, their Definitions and workloads. fi-profile validates every file of
     that folder, and reads its solutions back."""
     from flashinfer_bench.data import EvaluationStatus, TraceSet
-    from typer.testing import CliRunner
 
-    from fi_profile.cli import app
     from fi_profile.replay.dataset import load_solutions
 
     captured = TraceSet.from_path(str(single["out_dir"]))
@@ -806,14 +828,11 @@ def test_flashinfer_bench_reads_the_capture_and_its_replay_results(tmp_path, sin
     assert {name: len(ws) for name, ws in captured.workloads.items()} == {
         name: len(workloads(single["out_dir"], name)) for name in counts(single)}
 
-    names = ["rmsnorm_h256", DECODE, QKV]
-    replayed = CliRunner().invoke(app, ["replay", str(single["out_dir"]), "--definitions", ",".join(names),
-                                        "--device", "cpu", "--min-time", "0.01", "--max-workloads", "2",
-                                        "--out", str(tmp_path / "r")])
-    assert replayed.exit_code == 0, replayed.output
-    results = [json.loads(line) for line in (tmp_path / "r" / "results.jsonl").read_text().splitlines()]
-    ran = TraceSet.from_path(str(tmp_path / "r"))
-    assert set(ran.definitions) == set(names) and set(ran.traces) == set(names)
+    out, _ = replayed
+    results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    names = {r["kernel_id"] for r in results}
+    ran = TraceSet.from_path(str(out))
+    assert names == set(counts(single)) and set(ran.definitions) == names and set(ran.traces) == names
     for name in names:
         mine = [r for r in results if r["kernel_id"] == name and r["source"] != "reference"]
         traces = ran.traces[name]
@@ -824,11 +843,50 @@ def test_flashinfer_bench_reads_the_capture_and_its_replay_results(tmp_path, sin
         for trace in traces:  # its workload's captured tensors are in the results folder too
             for source in trace.workload.inputs.values():
                 if source.type == "safetensors":
-                    assert (tmp_path / "r" / source.path).is_file()
-    report = validate_paths([tmp_path / "r"])
+                    assert (out / source.path).is_file()
+    report = validate_paths([out])
     assert not report.errors, report.errors
     assert {d.kind.value for d in report.documents} >= {"definition", "solution", "workload", "benchmark result",
                                                          "replay time breakdown"}
-    again = load_solutions([tmp_path / "r" / "solutions"])
+    again = load_solutions([out / "solutions"])
     assert {s.name for s in again} == {r["source"] for r in results if r["source"] != "reference"}
     assert any(s.spec.language.value == "torch_compile" for s in again)  # read back as it was replayed
+
+
+def test_the_replay_report_opens_in_headless_chromium(single, replayed, tmp_path):
+    """report.html loads from a file with no console error and no network request, with a plot in
+    every section and one per replayed Definition; ``fi-profile report`` writes it again."""
+    from test_agent_traces import CHROMIUM, browser_or_skip
+
+    browser_or_skip()
+    from playwright.sync_api import sync_playwright
+
+    out, output = replayed
+    assert f"report: {out / 'report.html'}" in output.replace("\n", "")
+    names = set(counts(single))
+    problems, requests = [], []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox", "--disable-gpu",
+                                    "--disable-background-networking", "--disable-component-update"])
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.on("console", lambda m: problems.append(m.text) if m.type in ("error", "warning") else None)
+        page.on("pageerror", lambda e: problems.append(str(e)))
+        page.on("request", lambda r: requests.append(r.url) if not r.url.startswith(("file://", "data:")) else None)
+        page.goto((out / "report.html").as_uri())
+        page.wait_for_function("document.querySelectorAll('.plot .main-svg').length > 0")
+        for section in ("measured", "solutions", "shapes", "missing"):
+            assert page.locator(f"#{section} .plot .main-svg").count() >= 1, section
+        drawn = page.evaluate("[...document.querySelectorAll('#solutions .plot')].map(d => "
+                              "[d.dataset.definition, d.querySelectorAll('.scatterlayer .trace').length])")
+        assert {name for name, _ in drawn} == names and all(lines >= 2 for _, lines in drawn), drawn
+        assert page.locator(".plot").count() == int(page.evaluate("document.body.dataset.plots"))
+        assert page.locator("#missing li").first.inner_text()
+        browser.close()
+    assert problems == [] and requests == []
+    from typer.testing import CliRunner
+
+    from fi_profile.cli import app
+
+    (out / "report.html").unlink()
+    again = CliRunner().invoke(app, ["report", str(out), str(single["out_dir"])])
+    assert again.exit_code == 0 and (out / "report.html").stat().st_size > 1_000_000, again.output

@@ -1088,3 +1088,20 @@ def test_the_engines_moe_and_fp8_gemm_kernels_are_the_ones_their_kernel_accounti
     group = shipped_definition("quant_fp8_per_token_group_k7168_g128")
     assert engine_kernel(record.model_copy(update={"framework": "vLLM", "run": RunInfo(execution={group.name: "compiled"})}),
                          group).label is None
+
+
+def test_solutions_in_flashinfer_benchs_form_are_read(tmp_path):
+    """flashinfer-bench names destination passing ``destination_passing_style`` and has no
+    torch_compile language (fi-profile writes ``python`` with ``torch_compile: true``)."""
+    def doc(**spec):
+        return {"name": "s", "definition": RMSNORM, "author": "a", "sources": [{"path": "main.py", "content": GOOD_RMSNORM}],
+                "spec": {"language": "python", "target_hardware": ["cuda"], "entry_point": "main.py::run", **spec}}
+
+    assert Solution.model_validate(doc(destination_passing_style=False)).spec.destination_passing is False
+    assert Solution.model_validate(doc(torch_compile=True, binding="torch")).spec.language.value == "torch_compile"
+    (tmp_path / "bad.json").write_text(json.dumps(doc(destination_passing=True, destination_passing_style=False)))
+    with pytest.raises(DatasetError, match="bad.json: spec: .*disagree"):
+        load_solutions([tmp_path / "bad.json"])
+    (tmp_path / "bad.json").write_text(json.dumps(doc(torch_compile=True, language="cuda")))
+    with pytest.raises(DatasetError, match="torch_compile: true is for a python entry point"):
+        load_solutions([tmp_path / "bad.json"])
