@@ -403,7 +403,11 @@ def replay(
         Optional[int], typer.Option(min=1, help="At most this many workloads per Definition, chosen as a capture "
                                     "keeps them: the most frequent half, the rest spread over the axis values.")
     ] = None,
-    min_time: Annotated[float, typer.Option(min=0.0, help="Seconds of timed calls per pair.")] = 0.1,
+    min_time: Annotated[float, typer.Option(min=0.0, help="At least these seconds of timed calls per pair.")] = 0.0,
+    max_time: Annotated[float, typer.Option(min=0.0, help="At most these seconds of timed calls per pair (after "
+                                            "10 calls).")] = 0.1,
+    precision: Annotated[float, typer.Option(min=0.0, help="Stop timing a pair once its median's estimated "
+                                             "relative standard error is below this.")] = 0.01,
     cuda_graph: Annotated[bool, typer.Option("--cuda-graph", help="Time CUDA-graph replays of each call (labelled).")] = False,
     timer: Annotated[
         str, typer.Option(help="'kernels': the durations of the call's own kernels (CUPTI, through torch.profiler), "
@@ -477,6 +481,7 @@ def replay(
         err.print(str(exc), markup=False, highlight=False)
         raise typer.Exit(code=2) from None
     options = ReplayOptions(device=chosen[0], devices=chosen, ray=ray, timeout_s=timeout, min_time_s=min_time,
+                            max_time_s=max_time, precision=precision,
                             cuda_graph=cuda_graph, timer=timer, warm_inputs=warm_inputs, baseline=baseline,
                             resume=resume, prewarm=prewarm)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),

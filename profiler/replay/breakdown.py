@@ -28,6 +28,9 @@ class TimeBreakdown:
         self.pairs_wall_s = 0.0
         #: (warm-up tasks run up front in parallel, of them failed): replay/prewarm.py
         self.prewarmed = (0, 0)
+        #: what stopped each timed pair's loop, and the median's relative standard error it had then
+        self.stopped_by: Counter[str] = Counter()
+        self.rel_errors: list[float] = []
         self._lock = threading.Lock()
 
     def add(self, outcome: Outcome, wall_s: Optional[float], label: str) -> None:
@@ -40,6 +43,11 @@ class TimeBreakdown:
             pairs_seconds[1] += sum(outcome.phases.values())
             self.pairs += 1
             self.pairs_wall_s += sum(outcome.phases.values()) if wall_s is None else wall_s
+            timing = outcome.timing or {}
+            if timing.get("stopped_by"):
+                self.stopped_by[timing["stopped_by"]] += 1
+            if timing.get("median_rel_error") is not None:
+                self.rel_errors.append(timing["median_rel_error"])
 
     def document(self, wall_s: float, devices: list[str]) -> dict[str, Any]:
         in_phases = sum(self.phases.values())
@@ -54,9 +62,18 @@ class TimeBreakdown:
             "worker_start_and_transfer_s": round(max(0.0, self.pairs_wall_s - in_phases), 3),
             "pairs_wall_s": round(self.pairs_wall_s, 3),
             "prewarmed": {"tasks": self.prewarmed[0], "failed": self.prewarmed[1]},
+            "stopping": self._stopping(),
             "by_solution": {label: {"pairs": int(n), "s": round(s, 3)}
                             for label, (n, s) in sorted(self.by_label.items(), key=lambda kv: -kv[1][1])},
         }
+
+    def _stopping(self) -> dict[str, Any]:
+        """What the stopping rule cost in precision: the pairs each reason stopped, and the
+        medians' estimated relative standard errors over the timed pairs."""
+        errors = sorted(self.rel_errors)
+        spread = {"median": errors[len(errors) // 2], "p90": errors[int(0.9 * (len(errors) - 1))],
+                  "max": errors[-1]} if errors else None
+        return {"pairs_stopped_by": dict(self.stopped_by), "median_rel_error": spread}
 
     def write(self, out_dir: Path, wall_s: float, devices: list[str]) -> dict[str, Any]:
         document = TimeBreakdownDocument.model_validate(self.document(wall_s, devices)).model_dump(mode="json")

@@ -21,6 +21,7 @@ from fi_profile.entry_points import load_function, outputs_by_name, run_referenc
 from fi_profile.families import family_of
 from fi_profile.replay.build import BuildError, Built, build, content_hash
 from fi_profile.replay.check import Diff, compare, distribution_distance
+from fi_profile.replay.stopping import StoppingRule
 from fi_profile.replay.timing import measure
 from fi_profile.schema.definition import Definition
 from fi_profile.schema.solution import Language, Solution
@@ -39,7 +40,10 @@ class Task:
     solution: Optional[dict]  # None: the Definition's reference
     device: str = "cpu"
     draws: int = 3
-    min_time_s: float = 0.1
+    #: the timed loop's stopping rule (:class:`~fi_profile.replay.stopping.StoppingRule`)
+    min_time_s: float = 0.0
+    max_time_s: float = 0.1
+    precision: float = 0.01
     cuda_graph: bool = False
     #: CUDA events around each call, or the call's own kernels' durations (:data:`~fi_profile.replay.timing.TIMERS`)
     timer: str = "kernels"
@@ -105,7 +109,9 @@ def evaluate(task: Task) -> Outcome:
         call, prepare, arguments = _bound_arguments(definition, calling, inputs, reference, device)
         warm = [arguments[n] for n in per_step_inputs(definition)] if task.warm_inputs else []
         with phases("timed calls"):
-            measured = measure(call, prepare, device, min_time_s=task.min_time_s, cuda_graph=task.cuda_graph,
+            rule = StoppingRule(precision=task.precision, min_time_s=task.min_time_s,
+                                max_time_s=max(task.max_time_s, task.min_time_s))
+            measured = measure(call, prepare, device, rule=rule, cuda_graph=task.cuda_graph,
                                timer=task.timer, warm=warm)
         if method.recheck_last_output:
             with phases("check"):

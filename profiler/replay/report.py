@@ -231,6 +231,13 @@ def print_breakdown(console: Console, document: dict) -> None:
     print_table(console, f"Where the time went: {document['pairs']} pairs in {document['wall_s']:.1f} s "
                 f"({document['pairs_per_minute']} pairs/min) on {', '.join(document['devices'])}",
                 ["phase", "s (summed over pairs)"], rows)
+    stopping = document.get("stopping") or {}
+    spread = stopping.get("median_rel_error")
+    if stopping.get("pairs_stopped_by"):
+        console.print("timed loops stopped by " + ", ".join(f"{why} {n}" for why, n in stopping["pairs_stopped_by"].items())
+                      + (f"; the medians' relative standard error {100 * spread['median']:.2f}% (median), "
+                         f"{100 * spread['p90']:.2f}% (p90), {100 * spread['max']:.2f}% (max)" if spread else ""),
+                      markup=False, highlight=False, soft_wrap=True)
     prewarmed = document.get("prewarmed") or {}
     if prewarmed.get("tasks"):
         console.print(f"built up front, in parallel: {prewarmed['tasks']} (Definition, solution) warm-ups"

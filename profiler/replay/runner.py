@@ -46,7 +46,11 @@ class ReplayOptions:
     ray: Optional[str] = None
     timeout_s: float = 120.0
     draws: int = 3
-    min_time_s: float = 0.1
+    #: the timed loop: at least ``min_time_s``, then until the median is known to ``precision``
+    #: (relative standard error), at most ``max_time_s`` (:mod:`fi_profile.replay.stopping`)
+    min_time_s: float = 0.0
+    max_time_s: float = 0.1
+    precision: float = 0.01
     cuda_graph: bool = False
     #: CUDA events around each call, or the call's own kernels' durations (as the engine's kernel
     #: accounting measures them): :data:`fi_profile.replay.timing.TIMERS`
@@ -230,6 +234,8 @@ class Group:
             device=device,
             draws=options.draws,
             min_time_s=options.min_time_s,
+            max_time_s=options.max_time_s,
+            precision=options.precision,
             cuda_graph=options.cuda_graph,
             timer=options.timer,
             warm_inputs=options.warm_inputs,

@@ -1,5 +1,6 @@
 """Timing one callable, in the tone of ``triton.testing.do_bench``: untimed warm-up, then timed
-calls until enough time has passed, reported as median, p10/p90 and coefficient of variation.
+calls until the median is known well enough or a cap is reached (:mod:`fi_profile.replay.stopping`),
+reported as median, p10/p90 and coefficient of variation.
 
 CUDA: before each call (outside the timed region) the L2 is flushed by reading a buffer of twice
 its size, so every call starts with a cold L2 holding no dirty lines (a flush that writes, as
@@ -30,8 +31,10 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import math
 import statistics
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
@@ -39,6 +42,7 @@ import torch
 
 from fi_profile.capture.gpu_clock import ClockSampler, Reader, nvml_reader
 from fi_profile.capture.kernel_accounting import is_cuda_launch
+from fi_profile.replay.stopping import PRECISION, StoppingRule, median_rel_error
 
 
 class NoKernelSeen(RuntimeError):
@@ -59,6 +63,11 @@ class Measured:
     #: clock held down for power or heat (None: not sampled)
     sm_clock_mhz: Optional[float] = None
     clock_limited_share: Optional[float] = None
+    #: what ended the timed loop (:mod:`fi_profile.replay.stopping`), and the median's estimated
+    #: relative standard error then (of the times it decided on: under the kernels timer, the
+    #: events around the same calls)
+    stopped_by: Optional[str] = None
+    median_rel_error: Optional[float] = None
 
     def stats(self) -> dict[str, Any]:
         t = sorted(self.times_ms)
@@ -77,9 +86,13 @@ class Measured:
             "warm_inputs": self.warm_inputs,
             "sm_clock_mhz": None if self.sm_clock_mhz is None else round(self.sm_clock_mhz, 1),
             "clock_limited_share": None if self.clock_limited_share is None else round(self.clock_limited_share, 3),
+            "stopped_by": self.stopped_by,
+            "median_rel_error": None if self.median_rel_error is None or not math.isfinite(self.median_rel_error)
+            else round(self.median_rel_error, 5),
         }
 
 
+DEFAULT_RULE = StoppingRule()
 #: the timers: CUDA events around each call, or the durations of its own kernels (CUPTI)
 TIMERS = ("events", "kernels")
 #: the profiler range each timed call runs in, under the ``kernels`` timer
@@ -136,15 +149,13 @@ def measure(
     prepare: Callable[[], None],
     device: torch.device,
     *,
-    min_time_s: float = 0.1,
-    min_reps: int = 10,
-    max_reps: int = 100_000,
+    rule: StoppingRule = DEFAULT_RULE,
     warmup_calls: int = 3,
     cuda_graph: bool = False,
     timer: str = "kernels",
     warm: Sequence[torch.Tensor] = (),
 ) -> Measured:
-    """Time ``call`` (``prepare`` runs untimed before each); the loop runs for ``min_time_s``.
+    """Time ``call`` (``prepare`` runs untimed before each) until ``rule`` stops the loop.
     ``timer``: one of :data:`TIMERS`; ``warm``: the call's per-step inputs, read back into the L2
     after each flush (none: all cold).
     On CUDA, ``device`` is made the current device meanwhile: events, the spin kernel and the
@@ -153,8 +164,8 @@ def measure(
         raise ValueError(f"timer {timer!r}: expected one of {', '.join(TIMERS)}")
     if device.type != "cuda":
         _warm_up(call, prepare, warmup_calls)
-        return _measure_cpu(call, prepare, min_time_s, min_reps, max_reps)
-    loop = _Loop(device, timer, warm, min_time_s, min_reps, max_reps)
+        return _measure_cpu(call, prepare, rule)
+    loop = _Loop(device, timer, warm, rule)
     with torch.cuda.device(device):
         try:
             if cuda_graph:
@@ -162,8 +173,8 @@ def measure(
             enqueue_s = _warm_up(call, prepare, warmup_calls, device)
             return loop.run(call, prepare, "cuda_events" if timer == "events" else "cupti_kernels", enqueue_s)
         except NoKernelSeen:  # CUPTI links no kernel to the call: the events timer still sees its device time
-            return measure(call, prepare, device, min_time_s=min_time_s, min_reps=min_reps, max_reps=max_reps,
-                           warmup_calls=warmup_calls, cuda_graph=cuda_graph, timer="events", warm=warm)
+            return measure(call, prepare, device, rule=rule, warmup_calls=warmup_calls, cuda_graph=cuda_graph,
+                           timer="events", warm=warm)
 
 
 def _warm_up(call, prepare, calls: int, device: torch.device | None = None) -> float:
@@ -190,9 +201,7 @@ class _Loop:
     device: torch.device
     timer: str
     warm: Sequence[torch.Tensor]
-    min_time_s: float
-    min_reps: int
-    max_reps: int
+    rule: StoppingRule
 
     def run(self, call, prepare, method: str, enqueue_s: float, result: Any = None) -> Measured:
         """``result`` overrides the call's return value as the output to snapshot (a graph replay
@@ -200,15 +209,15 @@ class _Loop:
         lead_ms = min(2 * enqueue_s * 1e3 + 0.02, 10.0)
         lead_cycles = int(lead_ms * _sleep_cycles_per_ms(self.device))
         profiler = _kernel_profiler() if self.timer == "kernels" else contextlib.nullcontext()
-        starts, ends = [], []
+        starts, ends, event_ms = [], [], []
         output = None
+        stopped_by = None
         read = _clock_reader(self.device)
         sampler = ClockSampler(read).start() if read is not None else None
         try:
             with profiler as prof:
                 loop_start = time.perf_counter()
-                while len(starts) < self.max_reps and (
-                        len(starts) < self.min_reps or time.perf_counter() - loop_start < self.min_time_s):
+                while stopped_by is None:
                     prepare()
                     _flush_l2(self.device)
                     read_back(self.warm)
@@ -220,25 +229,32 @@ class _Loop:
                         end.record()
                     starts.append(start)
                     ends.append(end)
-                    if len(starts) % 256 == 0:
-                        end.synchronize()  # keep the host from running far ahead of the device
+                    elapsed = time.perf_counter() - loop_start
+                    stopped_by = self.rule.capped(len(starts), elapsed)
+                    if stopped_by is None and self.rule.due(len(starts)):
+                        end.synchronize()  # the times so far (this also keeps the host from running far ahead)
+                        event_ms += [s.elapsed_time(e) for s, e in zip(starts[len(event_ms):], ends[len(event_ms):])]
+                        stopped_by = PRECISION if self.rule.settled(event_ms, elapsed) else None
                 ends[-1].synchronize()
                 last = _snapshot(output if result is None else result)
                 torch.cuda.synchronize(self.device)
         finally:
             clock = sampler.stop() if sampler is not None else None
-        times = ([s.elapsed_time(e) for s, e in zip(starts, ends)] if prof is None
-                 else _kernel_times(prof, len(starts)))
+        event_ms += [s.elapsed_time(e) for s, e in zip(starts[len(event_ms):], ends[len(event_ms):])]
+        times = event_ms if prof is None else _kernel_times(prof, len(starts))
         if prof is not None and not all(times):
             raise NoKernelSeen(f"the kernels timer saw no kernel in {times.count(0.0)} of {len(times)} calls")
         return Measured(method, times, last, True, lead_ms * 1e3, bool(self.warm),
                         clock.mean_mhz() if clock is not None else None,
-                        clock.limited_share() if clock is not None else None)
+                        clock.limited_share() if clock is not None else None,
+                        stopped_by, median_rel_error(event_ms))
 
 
 def _kernel_profiler():
     from torch.profiler import ProfilerActivity, profile
 
+    # torch 2.11 says, once per process, that a profile without a schedule keeps one cycle: it has one
+    warnings.filterwarnings("ignore", message="Warning: Profiler clears events at the end of each cycle")
     return profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
 
 
@@ -273,16 +289,22 @@ def _kernel_times(prof: Any, calls: int) -> list[float]:
     return times
 
 
-def _measure_cpu(call, prepare, min_time_s, min_reps, max_reps) -> Measured:
-    times = []
+def _measure_cpu(call, prepare, rule: StoppingRule) -> Measured:
+    times: list[float] = []
     output = None
+    stopped_by = None
     loop_start = time.perf_counter()
-    while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() - loop_start < min_time_s):
+    while stopped_by is None:
         prepare()
         t0 = time.perf_counter()
         output = call()
         times.append((time.perf_counter() - t0) * 1e3)
-    return Measured("cpu_wall", times, _snapshot(output), False)
+        elapsed = time.perf_counter() - loop_start
+        stopped_by = rule.capped(len(times), elapsed)
+        if stopped_by is None and rule.due(len(times)) and rule.settled(times, elapsed):
+            stopped_by = PRECISION
+    return Measured("cpu_wall", times, _snapshot(output), False, stopped_by=stopped_by,
+                    median_rel_error=median_rel_error(times))
 
 
 def _measure_graph(call, prepare, loop: _Loop, warmup_calls) -> Measured:

@@ -70,6 +70,10 @@ class Timing(StrictModel):
     #: clock held down for power or heat (CUDA, where NVML answers)
     sm_clock_mhz: Optional[NonNegativeFloat] = None
     clock_limited_share: Optional[float] = Field(default=None, ge=0, le=1)
+    #: what ended the timed loop ("precision", "time cap", "repetitions cap"), and the median's
+    #: estimated relative standard error then (replay/stopping.py)
+    stopped_by: Optional[str] = None
+    median_rel_error: Optional[NonNegativeFloat] = None
 
 
 class BenchmarkResult(StrictModel):

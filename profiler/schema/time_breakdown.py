@@ -20,6 +20,21 @@ class SolutionTime(StrictModel):
     s: NonNegativeFloat
 
 
+class Spread(StrictModel):
+    median: NonNegativeFloat
+    p90: NonNegativeFloat
+    max: NonNegativeFloat
+
+
+class Stopping(StrictModel):
+    """What the timed loops' stopping rule cost in precision (replay/stopping.py)."""
+
+    #: pairs by what ended their timed loop: precision, time cap, repetitions cap
+    pairs_stopped_by: dict[str, NonNegativeInt]
+    #: the medians' estimated relative standard errors over the timed pairs (None: none timed)
+    median_rel_error: Optional[Spread] = None
+
+
 class TimeBreakdownDocument(StrictModel):
     pairs: NonNegativeInt
     wall_s: NonNegativeFloat
@@ -30,5 +45,6 @@ class TimeBreakdownDocument(StrictModel):
     worker_start_and_transfer_s: NonNegativeFloat
     pairs_wall_s: NonNegativeFloat
     prewarmed: Prewarmed
+    stopping: Optional[Stopping] = None
     #: per solution label: its pairs and the seconds their phases took
     by_solution: dict[str, SolutionTime]
