@@ -1,9 +1,10 @@
 """Tables that show every name whole, at any width (a log, a CI job, ``| tee`` at 80 columns).
 
 A kernel engineer acts on a row by its Definition's name, so no cell is cut or wrapped. Where the
-table with whole names is wider than the console, the names in its first column become keys
-(``[1]``, ``[2]``, ...) listed whole under it. Long words (why a row has no native) are not cells:
-:class:`Notes` turns them into numbered notes printed under the table.
+table with whole names is wider than the console, the longest names in its first column become
+keys (``[1]``, ``[2]``, ..., as many as it takes to fit) listed whole under it. Long words (why
+a row has no native) are not cells: :class:`Notes` turns them into numbered notes printed under
+the table.
 """
 
 from __future__ import annotations
@@ -31,18 +32,33 @@ class Notes:
 
 def print_table(console: Console, title: str, headers: Sequence[str], rows: Sequence[Sequence[str]],
                 left: Sequence[str] = (), notes: Notes | None = None) -> None:
-    """A table whose cells never wrap; the first column's names keyed under it where they would
-    not fit whole. ``left``: the headers of the left-justified columns (the first one always is)."""
-    table = _table(title, headers, rows, left)
-    keyed = _width(console, table) > console.width and len(rows) > 0
-    if keyed:
-        table = _table(title, headers, [[f"[{i}]", *row[1:]] for i, row in enumerate(rows, 1)], left)
-    console.print(table)
-    if keyed:
-        for i, row in enumerate(rows, 1):
-            console.print(f"  [{i}] {row[0]}", markup=False, highlight=False, soft_wrap=True)
+    """A table whose cells never wrap; the longest of the first column's names keyed under it
+    where they would not fit whole. ``left``: the headers of the left-justified columns (the first one always is)."""
+    names = [row[0] for row in rows]
+    keyed: set[str] = set()  # the names keyed, longest first, until the table fits
+    for name in sorted(set(names), key=len, reverse=True):
+        if _width(console, _table(title, headers, _keyed(rows, _numbered(names, keyed)), left)) <= console.width:
+            break
+        keyed.add(name)
+    keys = _numbered(names, keyed)
+    console.print(_table(title, headers, _keyed(rows, keys), left))
+    for name, key in keys.items():
+        console.print(f"  {key} {name}", markup=False, highlight=False, soft_wrap=True)
     for i, text in enumerate(notes.texts if notes is not None else (), 1):
         console.print(f"  ({i}) {text}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _numbered(names: Sequence[str], keyed: set[str]) -> dict[str, str]:
+    """Keys for the ``keyed`` names, numbered in the order the rows have them."""
+    keys: dict[str, str] = {}
+    for name in names:
+        if name in keyed and name not in keys:
+            keys[name] = f"[{len(keys) + 1}]"
+    return keys
+
+
+def _keyed(rows: Sequence[Sequence[str]], keys: dict[str, str]) -> list[list[str]]:
+    return [[keys.get(row[0], row[0]), *row[1:]] for row in rows]
 
 
 def _table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]], left: Sequence[str]) -> Table:
