@@ -1105,3 +1105,18 @@ def test_solutions_in_flashinfer_benchs_form_are_read(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps(doc(torch_compile=True, language="cuda")))
     with pytest.raises(DatasetError, match="torch_compile: true is for a python entry point"):
         load_solutions([tmp_path / "bad.json"])
+
+
+def test_results_written_into_the_dataset_leave_its_workloads_whole(dataset_dir, tmp_path):
+    """``--out`` the capture itself, with fewer workloads replayed than it holds: its workloads
+    stay as they were, and its traces are added beside them."""
+    root = tmp_path / "capture"
+    shutil.copytree(dataset_dir, root)
+    before = {p: p.read_text() for p in (root / "workloads").rglob("*.jsonl")}
+    result = CliRunner().invoke(app, ["replay", str(root), "--definitions", RMSNORM, "--max-workloads", "1", "--out",
+                                      str(root), "--device", "cpu", "--max-time", "0.01"])  # 1 of its 2 workloads
+    assert result.exit_code == 0, result.output
+    assert {p: p.read_text() for p in (root / "workloads").rglob("*.jsonl")} == before
+    ran = [r for r in read_results(root / "results.jsonl") if r.source != REFERENCE]
+    assert len({r.workload for r in ran}) == 1 and ran
+    assert len((root / "traces" / "rmsnorm" / f"{RMSNORM}.jsonl").read_text().splitlines()) == len(ran)

@@ -56,16 +56,20 @@ STATUS = {
 
 def write_dataset(out_dir: Path, dataset: Dataset, solutions: dict[str, list[Solution]]) -> None:
     """The Definitions, workloads (and their blobs) and solutions of a replay; ``solutions``:
-    per Definition, those it replays. The traces start empty (:func:`append_traces` fills them)."""
+    per Definition, those it replays. The traces start empty (:func:`append_traces` fills them).
+    Results written into the dataset's own folder leave its Definitions and workloads as they are
+    (a replay of some of them must not replace the rest)."""
+    inside = out_dir.resolve() == dataset.root.resolve()
     for name, definition in dataset.definitions.items():
         workloads = dataset.workloads.get(name, [])
         if not workloads:
             continue
-        _write(out_dir / "definitions" / definition.op_type / f"{name}.json", definition.to_json())
-        lines = [Trace(definition=name, workload=w).model_dump_json(exclude_none=True) for w in workloads]
-        _write(out_dir / "workloads" / definition.op_type / f"{name}.jsonl", "\n".join(lines) + "\n")
-        for workload in workloads:
-            _copy_blobs(workload, dataset.root, out_dir)
+        if not inside:
+            _write(out_dir / "definitions" / definition.op_type / f"{name}.json", definition.to_json())
+            lines = [Trace(definition=name, workload=w).model_dump_json(exclude_none=True) for w in workloads]
+            _write(out_dir / "workloads" / definition.op_type / f"{name}.jsonl", "\n".join(lines) + "\n")
+            for workload in workloads:
+                _copy_blobs(workload, dataset.root, out_dir)
         for solution in solutions.get(name, []):
             _write(out_dir / "solutions" / definition.op_type / name / f"{solution.name}.json",
                    solution_document(solution, definition))
