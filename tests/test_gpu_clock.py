@@ -169,7 +169,7 @@ def test_the_projection_sets_the_engines_clock_beside_the_replays_and_names_it_w
     console = Console(record=True, width=250)
     print_measured(console, list(found.values()), 200.0, "cuda", frozenset({"cupti_kernels"}))
     text = console.export_text()
-    assert "SM MHz engine / replay" in text and "1,610 / 1,975" in text and "- / -" in text
+    assert "SM MHz eng/replay" in text and "1,610/1,975" in text and "-/-" in text
     # the attention row is off (0.80) and ran at a lower clock in the engine: named; the GEMM is within ±10%
     note = next(line for line in text.splitlines() if line.startswith("! of those"))
     assert "attn 1,610 against 1,975 MHz" in note and "gemm" not in note
