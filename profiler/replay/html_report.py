@@ -17,6 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Optional
 
+from fi_profile.capture.output import write_atomically
 from fi_profile.replay.projection import KernelProjection, MeasuredRow
 from fi_profile.replay.runner import REFERENCE, label_of
 from fi_profile.replay.workload_size import input_size
@@ -64,9 +65,7 @@ def write_report(out_dir: Path, results: list[BenchmarkResult], definitions: dic
                      [("", _unattributed_figure(go, record))]))
     page = _page(get_plotlyjs(), record, sections, _misses(record))
     path = out_dir / FILE
-    temporary = path.with_name(f".{FILE}.tmp")
-    temporary.write_text(page)
-    temporary.replace(path)
+    write_atomically(path, page)
     return path
 
 

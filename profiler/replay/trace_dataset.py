@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Iterable, Optional
 
+from fi_profile.capture.output import write_atomically
 from fi_profile.replay.dataset import Dataset
 from fi_profile.schema import BenchmarkResult, Definition, Solution, Trace, Workload
 from fi_profile.schema.benchmark_result import Status
@@ -65,13 +65,13 @@ def write_dataset(out_dir: Path, dataset: Dataset, solutions: dict[str, list[Sol
         if not workloads:
             continue
         if not inside:
-            _write(out_dir / "definitions" / definition.op_type / f"{name}.json", definition.to_json())
+            write_atomically(out_dir / "definitions" / definition.op_type / f"{name}.json", definition.to_json())
             lines = [Trace(definition=name, workload=w).model_dump_json(exclude_none=True) for w in workloads]
-            _write(out_dir / "workloads" / definition.op_type / f"{name}.jsonl", "\n".join(lines) + "\n")
+            write_atomically(out_dir / "workloads" / definition.op_type / f"{name}.jsonl", "\n".join(lines) + "\n")
             for workload in workloads:
                 _copy_blobs(workload, dataset.root, out_dir)
         for solution in solutions.get(name, []):
-            _write(out_dir / "solutions" / definition.op_type / name / f"{solution.name}.json",
+            write_atomically(out_dir / "solutions" / definition.op_type / name / f"{solution.name}.json",
                    solution_document(solution, definition))
         traces = out_dir / "traces" / definition.op_type / f"{name}.jsonl"
         traces.parent.mkdir(parents=True, exist_ok=True)
@@ -148,11 +148,3 @@ def _copy_blobs(workload: Workload, root: Path, out_dir: Path) -> None:
             if src.is_file() and not dst.exists():
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(src, dst)
-
-
-def _write(path: Path, text: str) -> None:
-    """Whole or not at all (a temporary file renamed)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(text)
-    os.replace(temporary, path)
