@@ -45,3 +45,13 @@ def test_the_repetitions_cap_and_the_minimum_time_hold():
     assert sum(at_least.times_ms) >= 45 and at_least.stopped_by == PRECISION
     slow = measure(lambda: time.sleep(0.02), lambda: None, CPU, rule=StoppingRule(max_time_s=0.01))
     assert len(slow.times_ms) == 10  # the cap comes after the first 10 calls
+
+
+def test_the_looks_come_after_the_first_calls_then_ever_further_apart():
+    rule = StoppingRule(min_reps=10, check_every=8)
+    sizes, reps = [], 0
+    while reps < 200:
+        sizes.append(rule.batch(reps))
+        reps += sizes[-1]
+    assert sizes[:3] == [10, 8, 9] and sizes[-1] == 67
+    assert len(sizes) == 8  # a loop of 200 calls looks at its times 8 times, not 24

@@ -11,7 +11,7 @@ import torch
 
 from fi_profile.catalog import shipped_definition
 from fi_profile.replay.evaluate import per_step_inputs
-from fi_profile.replay.timing import TIMED_RANGE, _kernel_times, measure
+from fi_profile.replay.timing import TIMED_RANGE, KernelSession, _kernel_times, _timed_range, measure
 
 
 def test_a_steps_inputs_are_its_activations_not_its_weights_or_kv_cache():
@@ -57,8 +57,13 @@ class Event:
 
 
 class Profile:
+    """A finished KernelSession's view: its events."""
+
     def __init__(self, events):
-        self.profiler = type("P", (), {"kineto_results": type("R", (), {"events": staticmethod(lambda: events)})})()
+        self._events = events
+
+    def events(self):
+        return self._events
 
 
 def test_the_kernels_timer_sums_each_calls_own_kernels_and_leaves_the_flush_out():
@@ -83,3 +88,16 @@ def test_the_kernels_timer_sums_each_calls_own_kernels_and_leaves_the_flush_out(
 def test_an_unknown_timer_is_refused():
     with pytest.raises(ValueError, match="timer 'wall'"):
         measure(lambda: None, lambda: None, torch.device("cpu"), timer="wall")
+
+
+def test_a_kernel_session_sees_each_timed_range_and_starts_again_for_the_next_pair():
+    """Kineto wants a prepare before every start (a second start without one crashed the process)."""
+    a = torch.randn(64, 64)
+    for calls in (3, 5):
+        with KernelSession(activities=(torch.autograd.ProfilerActivity.CPU,)) as session:
+            for _ in range(calls):
+                with _timed_range("kernels"):
+                    torch.mm(a, a)
+        ranges = [e for e in session.events() if e.name() == TIMED_RANGE]
+        assert len(ranges) == calls
+        assert any(e.name() == "aten::mm" for e in session.events())

@@ -39,8 +39,14 @@ class StoppingRule:
     max_reps: int = 100_000
     min_time_s: float = 0.0
     max_time_s: float = 0.1
-    #: calls between two looks at the times (on CUDA each look waits for the device)
+    #: calls between two looks at the times (on CUDA each look waits for the device), at least
     check_every: int = 8
+
+    def batch(self, reps: int) -> int:
+        """How many calls to make before the next look, after ``reps``: ``min_reps`` first, then
+        half as many as so far (at least ``check_every``), so that the looks (on CUDA each a wait
+        for the device, under the kernels timer a CUPTI session) stay few however long the loop."""
+        return self.min_reps if reps < self.min_reps else max(self.check_every, reps // 2)
 
     def due(self, reps: int) -> bool:
         """Whether to look at the times after ``reps`` calls."""

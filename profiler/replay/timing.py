@@ -34,11 +34,19 @@ import contextlib
 import math
 import statistics
 import time
-import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 import torch
+from torch._C._profiler import _ExperimentalConfig
+from torch.autograd import (
+    ProfilerActivity,
+    ProfilerConfig,
+    ProfilerState,
+    _disable_profiler,
+    _enable_profiler,
+    _prepare_profiler,
+)
 
 from fi_profile.capture.gpu_clock import ClockSampler, Reader, nvml_reader
 from fi_profile.capture.kernel_accounting import is_cuda_launch
@@ -64,8 +72,7 @@ class Measured:
     sm_clock_mhz: Optional[float] = None
     clock_limited_share: Optional[float] = None
     #: what ended the timed loop (:mod:`fi_profile.replay.stopping`), and the median's estimated
-    #: relative standard error then (of the times it decided on: under the kernels timer, the
-    #: events around the same calls)
+    #: relative standard error then
     stopped_by: Optional[str] = None
     median_rel_error: Optional[float] = None
 
@@ -196,7 +203,10 @@ def _warm_up(call, prepare, calls: int, device: torch.device | None = None) -> f
 @dataclass
 class _Loop:
     """The timed loop on CUDA: before each call the L2 flushed (and the per-step inputs read back),
-    a host lead spun; events around each call, and under the ``kernels`` timer the profiler on."""
+    a host lead spun; events around each call. The calls run in batches (:meth:`StoppingRule.batch`),
+    after each of which the times so far decide whether to go on; under the ``kernels`` timer each
+    batch is one CUPTI session (:class:`KernelSession`), so the loop decides on the kernels' own
+    durations, steadier than the events around a call of a few µs, and a session's events stay few."""
 
     device: torch.device
     timer: str
@@ -208,54 +218,77 @@ class _Loop:
         returns nothing)."""
         lead_ms = min(2 * enqueue_s * 1e3 + 0.02, 10.0)
         lead_cycles = int(lead_ms * _sleep_cycles_per_ms(self.device))
-        profiler = _kernel_profiler() if self.timer == "kernels" else contextlib.nullcontext()
-        starts, ends, event_ms = [], [], []
-        output = None
+        times: list[float] = []
         stopped_by = None
         read = _clock_reader(self.device)
         sampler = ClockSampler(read).start() if read is not None else None
         try:
-            with profiler as prof:
-                loop_start = time.perf_counter()
-                while stopped_by is None:
-                    prepare()
-                    _flush_l2(self.device)
-                    read_back(self.warm)
-                    torch.cuda._sleep(lead_cycles)
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    with _timed_range(self.timer):
-                        start.record()
-                        output = call()
-                        end.record()
-                    starts.append(start)
-                    ends.append(end)
-                    elapsed = time.perf_counter() - loop_start
-                    stopped_by = self.rule.capped(len(starts), elapsed)
-                    if stopped_by is None and self.rule.due(len(starts)):
-                        end.synchronize()  # the times so far (this also keeps the host from running far ahead)
-                        event_ms += [s.elapsed_time(e) for s, e in zip(starts[len(event_ms):], ends[len(event_ms):])]
-                        stopped_by = PRECISION if self.rule.settled(event_ms, elapsed) else None
-                ends[-1].synchronize()
-                last = _snapshot(output if result is None else result)
-                torch.cuda.synchronize(self.device)
+            loop_start = time.perf_counter()
+            while stopped_by is None:
+                batch, output = self._batch(call, prepare, lead_cycles, len(times), loop_start)
+                times += batch
+                elapsed = time.perf_counter() - loop_start
+                stopped_by = self.rule.capped(len(times), elapsed)
+                if stopped_by is None and self.rule.settled(times, elapsed):
+                    stopped_by = PRECISION
+            last = _snapshot(output if result is None else result)
+            torch.cuda.synchronize(self.device)
         finally:
             clock = sampler.stop() if sampler is not None else None
-        event_ms += [s.elapsed_time(e) for s, e in zip(starts[len(event_ms):], ends[len(event_ms):])]
-        times = event_ms if prof is None else _kernel_times(prof, len(starts))
-        if prof is not None and not all(times):
-            raise NoKernelSeen(f"the kernels timer saw no kernel in {times.count(0.0)} of {len(times)} calls")
         return Measured(method, times, last, True, lead_ms * 1e3, bool(self.warm),
                         clock.mean_mhz() if clock is not None else None,
                         clock.limited_share() if clock is not None else None,
-                        stopped_by, median_rel_error(event_ms))
+                        stopped_by, median_rel_error(times))
+
+    def _batch(self, call, prepare, lead_cycles: int, done: int, loop_start: float) -> tuple[list[float], Any]:
+        """The next batch of timed calls (cut short by a cap): their times (ms) and the last output."""
+        session = KernelSession() if self.timer == "kernels" else contextlib.nullcontext()
+        events = []
+        with session:
+            for _ in range(self.rule.batch(done)):
+                prepare()
+                _flush_l2(self.device)
+                read_back(self.warm)
+                torch.cuda._sleep(lead_cycles)
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                with _timed_range(self.timer):
+                    start.record()
+                    output = call()
+                    end.record()
+                events.append((start, end))
+                if self.rule.capped(done + len(events), time.perf_counter() - loop_start):
+                    break
+            events[-1][1].synchronize()
+        if self.timer != "kernels":
+            return [s.elapsed_time(e) for s, e in events], output
+        times = _kernel_times(session, len(events))
+        if not all(times):
+            raise NoKernelSeen(f"the kernels timer saw no kernel in {times.count(0.0)} of {len(times)} calls")
+        return times, output
 
 
-def _kernel_profiler():
-    from torch.profiler import ProfilerActivity, profile
+class KernelSession:
+    """One CUPTI session through torch's Kineto binding (what ``torch.profiler.profile`` drives),
+    without its Python layer: ``events()`` hands Kineto's own events over as they are, where
+    torch.profiler also builds its per-event Python objects and trace metadata per session, at a
+    cost that grows with the events a pair's timed loop makes (``benchmarks/kernels_timer_cost.py``)."""
 
-    # torch 2.11 says, once per process, that a profile without a schedule keeps one cycle: it has one
-    warnings.filterwarnings("ignore", message="Warning: Profiler clears events at the end of each cycle")
-    return profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+    def __init__(self, activities: Sequence[ProfilerActivity] = (ProfilerActivity.CPU, ProfilerActivity.CUDA)) -> None:
+        self._config = ProfilerConfig(ProfilerState.KINETO, False, False, False, False, False, _ExperimentalConfig())
+        self._activities = set(activities)
+        self._result: Any = None
+
+    def __enter__(self) -> "KernelSession":
+        activities = self._activities
+        _prepare_profiler(self._config, activities)  # Kineto takes one before each start
+        _enable_profiler(self._config, activities)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._result = _disable_profiler()
+
+    def events(self) -> list[Any]:
+        return self._result.events()
 
 
 def _timed_range(timer: str):
@@ -265,8 +298,9 @@ def _timed_range(timer: str):
 
 
 def _kernel_times(prof: Any, calls: int) -> list[float]:
-    """Per timed call, the summed durations (ms) of the kernels (and copies) launched inside its range."""
-    events = prof.profiler.kineto_results.events()
+    """Per timed call, the summed durations (ms) of the kernels (and copies) launched inside its range
+    (``prof``: a finished :class:`KernelSession`)."""
+    events = prof.events()
     cpu = [e for e in events if e.device_type() == torch.autograd.DeviceType.CPU]
     ranges = sorted((e.start_ns(), e.start_ns() + e.duration_ns()) for e in cpu if e.name() == TIMED_RANGE)
     if len(ranges) != calls:
