@@ -34,3 +34,20 @@ def test_names_too_long_for_the_width_are_keyed_and_listed_whole():
 
 def test_an_empty_table_prints_its_headers():
     assert any("kernel" in line for line in printed(80, []))
+
+
+def test_columns_too_many_for_the_width_go_on_to_a_second_table_every_number_whole():
+    """The projection table of an 8B model at 80 columns: eight columns, numbers of up to 8 digits."""
+    console = Console(record=True, width=80)
+    headers = ["kernel", "calls", "measured", "projected", "ratio", "SM MHz eng/replay", "engine's kernel", "best saves"]
+    rows = [[f"gemm_bf16_n{n}_k4096", "16896", "1226.123", "1153.851", "0.94 !", "1,784/1,979", "sglang, sglang_triton",
+             "213.514"] for n in (28672, 6144, 4096)]
+    print_table(console, "projection", headers, rows, left=("engine's kernel",))
+    lines = console.export_text().splitlines()
+    assert all(len(line) <= 80 for line in lines) and not any("…" in line for line in lines), lines
+    assert sum(line.startswith("┃ ") for line in lines) == 2  # two tables' header rows
+    assert any(line.rstrip() == "(continued)" for line in lines)
+    for cell in rows[0][1:]:
+        assert sum(cell in line for line in lines) == 3, cell  # every cell whole, once per row
+    headers_seen = " ".join(line for line in lines if line.startswith("┃ "))
+    assert all(header in headers_seen for header in headers[1:])
