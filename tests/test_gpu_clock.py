@@ -170,9 +170,17 @@ def test_the_projection_sets_the_engines_clock_beside_the_replays_and_names_it_w
     print_measured(console, list(found.values()), 200.0, "cuda", frozenset({"cupti_kernels"}))
     text = console.export_text()
     assert "SM MHz eng/replay" in text and "1,610/1,975" in text and "-/-" in text
-    # the attention row is off (0.80) and ran at a lower clock in the engine: named; the GEMM is within ±10%
+    # the attention row is off (0.80) and ran at a lower clock in the engine: named, with its ratio at the
+    # engine's clock (80 ms x 1975 / 1610 = 98.1 ms of 100); the GEMM is within ±10%
     note = next(line for line in text.splitlines() if line.startswith("! of those"))
-    assert "attn 1,610 against 1,975 MHz" in note and "gemm" not in note
+    assert "attn 1,610 against 1,975 MHz (× 0.98 at the engine's clock)" in note and "gemm" not in note
+    attn = next(line for line in text.splitlines() if line.startswith("│ attn "))
+    assert "0.80 !" in attn and "0.98" in attn
+    # the total: (80 + 97 + 1) / 200 as replayed; (98.1 + 97 x 1900 / 1790 + 1) / 200 at the engine's clocks
+    total = next(line for line in text.splitlines() if line.startswith("engine kernel time"))
+    assert "(× 0.89, outside ±5%)" in total
+    assert "× 1.01 with the replayed times scaled to the engine's SM clock where both clocks are known (2 of 3 rows)" \
+        in total
 
 
 def test_without_clocks_the_table_has_no_clock_column():

@@ -177,6 +177,15 @@ class MeasuredRow:
     def ratio(self) -> Optional[float]:
         return self.projected_ms / self.measured_ms if self.projected_ms is not None and self.measured_ms > 0 else None
 
+    @property
+    def at_engine_clock_ms(self) -> Optional[float]:
+        """The projection with its replayed times scaled from the replay's SM clock to the engine's
+        (× replay MHz / engine MHz), as a kernel bound by its SM clock would take: the most the
+        clocks explain (a kernel bound by memory slows less). None where either clock is unknown."""
+        if self.projected_ms is None or not self.engine_mhz or not self.replay_mhz:
+            return None
+        return self.projected_ms * self.replay_mhz / self.engine_mhz
+
 
 def against_measurement(rows: list[KernelProjection], kernels: EngineKernels) -> list[MeasuredRow]:
     """Each row of an engine-baseline projection beside the engine's measured time; Definitions

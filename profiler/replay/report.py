@@ -164,7 +164,7 @@ def print_measured(console: Console, rows: list[MeasuredRow], total_ms: float, d
     clocks = any(r.engine_mhz is not None or r.replay_mhz is not None for r in rows)
     headers = ["kernel", "calls", "measured", "projected", "ratio", "engine's kernel", "best saves"]
     if clocks:
-        headers.insert(5, "SM MHz eng/replay")
+        headers[5:5] = ["SM MHz eng/replay", "at eng. MHz"]
     off, cells, notes = [], [], Notes()
     for row in rows:
         ratio = row.ratio
@@ -177,10 +177,14 @@ def print_measured(console: Console, rows: list[MeasuredRow], total_ms: float, d
                 f"{row.projected_ms:.3f}" if row.projected_ms is not None else "-",
                 f"{ratio:.2f}{flag}" if ratio is not None else "-", engine, f"{row.saved_ms:.3f}"]
         if clocks:
-            line.insert(5, f"{_mhz(row.engine_mhz)}/{_mhz(row.replay_mhz)}")
+            scaled = row.at_engine_clock_ms
+            line[5:5] = [f"{_mhz(row.engine_mhz)}/{_mhz(row.replay_mhz)}",
+                         f"{scaled / row.measured_ms:.2f}" if scaled is not None and row.measured_ms > 0 else "-"]
         cells.append(line)
     print_table(console, f"projection against the engine's measured {what} (ms, over the captured steps{how}; "
-                "ratio: projected / measured)", headers, cells, left=("engine's kernel",), notes=notes)
+                "ratio: projected / measured"
+                + ("; at eng. MHz: the ratio with the replayed times scaled to the engine's SM clock" if clocks else "")
+                + ")", headers, cells, left=("engine's kernel",), notes=notes)
     compared = [r for r in rows if r.projected_ms is not None]
     measured = sum(r.measured_ms for r in compared)
     projected = sum(r.projected_ms for r in compared)  # type: ignore[misc]
@@ -190,6 +194,13 @@ def print_measured(console: Console, rows: list[MeasuredRow], total_ms: float, d
     if measured > 0:
         ratio = projected / measured
         line += f" (× {ratio:.2f}{', outside ±5%' if abs(ratio - 1) > TOTAL_TOLERANCE else ''})"
+        scaled = [r for r in compared if r.at_engine_clock_ms is not None]
+        if scaled and len(scaled) < len(compared):
+            line += f"; × {sum(_at_engine_clock(r) for r in compared) / measured:.2f} with the replayed times scaled to " \
+                    f"the engine's SM clock where both clocks are known ({len(scaled)} of {len(compared)} rows)"
+        elif scaled:
+            line += f"; × {sum(_at_engine_clock(r) for r in compared) / measured:.2f} with the replayed times scaled " \
+                    "to the engine's SM clock (as a kernel bound by its clock: the most the clocks explain)"
     if len(compared) < len(rows):
         line += f"; {len(rows) - len(compared)} row(s) have no replay of the engine's kernel"
     console.print(line, markup=False, highlight=False, soft_wrap=True)
@@ -202,7 +213,8 @@ def print_measured(console: Console, rows: list[MeasuredRow], total_ms: float, d
         slower = [r for r in off if r.engine_mhz and r.replay_mhz and r.engine_mhz < (1 - CLOCK_GAP) * r.replay_mhz]
         if slower:
             console.print("! of those, the engine ran at a lower SM clock than the replay timed at (measured, NVML): "
-                          + "; ".join(f"{' + '.join(r.kernels)} {r.engine_mhz:,.0f} against {r.replay_mhz:,.0f} MHz"
+                          + "; ".join(f"{' + '.join(r.kernels)} {r.engine_mhz:,.0f} against {r.replay_mhz:,.0f} MHz "
+                                      f"(× {_at_engine_clock(r) / r.measured_ms:.2f} at the engine's clock)"
                                       for r in slower)
                           + ": a compute-bound kernel takes longer in proportion", markup=False, highlight=False,
                           soft_wrap=True)
@@ -218,6 +230,12 @@ def print_measured(console: Console, rows: list[MeasuredRow], total_ms: float, d
         console.print("note: CUDA events time a kernel of a few µs at 2-2.5× the duration the engine's accounting "
                       "measures for it (benchmarks/l2_state.py); the kernels timer (the default) times the replay as "
                       "the accounting does", markup=False, highlight=False, soft_wrap=True)
+
+
+def _at_engine_clock(row: MeasuredRow) -> float:
+    """The row's projection at the engine's clock, or as replayed where a clock is unknown."""
+    scaled = row.at_engine_clock_ms
+    return scaled if scaled is not None else row.projected_ms  # type: ignore[return-value]
 
 
 def _mhz(value: Optional[float]) -> str:
