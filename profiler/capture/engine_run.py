@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
 from fi_profile.capture.completeness import judged
+from fi_profile.capture.engine_failure import log_size, with_root_cause
+from fi_profile.capture.engine_output import ENGINE_LOG
 from fi_profile.capture.interruption import Interrupted
 from fi_profile.capture.kernel_accounting import prepare as prepare_accounting
 from fi_profile.capture.lengths import Length, draw_lengths
@@ -234,12 +236,15 @@ def run_capture(engine_class: Callable[..., Engine],
 
             remember(out_dir, options.model, engine.framework, options.max_workloads,
                      run_info(engine.version, options, engine.attention_backend, status))
+        log = out_dir / ENGINE_LOG
+        generation_began = log_size(log)
         try:
             tokens, failure = engine.generate(options.scenario), None
         except Exception as exc:  # the engine died (or raised): keep what was saved
             if not options.capture:
                 raise
-            tokens, failure = [], f"{type(exc).__name__}: {exc}"
+            said = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+            tokens, failure = [], with_root_cause(said, log, generation_began)
         except Interrupted as stop:  # SIGINT / SIGTERM: keep what was saved, then shut the engine down
             if not options.capture:
                 raise
