@@ -159,6 +159,31 @@ def test_the_pytorch_baseline_computes_each_variant_as_its_reference(stage, vari
     torch.testing.assert_close(lse, expected["lse"], atol=1e-3, rtol=1e-3)
 
 
+@pytest.mark.parametrize("budget", [1 << 30, 1], ids=["together", "one_by_one"])
+def test_the_pytorch_decode_baseline_takes_the_requests_together_a_keyless_one_too(budget):
+    """Decode requests are attended together, padded to the longest and masked (the per-request
+    loop took 64 kernel launches a request); as many as fit ``DECODE_BYTES`` at once; a request with
+    no page keeps a zero output and a -inf LSE, as the reference leaves it."""
+    case = PagedCase([1, 1, 1, 1], [77, 5, 16, 40], seed=2)
+    variant = attention.Variant(window=24, sinks=True)
+    definition = variant_definition("decode", variant)
+    (baseline,) = [s for s in baseline_solutions(definition) if s.name.endswith("__torch")]
+    namespace: dict = {}
+    exec(baseline.sources[0].content, namespace)
+    namespace["DECODE_BYTES"] = budget
+    inputs = case.inputs(variant)
+    empty = 2  # the third request loses its page
+    indptr = inputs["kv_indptr"].clone()
+    inputs["kv_indices"] = torch.cat([inputs["kv_indices"][: int(indptr[empty])], inputs["kv_indices"][int(indptr[empty + 1]):]])
+    indptr[empty + 1:] -= 1
+    inputs["kv_indptr"] = indptr
+    out, lse = namespace["run"](**inputs)
+    expected = run_reference(definition, inputs)
+    torch.testing.assert_close(out, expected["output"], atol=1e-2, rtol=1.6e-2)
+    torch.testing.assert_close(lse, expected["lse"], atol=1e-3, rtol=1e-3)
+    assert not out[empty].any() and torch.isinf(lse[empty]).all()
+
+
 def test_variant_names_and_constants():
     assert attention.Variant(window=128, sinks=True).suffix() == "_swa128_sink"
     assert attention.Variant(soft_cap=50.0).suffix() == "_cap50" and attention.Variant(soft_cap=30.5).suffix() == "_cap30p5"
