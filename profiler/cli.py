@@ -480,8 +480,12 @@ def replay(
                             max_time_s=max_time, precision=precision,
                             cuda_graph=cuda_graph, timer=timer, warm_inputs=warm_inputs, baseline=baseline,
                             resume=resume, prewarm=prewarm)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
-               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+    # at the 80 columns of a log the counts, rate and ETA stay whole: a shorter bar, and the pair's
+    # name (what is being replayed now) cut to what is left
+    columns = (TextColumn("{task.description}"), BarColumn(bar_width=max(8, min(40, err.width - 72))),
+               MofNCompleteColumn(), TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"),
+               TimeRemainingColumn())
+    described = max(16, min(60, err.width - 56))
     with Progress(*columns, console=err) as bar:
         task = bar.add_task("replay", total=None, rate="")
         began = time.monotonic()
@@ -490,7 +494,9 @@ def replay(
         def advanced(advance: int, what: str, device: Optional[str] = None) -> None:
             done = bar.tasks[0].completed + advance
             per_minute = done / max(time.monotonic() - began, 1e-9) * 60
-            bar.update(task, advance=advance, description=f"all: {what}"[:60], rate=f"{per_minute:.0f} pairs/min")
+            what = f"all: {what}"
+            bar.update(task, advance=advance, rate=f"{per_minute:.0f} pairs/min",
+                       description=what if len(what) <= described else what[: described - 1] + "…")
             if device is None:  # a resumed pair, already in results.jsonl
                 return
             if device not in per_device:

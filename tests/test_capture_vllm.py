@@ -828,6 +828,9 @@ def test_the_replay_shows_every_definition_whole_at_80_columns(single, replayed)
     for name in counts(single):  # in a row, or keyed under its table, never cut
         assert re.search(rf"^(│ |  \[\d+\] ){re.escape(name)}( |$)", output, re.M), name
     assert "…" not in "".join(line for line in lines if line.startswith("│"))
+    progress = [line for line in lines if line.startswith("all: ")]  # the count, rate and ETA whole too
+    assert progress and all(len(line.rstrip()) <= 80 and re.search(r" \d+/\d+ +\d+ pairs/min .*ETA", line)
+                            for line in progress), progress
 
 
 def test_flashinfer_bench_reads_the_capture_and_its_replay_results(single, replayed):
