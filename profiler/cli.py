@@ -440,6 +440,7 @@ def replay(
         print_measured,
         print_projection,
         print_results,
+        timed_by,
     )
     from fi_profile.replay.runner import ReplayOptions, without_pairs
     from fi_profile.replay.runner import replay as run_replay
@@ -514,7 +515,7 @@ def replay(
     projection, against = [], []
     if dataset.record is not None:
         projection = project(dataset.record, results, captured_workloads, baseline, dataset.definitions)
-        print_projection(out, projection, dataset.record.model)
+        print_projection(out, projection, dataset.record.model, timed_by(results))
         measured = dataset.record.run.engine_kernels if dataset.record.run is not None else None
         if measured is not None:  # the projection as the engine ran its kernels, beside what they took
             engine = project(dataset.record, results, captured_workloads, ENGINE, dataset.definitions)

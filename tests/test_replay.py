@@ -546,7 +546,10 @@ def test_cli_replay_prints_tables_and_projection(dataset_dir, tmp_path, monkeypa
         ],
     )
     assert result.exit_code == 0, result.output
-    assert "best solution per Definition" in result.output and "× ref" in result.output
+    said = " ".join(result.output.split())
+    assert "best solution per Definition on cpu (timed by cpu_wall; --verbose: each solution)" in said
+    assert "kernel time per the captured calls (ms, timed by cpu_wall)" in said
+    assert "× ref" in result.output
     assert "test-model" in result.output and "saved" in result.output
     assert max(len(line) for line in result.output.splitlines() if line.startswith(("│", "┃"))) <= 80
     assert re.search(rf"^│ {GEMM} +│ +1 │ +2/2 │ torch", result.output, re.M), result.output  # whole, on its row

@@ -54,6 +54,13 @@ def _speedup(rs: list[BenchmarkResult], baseline: bool = False) -> Optional[floa
     return _geomean(values) if values else None
 
 
+def timed_by(results: list[BenchmarkResult]) -> str:
+    """How the results' times were taken (``timing.method``: ``cupti_kernels``, ``cuda_events`` where
+    CUPTI linked no kernel to a call, ``cpu_wall``), for a table's title."""
+    methods = sorted({r.timing.method for r in results if r.timing is not None})
+    return f"timed by {', '.join(methods)}" if methods else "not timed"
+
+
 def _x(value: Optional[float]) -> str:
     return f"{value:.2f}" if value is not None else "-"
 
@@ -75,7 +82,7 @@ def print_best(console: Console, results: list[BenchmarkResult]) -> None:
                      _x(_speedup(whole[best])) if best else "-",
                      _x(_speedup(whole[best], baseline=True)) if best else "-",
                      notes.mark("failed: " + ", ".join(failed)) if failed else ""])
-    print_table(console, f"best solution per Definition on {device} (--verbose: each solution)",
+    print_table(console, f"best solution per Definition on {device} ({timed_by(results)}; --verbose: each solution)",
                 ["Definition", "workloads", "passed", "best", "× ref", "× base", "note"], rows,
                 left=("best", "note"), notes=notes)
 
@@ -107,12 +114,14 @@ def print_results(console: Console, results: list[BenchmarkResult], definitions:
                 _x(_speedup(rs, baseline=True)) if any(r.baseline_speedup for r in passed) else "",
                 notes.mark(", ".join(failures)) if failures else "",
             ])
-        print_table(console, f"{name} on {device}",
+        print_table(console, f"{name} on {device}, {timed_by([r for rs in by_source.values() for r in rs])}",
                     ["solution", "passed", "median ms", *(("TFLOP/s", "% peak") if shown else ()), "× ref", "× base",
                      "failures"], rows, left=("failures",), notes=notes)
 
 
-def print_projection(console: Console, rows: list[KernelProjection], model: str) -> None:
+def print_projection(console: Console, rows: list[KernelProjection], model: str, timed: str = "") -> None:
+    """The model-level projection: each kernel's calls x its baseline's and best solution's times;
+    ``timed``: how those times were taken (:func:`timed_by`)."""
     notes, cells = Notes(), []
     for row in rows:
         cells.append([
@@ -124,7 +133,7 @@ def print_projection(console: Console, rows: list[KernelProjection], model: str)
             f"{row.count * row.best_ms:.3f}" if row.best_ms is not None else "-",
             f"{row.saved_ms:.3f}",
         ])
-    print_table(console, f"{model}: kernel time per the captured calls (ms)",
+    print_table(console, f"{model}: kernel time per the captured calls (ms{', ' + timed if timed else ''})",
                 ["kernel", "calls", "baseline", "base ms", "best", "best ms", "saved"], cells,
                 left=("baseline", "best"), notes=notes)
     compared = [r for r in rows if r.baseline_ms is not None]
