@@ -11,7 +11,11 @@ rule, as a replay times one pair:
 - ``kernels``: the call's own kernels' durations from CUPTI, through
   ``fi_profile.replay.timing.KernelSession`` (torch's Kineto binding, no Python post-processing);
 - ``kernels_torch_profiler``: the same batches, each session through ``torch.profiler.profile`` (as
-  replay used it before).
+  replay used it before);
+- ``kernels_no_lead``: the kernels timer without the spin kernel that leads each call (the host
+  enqueues while it spins, so that events time the device, not the launches; the kernels' own
+  durations leave the gaps out anyway): what a host-bound call (a reference's Python loop) would
+  save per pair if the kernels timer went without it.
 
 Per case and timer: the wall time of one ``measure`` (median over the pairs), the calls it timed
 and the median it reported. The difference between the ``kernels`` rows and ``events`` is what the
@@ -81,9 +85,10 @@ def cases(device: torch.device) -> dict[str, callable]:
             "per_request_loop_512": per_request_loop}
 
 
-def time_pairs(call, device, timer: str, session, pairs: int) -> dict:
+def time_pairs(call, device, timer: str, session, pairs: int, lead: bool = True) -> dict:
     walls, reps, medians = [], [], []
-    with mock.patch.object(timing, "KernelSession", session):
+    cycles = timing._sleep_cycles_per_ms if lead else (lambda device: 0.0)
+    with mock.patch.object(timing, "KernelSession", session), mock.patch.object(timing, "_sleep_cycles_per_ms", cycles):
         for _ in range(pairs):
             start = time.perf_counter()
             measured = timing.measure(call, lambda: None, device, timer=timer)
@@ -103,10 +108,11 @@ def main() -> None:
     device = torch.device("cuda")
     rows = []
     for name, call in cases(device).items():
-        for label, timer, session in (("events", "events", timing.KernelSession),
-                                      ("kernels", "kernels", timing.KernelSession),
-                                      ("kernels_torch_profiler", "kernels", TorchProfilerSession)):
-            row = {"case": name, "timer": label, **time_pairs(call, device, timer, session, args.pairs)}
+        for label, timer, session, lead in (("events", "events", timing.KernelSession, True),
+                                            ("kernels", "kernels", timing.KernelSession, True),
+                                            ("kernels_torch_profiler", "kernels", TorchProfilerSession, True),
+                                            ("kernels_no_lead", "kernels", timing.KernelSession, False)):
+            row = {"case": name, "timer": label, **time_pairs(call, device, timer, session, args.pairs, lead)}
             rows.append(row)
             print(f"{name:22} {label:24} {row['wall_s_median'] * 1e3:8.1f} ms/pair (first {row['wall_s_first'] * 1e3:7.1f})"
                   f"  {row['calls_median']:6.0f} calls  median {row['median_ms'] * 1e3:8.2f} us  {row['method']}")
