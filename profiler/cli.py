@@ -191,7 +191,7 @@ def _run_capture(engine: Callable[..., Engine], options: CaptureOptions, framewo
     """The capture, with the engine's output in ``DIR/engine.log`` (or here, ``verbose``) under a
     progress line; its summary printed. An engine that could not start or died mid-run exits 1,
     saying why (and what its processes saved)."""
-    from fi_profile.capture.engine_failure import known_cause, with_root_cause
+    from fi_profile.capture.engine_failure import known_cause, said_of, with_root_cause
     from fi_profile.capture.engine_output import ENGINE_LOG, ProgressLine, engine_output_to
     from fi_profile.capture.engine_run import EngineFailed, clear_output, run_capture
     from fi_profile.capture.interruption import Interrupted, signals_interrupt
@@ -232,7 +232,7 @@ def _run_capture(engine: Callable[..., Engine], options: CaptureOptions, framewo
         if cause is not None:  # a host the engine cannot run this model on: that, in one line
             err.print(f"[red]cannot run {options.model} here: {cause}{where}[/red]", highlight=False, soft_wrap=True)
             raise typer.Exit(code=1) from None
-        said = with_root_cause(f"{type(crash).__name__}: {(str(crash).strip().splitlines() or [''])[0]}", log)
+        said = with_root_cause(said_of(crash), log)
         err.print(f"[red]the engine failed: {said}{where}[/red]", highlight=False)
         _print_log_tail(log)
         raise typer.Exit(code=1) from None

@@ -47,6 +47,11 @@ def root_cause(log: Optional[Path], after: int = 0) -> Optional[str]:
     return None
 
 
+def said_of(exc: BaseException) -> str:
+    """``Type: the first line of its message``, as a one-line failure says an exception."""
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+
+
 def with_root_cause(said: str, log: Optional[Path], after: int = 0) -> str:
     """``said`` (the exception raised here, ``Type: message``), and the root cause in the log
     where that is another (vLLM's ``EngineDeadError: ... See stack trace (above) for the root

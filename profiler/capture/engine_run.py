@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
 from fi_profile.capture.completeness import judged
-from fi_profile.capture.engine_failure import log_size, with_root_cause
+from fi_profile.capture.engine_failure import log_size, said_of, with_root_cause
 from fi_profile.capture.engine_output import ENGINE_LOG
 from fi_profile.capture.interruption import Interrupted
 from fi_profile.capture.kernel_accounting import prepare as prepare_accounting
@@ -243,8 +243,7 @@ def run_capture(engine_class: Callable[..., Engine],
         except Exception as exc:  # the engine died (or raised): keep what was saved
             if not options.capture:
                 raise
-            said = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
-            tokens, failure = [], with_root_cause(said, log, generation_began)
+            tokens, failure = [], with_root_cause(said_of(exc), log, generation_began)
         except Interrupted as stop:  # SIGINT / SIGTERM: keep what was saved, then shut the engine down
             if not options.capture:
                 raise

@@ -80,8 +80,8 @@ def _measured_figure(go: Any, rows: list[MeasuredRow]) -> Any:
              f"{r.ratio:.2f}" if r.ratio is not None else f"{n}<br>not replayed: {html.escape(r.engine)}"
              for n, r in zip(names, rows)]
     clocks = [f"SM clock engine {r.engine_mhz or 0:,.0f} / replay {r.replay_mhz or 0:,.0f} MHz"
-              + (f"<br>at the engine's clock: × {r.at_engine_clock_ms / r.measured_ms:.2f}"
-                 if r.at_engine_clock_ms is not None and r.measured_ms > 0 else "") for r in rows]
+              + (f"<br>at the engine's clock: × {r.ratio_at_engine_clock:.2f}"
+                 if r.ratio_at_engine_clock is not None else "") for r in rows]
     figure = go.Figure([
         go.Bar(name="measured in the capture", y=names, x=[r.measured_ms for r in rows], orientation="h",
                hovertext=[f"{h}<br>{c}" for h, c in zip(hover, clocks)]),

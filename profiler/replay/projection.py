@@ -186,6 +186,12 @@ class MeasuredRow:
             return None
         return self.projected_ms * self.replay_mhz / self.engine_mhz
 
+    @property
+    def ratio_at_engine_clock(self) -> Optional[float]:
+        """:attr:`ratio` with the replayed times at the engine's clock (None: a clock unknown)."""
+        scaled = self.at_engine_clock_ms
+        return scaled / self.measured_ms if scaled is not None and self.measured_ms > 0 else None
+
 
 def against_measurement(rows: list[KernelProjection], kernels: EngineKernels) -> list[MeasuredRow]:
     """Each row of an engine-baseline projection beside the engine's measured time; Definitions

@@ -186,9 +186,7 @@ def print_measured(console: Console, rows: list[MeasuredRow], total_ms: float, d
                 f"{row.projected_ms:.3f}" if row.projected_ms is not None else "-",
                 f"{ratio:.2f}{flag}" if ratio is not None else "-", engine, f"{row.saved_ms:.3f}"]
         if clocks:
-            scaled = row.at_engine_clock_ms
-            line[5:5] = [f"{_mhz(row.engine_mhz)}/{_mhz(row.replay_mhz)}",
-                         f"{scaled / row.measured_ms:.2f}" if scaled is not None and row.measured_ms > 0 else "-"]
+            line[5:5] = [f"{_mhz(row.engine_mhz)}/{_mhz(row.replay_mhz)}", _x(row.ratio_at_engine_clock)]
         cells.append(line)
     print_table(console, f"projection against the engine's measured {what} (ms, over the captured steps{how}; "
                 "ratio: projected / measured"
@@ -204,12 +202,11 @@ def print_measured(console: Console, rows: list[MeasuredRow], total_ms: float, d
         ratio = projected / measured
         line += f" (× {ratio:.2f}{', outside ±5%' if abs(ratio - 1) > TOTAL_TOLERANCE else ''})"
         scaled = [r for r in compared if r.at_engine_clock_ms is not None]
-        if scaled and len(scaled) < len(compared):
-            line += f"; × {sum(_at_engine_clock(r) for r in compared) / measured:.2f} with the replayed times scaled to " \
-                    f"the engine's SM clock where both clocks are known ({len(scaled)} of {len(compared)} rows)"
-        elif scaled:
-            line += f"; × {sum(_at_engine_clock(r) for r in compared) / measured:.2f} with the replayed times scaled " \
-                    "to the engine's SM clock (as a kernel bound by its clock: the most the clocks explain)"
+        if scaled:
+            line += (f"; × {sum(_at_engine_clock(r) for r in compared) / measured:.2f} with the replayed times scaled to "
+                     "the engine's SM clock "
+                     + (f"where both clocks are known ({len(scaled)} of {len(compared)} rows)" if len(scaled) < len(compared)
+                        else "(as a kernel bound by its clock: the most the clocks explain)"))
     if len(compared) < len(rows):
         line += f"; {len(rows) - len(compared)} row(s) have no replay of the engine's kernel"
     console.print(line, markup=False, highlight=False, soft_wrap=True)
@@ -223,7 +220,7 @@ def print_measured(console: Console, rows: list[MeasuredRow], total_ms: float, d
         if slower:
             console.print("! of those, the engine ran at a lower SM clock than the replay timed at (measured, NVML): "
                           + "; ".join(f"{' + '.join(r.kernels)} {r.engine_mhz:,.0f} against {r.replay_mhz:,.0f} MHz "
-                                      f"(× {_at_engine_clock(r) / r.measured_ms:.2f} at the engine's clock)"
+                                      f"(× {_x(r.ratio_at_engine_clock)} at the engine's clock)"
                                       for r in slower)
                           + ": a compute-bound kernel takes longer in proportion", markup=False, highlight=False,
                           soft_wrap=True)
