@@ -38,15 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 import torch
-from torch._C._profiler import _ExperimentalConfig
-from torch.autograd import (
-    ProfilerActivity,
-    ProfilerConfig,
-    ProfilerState,
-    _disable_profiler,
-    _enable_profiler,
-    _prepare_profiler,
-)
+from torch.profiler import ProfilerActivity
 
 from fi_profile.capture.gpu_clock import ClockSampler, Reader, nvml_reader
 from fi_profile.capture.kernel_accounting import is_cuda_launch
@@ -274,17 +266,26 @@ class KernelSession:
     torch.profiler's (``benchmarks/kernels_timer_cost.py``)."""
 
     def __init__(self, activities: Sequence[ProfilerActivity] = (ProfilerActivity.CPU, ProfilerActivity.CUDA)) -> None:
+        # torch's own binding (private: imported here, so that a torch without it fails the kernels
+        # timer alone, which then says so, and leaves the CPU and events timers as they are)
+        from torch._C._profiler import _ExperimentalConfig
+        from torch.autograd import ProfilerConfig, ProfilerState
+
         self._config = ProfilerConfig(ProfilerState.KINETO, False, False, False, False, False, _ExperimentalConfig())
         self._activities = set(activities)
         self._result: Any = None
 
     def __enter__(self) -> "KernelSession":
+        from torch.autograd import _enable_profiler, _prepare_profiler
+
         activities = self._activities
         _prepare_profiler(self._config, activities)  # Kineto takes one before each start
         _enable_profiler(self._config, activities)
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        from torch.autograd import _disable_profiler
+
         self._result = _disable_profiler()
 
     def events(self) -> list[Any]:
