@@ -220,21 +220,24 @@ def test_chunked_attention_is_named_after_its_chunk_and_offered_no_native():
 
 def test_only_natives_that_take_the_variant_are_offered_for_it():
     """A windowed or sink Definition is offered vLLM's and (on its page size of 1) SGLang's Triton
-    kernels, and FlashInfer's paged wrappers where it has no sinks, each with the window, cap and
-    sinks set; a chunked one none (vLLM runs it over chunk-sized virtual requests)."""
+    kernels, and FlashInfer's paged wrappers (with sinks, its sink wrapper, which computes no
+    log-sum-exp), each with the window, cap and sinks set; a chunked one none (vLLM runs it over
+    chunk-sized virtual requests)."""
     definition = variant_definition("decode", attention.Variant(window=128, sinks=True), page_size=1)
     natives = attention.FAMILY.natives(definition, None)
-    assert [n.label for n in natives] == ["vllm_triton", "sglang_triton"]
+    assert [n.label or n.library for n in natives] == ["flashinfer", "vllm_triton", "sglang_triton"]
     assert all(n.constants == attention.VARIANT_CONSTANTS for n in natives)
+    assert natives[0].file == "flashinfer_sink_attention.py" and natives[0].computes == ("output",)
     from fi_profile.replay.baseline_solutions import native_candidates
 
     # the replay offers them where their ``run`` takes the Definition's inputs (gpt-oss's take
     # kv_last_page_len: SGLang's was left out on an H200 before)
     for stage in ("decode", "prefill"):
         sink = variant_definition(stage, attention.Variant(window=127, sinks=True), page_size=1)
-        assert [n.label for _, n in native_candidates(sink)] == ["vllm_triton", "sglang_triton"], stage
+        assert [n.label or n.library for _, n in native_candidates(sink)] == \
+            ["flashinfer", "vllm_triton", "sglang_triton"], stage
     paged = variant_definition("decode", attention.Variant(window=128, sinks=True), page_size=16)
-    assert [n.label for n in attention.FAMILY.natives(paged, None)] == ["vllm_triton"]
+    assert [n.label or n.library for n in attention.FAMILY.natives(paged, None)] == ["flashinfer", "vllm_triton"]
     capped = attention.FAMILY.natives(variant_definition("prefill", attention.Variant(window=8, soft_cap=30.0)), None)
     assert [n.label or n.library for n in capped] == ["flashinfer", "vllm_triton"]
     assert capped[0].constants == attention.VARIANT_CONSTANTS

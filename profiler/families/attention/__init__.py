@@ -193,10 +193,13 @@ def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
     if is_variant(definition):
         if kind != "paged":
             return []
-        # FlashInfer's paged wrappers take a window and a cap (``window_left``, ``logits_soft_cap``), not sinks here
-        windowed = [] if "sinks" in definition.inputs else [
-            Native("flashinfer", "flashinfer_paged_attention.py", must_fit=True, constants=VARIANT_CONSTANTS)]
-        return windowed + [vllm] + ([sglang] if on_sglangs_cache else [])
+        # FlashInfer's paged wrappers take a window and a cap (``window_left``, ``logits_soft_cap``); its
+        # sink wrapper (a prefill kernel's variant) those and the sinks, without their log-sum-exp
+        flashinfer = Native("flashinfer", "flashinfer_paged_attention.py", must_fit=True, constants=VARIANT_CONSTANTS)
+        if "sinks" in definition.inputs:
+            flashinfer = Native("flashinfer", "flashinfer_sink_attention.py", must_fit=True,
+                                constants=VARIANT_CONSTANTS, computes=("output",))
+        return [flashinfer, vllm] + ([sglang] if on_sglangs_cache else [])
     natives = [Native("flashinfer", f"flashinfer_{kind}_attention.py", must_fit=True)]
     if kind == "paged":  # neither Triton kernel computes the log-sum-exp: ``output`` only
         natives += [vllm] + ([sglang] if on_sglangs_cache else [])
