@@ -91,6 +91,34 @@ def test_the_pytorch_baseline_fitted_to_it_agrees_and_the_bf16_one_does_not_fit(
     assert fitted_baseline(definition(mxfp4=False))[1].file == "torch_moe_swigluoai.py"
 
 
+def test_both_engines_triton_kernels_moe_are_its_natives_and_the_engines_kernel_where_they_ran():
+    """The engines run gpt-oss's experts on Hopper through Triton's ``triton_kernels`` (vLLM its MXFP4
+    ones, SGLang both): those are the natives (with gpt-oss's constants), and the engine's kernel
+    where the accounting names their ``matmul_ogs`` GEMMs (as an H200 run named them). Where no
+    accounting ran, vLLM's MXFP4 kernel is not guessed."""
+    from fi_profile.families.family import EngineRun
+    from fi_profile.replay.baseline_solutions import fitted_baseline, native_candidates
+
+    made = definition(top_k=3)
+    natives = {n.label: n for n in moe.FAMILY.natives(made, fitted_baseline(made)[1].file)}
+    assert set(natives) == {"vllm_triton_kernels", "sglang_triton_kernels"}
+    assert natives["sglang_triton_kernels"].constants == moe.SWIGLUOAI_CONSTANTS
+    assert {n.label for _, n in native_candidates(made)} == set(natives)  # their ``run`` takes its inputs
+    bf16 = definition(top_k=3, mxfp4=False)
+    assert "sglang_triton_kernels" in {n.label for n in moe.FAMILY.natives(bf16, fitted_baseline(bf16)[1].file)}
+
+    h200 = ["_matmul_ogs_NNT_bf16xbf16xmxfp4_16x256x128x1_swiglu", "_reduce_grouped", "_combined_routing_compute"]
+    for framework, label in (("vLLM", "vllm_triton_kernels"), ("SGLang", "sglang_triton_kernels")):
+        run = EngineRun(framework, "cuda_graph", "TRITON_ATTN", tuple(h200))
+        assert moe.FAMILY.engine_kernel(run, made).label == label
+    split_k = EngineRun("SGLang", "cuda_graph", "triton", ("_p_matmul_ogs_NNT_bf16xbf16xbf16_128x256x64x1x5",))
+    assert moe.FAMILY.engine_kernel(split_k, bf16).label == "sglang_triton_kernels"
+    assert moe.FAMILY.engine_kernel(EngineRun("vLLM", "eager", "TRITON_ATTN"), made).label is None
+    assert moe.FAMILY.engine_kernel(EngineRun("vLLM", "eager", "TRITON_ATTN"), bf16).label == "vllm"
+    marlin = EngineRun("vLLM", "cuda_graph", "TRITON_ATTN", ("marlin_moe_wna16::Marlin<...>",))
+    assert moe.FAMILY.engine_kernel(marlin, made).label is None
+
+
 def _runner(method="GptOssMxfp4MoEMethod", activation="swigluoai", padded=3072):
     """A vLLM ``MoERunner`` of gpt-oss as the MoE hook reads it: softmax top-2 of 4 experts, biased,
     its MXFP4 method having padded the intermediate size to its backend's tile."""

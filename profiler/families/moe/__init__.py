@@ -327,6 +327,12 @@ def _reference_top_k(definition: Definition) -> Optional[int]:
 _VLLM_MOE_OPS = ("vllm._moe_C", "vllm._moe_C_stable_libtorch")
 #: SGLang's compiled kernels (its routers' and the experts' block alignment)
 _SGLANG_OPS = "sgl_kernel"
+#: Triton's MoE library (``triton_kernels``), which both engines run gpt-oss's experts with on Hopper;
+#: vLLM ships its own copy where none is installed
+_TRITON_KERNELS = "triton_kernels"
+_VLLM_TRITON_KERNELS = ("triton_kernels", "vllm.third_party.triton_kernels")
+#: the word in the names of its expert GEMMs (``_matmul_ogs_NNT_bf16xbf16xmxfp4_...``)
+_MATMUL_OGS = "_matmul_ogs_"
 _SGLANG_EXPERTS = {"sglang_fused_experts.py": "sglang_fused_experts.py", "expert_layout.py": "expert_layout.py"}
 _VLLM_FP8_EXPERTS = {"vllm_fp8_experts.py": "vllm_fp8_experts.py", "expert_layout.py": "expert_layout.py"}
 
@@ -349,7 +355,16 @@ def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
                                                                                                   ("LIMIT", "7.0")))
         natives = [Native("vllm", "vllm_moe_swigluoai.py", CONSTANTS, requires=_VLLM_MOE_OPS)] if gpt_oss else []
         natives += [Native("sglang", "sglang_moe_swigluoai.py", SWIGLUOAI_CONSTANTS, siblings=_SGLANG_EXPERTS,
-                          requires=_SGLANG_OPS, overwrites=_in_place)]
+                          requires=_SGLANG_OPS, overwrites=_in_place),
+                    Native("sglang", "sglang_moe_swigluoai_triton_kernels.py", SWIGLUOAI_CONSTANTS,
+                           siblings=_SGLANG_EXPERTS, requires=_TRITON_KERNELS, label="sglang_triton_kernels")]
+    elif fitted == "torch_moe_mxfp4_swigluoai.py":
+        # both engines run gpt-oss's MXFP4 experts on Hopper through Triton's ``triton_kernels``, whose
+        # SwiGLU has gpt-oss's alpha and limit as their defaults
+        natives = [Native("vllm", "vllm_moe_mxfp4.py", CONSTANTS, requires=_VLLM_TRITON_KERNELS,
+                          label="vllm_triton_kernels"),
+                   Native("sglang", "sglang_moe_mxfp4.py", SWIGLUOAI_CONSTANTS, siblings=_SGLANG_EXPERTS,
+                          requires=_TRITON_KERNELS, label="sglang_triton_kernels")]
     elif fitted == "torch_moe_llama4.py":
         natives = [Native("vllm", "vllm_moe_llama4.py", LLAMA4_CONSTANTS, requires=_VLLM_MOE_OPS),
                    Native("sglang", "sglang_moe_llama4.py", LLAMA4_CONSTANTS, siblings=_SGLANG_EXPERTS,
@@ -382,19 +397,24 @@ _TRITON_EXPERTS = "fused_moe_kernel"
 
 
 def _engine_kernel(run: EngineRun, definition: Definition) -> Optional[EngineKernel]:
-    """The engine's fused MoE where it ran its Triton experts: vLLM's unless its kernel accounting
-    says other kernels ran; SGLang's (whose MoE runners differ by card and checkpoint) only where
-    the accounting names its Triton experts."""
+    """The engine's fused MoE where it ran its Triton experts: on Triton's ``triton_kernels`` where the
+    accounting names its ``matmul_ogs`` GEMMs (gpt-oss's on Hopper); else vLLM's unless its kernel
+    accounting says other kernels ran (MXFP4 experts only where it names them); SGLang's (whose MoE
+    runners differ by card and checkpoint) only where the accounting names its Triton experts."""
     libraries = {"vLLM": "vllm", "SGLang": "sglang"}
     if run.framework not in libraries:
         return None
+    if any(_MATMUL_OGS in kernel for kernel in run.kernels):
+        return EngineKernel(f"{libraries[run.framework]}_triton_kernels",
+                            f"{run.framework}'s MoE on Triton's triton_kernels (its routing + matmul_ogs experts)")
     launched = run.launched(_TRITON_EXPERTS)
     if launched is False:
         return EngineKernel(None, f"{run.framework}'s MoE kernels {', '.join(k[:60] for k in run.kernels)}, which "
                                   "the replay has no solution of (its natives are the engines' Triton experts)")
-    if launched is None and run.framework == "SGLang":
-        return EngineKernel(None, "SGLang's MoE runner, which the record does not name (its kernel accounting did "
-                                  "not run)")
+    spec = definition.inputs.get("gemm1_weights")
+    if launched is None and (run.framework == "SGLang" or (spec is not None and spec.dtype is DType.float4_e2m1)):
+        return EngineKernel(None, f"{run.framework}'s MoE runner, which the record does not name (its kernel "
+                                  "accounting did not run)")
     return EngineKernel(libraries[run.framework],
                         f"{run.framework}'s fused MoE (its router kernel + its Triton fused experts)")
 

@@ -70,3 +70,17 @@ def fp8_experts(x, hidden_states, hidden_states_scale, gemm1_weights, gemm1_weig
                        w2_scale=gemm2_weights_scale, block_shape=[BLOCK, BLOCK], **routing)
     finally:
         _GIVEN.clear()
+
+
+def triton_kernels_experts(hidden_states, router_logits, w1, w1_precision, b1, w2, w2_precision, b2, *, top_k,
+                           renormalize, swiglu):
+    """SGLang's ``triton_kernels`` MoE runner (gpt-oss's on Hopper): its top-k routing into Triton's
+    routing data (``sm_first`` unless the weights are renormalized), then ``matmul_ogs`` experts on
+    weights laid out [in, out] (bfloat16, or swizzled MXFP4 with their precision configs), with the
+    biases and gpt-oss's SwiGLU ``swiglu`` = (alpha, clamp limit). It returns a new tensor."""
+    from sglang.srt.layers.moe.fused_moe_triton.triton_kernels_moe import triton_kernel_fused_experts_with_bias
+    from sglang.srt.layers.moe.topk import routing
+
+    routing_data, gather, scatter = routing(router_logits, top_k, sm_first=not renormalize)
+    return triton_kernel_fused_experts_with_bias(hidden_states, w1, w1_precision, b1, w2, w2_precision, b2, routing_data,
+                                                 gather, scatter, gemm1_alpha=swiglu[0], gemm1_clamp_limit=swiglu[1])
