@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import TYPE_CHECKING, Optional
@@ -63,12 +64,12 @@ def warm_ups(groups: list["Group"], device: str, options: "ReplayOptions") -> li
 
 class Prewarm:
     """The warm-up tasks running in the background (``workers`` processes); ``join`` waits for
-    them and says how many ran and how many failed (a failing one fails again, as a result, in
-    its pair)."""
+    them. ``failed`` counts those that did not pass by how they ended (``timeout``: a build
+    longer than the limit, killed; its pair builds again)."""
 
     def __init__(self, tasks: list, timeout_s: float, workers: Optional[int] = None) -> None:
         self.tasks = tasks
-        self.failed = 0
+        self.failed: Counter[str] = Counter()
         self._workers = max(1, min(len(tasks), workers or max(1, (os.cpu_count() or 2) // 2), 8))
         self._thread = threading.Thread(target=self._run, args=(timeout_s,), name="fi-profile prewarm", daemon=True)
         if tasks:
@@ -82,8 +83,9 @@ class Prewarm:
             if not hasattr(local, "worker"):
                 local.worker = Worker()
                 made.append(local.worker)
-            if local.worker.run(task, timeout_s).status != "passed":
-                self.failed += 1
+            status = local.worker.run(task, timeout_s).status
+            if status != "passed":
+                self.failed[status] += 1
 
         try:
             with ThreadPoolExecutor(self._workers, thread_name_prefix="fi-profile prewarm") as pool:

@@ -264,8 +264,10 @@ def print_breakdown(console: Console, document: dict) -> None:
                       markup=False, highlight=False, soft_wrap=True)
     prewarmed = document.get("prewarmed") or {}
     if prewarmed.get("tasks"):
+        failed = prewarmed.get("failed") or {}
+        said = ", ".join(f"{n} {status}" for status, n in sorted(failed.items()))
         console.print(f"built up front, in parallel: {prewarmed['tasks']} (Definition, solution) warm-ups"
-                      + (f", {prewarmed['failed']} failed (their pairs say why)" if prewarmed.get("failed") else ""))
+                      + (f", not all warm ({said}): their pairs built them again" if failed else ""))
     by_solution = document.get("by_solution") or {}
     if by_solution:
         console.print("by solution: " + ", ".join(f"{label} {v['s']:.1f} s ({v['pairs']} pairs)"

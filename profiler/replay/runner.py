@@ -204,7 +204,7 @@ def replay(
             run_on_devices(where, order(groups), options, libs, finished, report, breakdown)
         finally:
             prewarm.join()
-        breakdown.prewarmed = (len(prewarm.tasks), prewarm.failed)
+        breakdown.prewarmed = (len(prewarm.tasks), dict(prewarm.failed))
     breakdown.write(out_dir, time.perf_counter() - began, where)
     return results
 

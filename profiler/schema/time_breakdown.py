@@ -12,7 +12,8 @@ from fi_profile.schema.base import StrictModel
 
 class Prewarmed(StrictModel):
     tasks: NonNegativeInt
-    failed: NonNegativeInt
+    #: the warm-ups that did not pass, by how they ended (``timeout``, ``crashed``, ``failed``, ...)
+    failed: dict[str, NonNegativeInt]
 
 
 class SolutionTime(StrictModel):
