@@ -4,8 +4,7 @@ from vllm.utils.import_utils import import_triton_kernels
 import_triton_kernels()  # vLLM's own copy (``vllm.third_party``) as ``triton_kernels`` where none is installed
 from triton_kernels.matmul_ogs import FlexCtx, PrecisionConfig  # noqa: E402
 from vllm.model_executor.layers.fused_moe.config import mxfp4_w4a16_moe_quant_config  # noqa: E402
-from vllm.model_executor.layers.fused_moe.experts.gpt_oss_triton_kernels_moe import \
-    triton_kernel_moe_forward  # noqa: E402
+from vllm.model_executor.layers.fused_moe.experts.gpt_oss_triton_kernels_moe import triton_kernel_moe_forward  # noqa: E402
 from vllm.model_executor.layers.quantization.utils.mxfp4_utils import _swizzle_mxfp4  # noqa: E402
 
 top_k = 4
