@@ -114,14 +114,17 @@ def test_sglangs_fused_moe_is_offered_for_every_moe_definition_a_baseline_comput
     """SGLang's router + Triton experts serve every MoE Definition with a baseline, the fused shared
     expert (which vLLM never fuses) and FP8 block-scale experts among them; its unquantized experts
     write the output over the layer input, as SGLang's Triton runner does, and say so; its FP8 ones
-    write into a buffer of their own (the input is FP8). MXFP4 experts have no native yet (the
-    engines' kernels take their weights swizzled for Triton's ``matmul_ogs``): none is offered."""
+    write into a buffer of their own (the input is FP8). MXFP4 experts are served by the engines'
+    Triton ``triton_kernels`` (``matmul_ogs``) alone, on weights swizzled as each engine swizzles them."""
     from fi_profile.families.moe import FAMILY as MOE
 
     moe = [d for d in shipped_definitions().values() if d.op_type == "moe"]
     mxfp4 = [d for d in moe if d.name.startswith("moe_mxfp4_")]
     assert len(moe) - len(mxfp4) >= 8 and mxfp4
-    assert all(not native_candidates(d) for d in mxfp4)
+    for definition in mxfp4:
+        offered = {(n.label or n.library): n.file for _, n in native_candidates(definition)}
+        assert offered == {"vllm_triton_kernels": "vllm_moe_mxfp4.py",
+                           "sglang_triton_kernels": "sglang_moe_mxfp4.py"}, definition.name
     for definition in (d for d in moe if d not in mxfp4):
         offered = {(n.label or n.library): n for _, n in native_candidates(definition)}
         assert "sglang" in offered, definition.name
