@@ -13,8 +13,10 @@ from fi_profile.capture.definition_factory import definition_for
 from fi_profile.catalog import shipped_definition
 from fi_profile.cli import app
 from fi_profile.replay.dataset import DatasetError, load_dataset, load_solutions
+from fi_profile.replay.evaluate import REFERENCE_MIN_REPS
 from fi_profile.replay.projection import project
 from fi_profile.replay.runner import REFERENCE, ReplayOptions, read_results, replay
+from fi_profile.replay.stopping import StoppingRule
 from fi_profile.schema import DType, Solution
 from fi_profile.schema.benchmark_result import Status
 from fi_profile.schema.run_info import RunInfo
@@ -175,13 +177,15 @@ def test_baselines_pass_everywhere_and_results_are_valid(baseline_run):
         assert ((name, f"{name}__torch_compile") in sources) == compiled, name
     for r in results:
         assert r.device.name == "cpu" and r.timing.method == "cpu_wall" and not r.timing.cold_l2
-        assert r.timing.repetitions >= 10 and r.timing.p10_ms <= r.timing.median_ms <= r.timing.p90_ms
+        fewest = REFERENCE_MIN_REPS if r.source == REFERENCE else StoppingRule.min_reps
+        assert r.timing.repetitions >= fewest and r.timing.p10_ms <= r.timing.median_ms <= r.timing.p90_ms
         assert r.speedup == pytest.approx(
             next(x.time for x in results if x.workload == r.workload and x.source == REFERENCE) / r.time
         )
     sampling = [r for r in results if r.kernel_id == SAMPLING]
     assert all(r.check.method == "distribution" for r in sampling)
-    assert all(r.check.method == "allclose" and r.check.draws == 3 for r in results if r.kernel_id == RMSNORM)
+    assert all(r.check.method == "allclose" and r.check.draws == (1 if r.source == REFERENCE else 3)
+               for r in results if r.kernel_id == RMSNORM)
     report = validate_paths([out / "results.jsonl"])
     assert report.errors == [], [str(p) for p in report.errors]
 
@@ -635,6 +639,48 @@ def test_a_torch_compiled_solution_is_first_called_on_its_definitions_largest_wo
             assert outcome.status == "passed", outcome.error
     # the 3-row workload: compiled on 17 rows, then its own first call; torch: none; then 17 rows twice
     assert first_rows == [17, 3, 3, 17, 17]
+
+
+def test_the_reference_pair_repeats_nothing_its_own_run_already_showed(dataset_dir, monkeypatch):
+    """The reference's pair does not call it again for what it already knows: no first call (its run
+    on the first draw made that draw's expected outputs), checked on that draw alone (against itself
+    every draw is equal by construction), and timed from REFERENCE_MIN_REPS calls on. A solution's
+    pair keeps its first call, a check on every draw and its ten timed calls; both pass."""
+    import dataclasses
+    from collections import Counter
+
+    from fi_profile.replay import evaluate as ev
+    from fi_profile.replay.baseline_solutions import baseline_solutions
+    from fi_profile.replay.runner import Group
+
+    dataset = load_dataset(dataset_dir, [RMSNORM])
+    definition = dataset.definitions[RMSNORM]
+    (torch_solution,) = [s for s in baseline_solutions(definition) if s.name.endswith("__torch")]
+    calls: Counter[str] = Counter()
+    entry = ev._entry
+
+    def counting(definition, task):
+        calling = entry(definition, task)
+        label = REFERENCE if task.solution is None else "torch"
+
+        def run(*args, **kwargs):
+            calls[label] += 1
+            return calling.run(*args, **kwargs)
+        return dataclasses.replace(calling, run=run)
+
+    monkeypatch.setattr(ev, "_entry", counting)
+    monkeypatch.setattr(ev, "_INPUTS", {})
+    options = ReplayOptions(device="cpu", max_time_s=0.0)  # every timed loop stops at its fewest calls
+    group = Group(dataset, definition, dataset.workloads[RMSNORM][0], [], {})
+    outcomes = {label: ev.evaluate(group.task(solution, "cpu", options))
+                for label, solution in ((REFERENCE, None), ("torch", torch_solution))}
+    assert all(o.status == "passed" for o in outcomes.values()), {k: o.error for k, o in outcomes.items()}
+    assert outcomes[REFERENCE].check["draws"] == 1 and outcomes["torch"].check["draws"] == options.draws
+    assert outcomes[REFERENCE].timing["repetitions"] == ev.REFERENCE_MIN_REPS
+    assert outcomes["torch"].timing["repetitions"] == StoppingRule.min_reps
+    assert "first call" not in outcomes[REFERENCE].phases and "first call" in outcomes["torch"].phases
+    assert calls == {REFERENCE: 1 + ev.REFERENCE_WARMUP_CALLS + ev.REFERENCE_MIN_REPS,
+                     "torch": 1 + options.draws + ev.WARMUP_CALLS + StoppingRule.min_reps}
 
 
 def test_a_torch_compiled_solution_is_compiled_afresh_not_served_from_inductors_graph_cache():

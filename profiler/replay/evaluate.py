@@ -2,12 +2,20 @@
 draws of the inputs, time, re-check the last timed output.
 
 The reference itself is evaluated the same way (``solution=None``): its time is what speedups
-are measured against.
+are measured against. What it would repeat is left out: it has just run on the first draw (that
+draw's expected outputs are its own), so it has no separate first call, and it is checked on that
+draw alone (shape, dtype, inputs left unchanged, the same output again), not against itself on
+every draw; its timed loop may stop after :data:`REFERENCE_MIN_REPS` calls. It runs under
+``torch.inference_mode`` (it is plain PyTorch, and a Python loop's time goes to the dispatcher,
+which then skips autograd's and the version counters' work). A Python reference of thousands of
+kernels a call (paged attention's loop over the requests) took half of a replay's time before
+(issue 44).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 import traceback
@@ -29,6 +37,12 @@ from fi_profile.schema.workload import Workload
 from fi_profile.workload_inputs import workload_inputs
 
 SAMPLING_DRAWS = 256
+#: the fewest timed calls of the reference (a solution's: :class:`StoppingRule`'s ``min_reps``); its
+#: time is the speedups' denominator, not projected onto the engine, and a call of a Python reference
+#: takes milliseconds, so its median settles on few
+REFERENCE_MIN_REPS = 4
+#: untimed calls before the timed loop (the reference's: the fewest that give its enqueue time)
+WARMUP_CALLS, REFERENCE_WARMUP_CALLS = 3, 2
 SAMPLING_MAX_DISTANCE = 0.5  # coarse: two sets of 256 draws over up to 64 tokens differ by ~0.3
 
 
@@ -97,9 +111,12 @@ def evaluate(task: Task) -> Outcome:
     try:
         if task.compile_workload is not None:
             _compile_first(definition, calling, task, device, phases)
-        draws = _Draws(lambda seed: _inputs(definition, workload, Path(task.root), device, seed, phases), task.draws)
-        with phases("first call"):
-            _first_call(definition, calling, *draws[0], device)
+        is_reference = task.solution is None
+        draws = _Draws(lambda seed: _inputs(definition, workload, Path(task.root), device, seed, phases),
+                       1 if is_reference else task.draws)
+        if not is_reference:  # the reference has just run on this draw: its expected outputs
+            with phases("first call"):
+                _first_call(definition, calling, *draws[0], device)
         if task.warm_only:
             return Outcome("passed", phases=phases.seconds)
         method = check_method(definition)
@@ -110,9 +127,10 @@ def evaluate(task: Task) -> Outcome:
         warm = [arguments[n] for n in per_step_inputs(definition)] if task.warm_inputs else []
         with phases("timed calls"):
             rule = StoppingRule(precision=task.precision, min_time_s=task.min_time_s,
-                                max_time_s=max(task.max_time_s, task.min_time_s))
-            measured = measure(call, prepare, device, rule=rule, cuda_graph=task.cuda_graph,
-                               timer=task.timer, warm=warm)
+                                max_time_s=max(task.max_time_s, task.min_time_s),
+                                min_reps=REFERENCE_MIN_REPS if is_reference else StoppingRule.min_reps)
+            measured = measure(call, prepare, device, rule=rule, cuda_graph=task.cuda_graph, timer=task.timer,
+                               warm=warm, warmup_calls=REFERENCE_WARMUP_CALLS if is_reference else WARMUP_CALLS)
         if method.recheck_last_output:
             with phases("check"):
                 last = _named(definition, measured.last_output, calling)
@@ -178,9 +196,19 @@ def returned_outputs(definition: Definition, overwrites: Mapping[str, Optional[s
 def _entry(definition: Definition, task: Task) -> Calling:
     if task.solution is None:
         fn = load_function(definition.reference, "run", label=definition.name)
-        return Calling(fn, definition.reference_destination_passing)
+        return Calling(_in_inference_mode(fn), definition.reference_destination_passing)
     solution = Solution.model_validate(task.solution)
     return _solution_calling(definition, solution)
+
+
+def _in_inference_mode(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` called under ``torch.inference_mode``: what it returns is an inference tensor, which
+    is read (compared, cloned, ``empty_like``'d) and never written outside that mode."""
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with torch.inference_mode():
+            return fn(*args, **kwargs)
+    return run
 
 
 def _solution_calling(definition: Definition, solution: Solution) -> Calling:
@@ -242,7 +270,7 @@ def _inputs(definition: Definition, workload: Workload, root: Path, device: torc
         _INPUTS.clear()
     with phases("inputs"):
         inputs = workload_inputs(definition, workload, root, device=device, seed=seed)
-    with phases("reference"):
+    with phases("reference"), torch.inference_mode():
         reference = run_reference(definition, inputs)
     size = _bytes(inputs) + _bytes(reference)
     budget = _cache_budget(device)
