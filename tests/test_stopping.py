@@ -55,3 +55,18 @@ def test_the_looks_come_after_the_first_calls_then_ever_further_apart():
         reps += sizes[-1]
     assert sizes[:3] == [10, 8, 9] and sizes[-1] == 67
     assert len(sizes) == 8  # a loop of 200 calls looks at its times 8 times, not 24
+
+
+@pytest.mark.parametrize("errors", [[0.5435, 0.1343], [0.01], [0.3, 0.1, 0.2], [i / 100 for i in range(11)]])
+def test_the_replays_summary_of_the_medians_errors_never_puts_a_higher_quantile_lower(errors):
+    """``time_breakdown.json``'s spread of the medians' errors: median <= p90 <= max, each one of
+    the errors (two pairs once read median 54%, p90 13%)."""
+    from fi_profile.replay.breakdown import TimeBreakdown
+    from fi_profile.replay.evaluate import Outcome
+
+    breakdown = TimeBreakdown()
+    for error in errors:
+        breakdown.add(Outcome("passed", timing={"stopped_by": TIME_CAP, "median_rel_error": error}), 0.1, "torch")
+    spread = breakdown.document(1.0, ["cpu"])["stopping"]["median_rel_error"]
+    assert spread["median"] <= spread["p90"] <= spread["max"] == max(errors)
+    assert {spread["median"], spread["p90"]} <= set(errors)
