@@ -110,6 +110,11 @@ def unknown_engine_kernel(run: EngineRun, definition: Definition) -> Optional[En
     return None
 
 
+def no_input_values(name: str, shape: tuple[int, ...], definition: Definition, gen: Any, device: Any,
+                    dtype: Any) -> Optional[Any]:
+    return None
+
+
 @dataclass(frozen=True)
 class Family:
     key: str
@@ -174,3 +179,7 @@ class Family:
     flops: Callable[[Definition, Mapping[str, int]], Optional[float]] = no_flops
     #: why the replay runs none of its Definitions (a collective among GPUs), where it runs none
     not_replayed: Optional[str] = None
+    #: (input name, shape, Definition, generator, device, dtype) -> the values of a synthesized input
+    #: whose range the op depends on (a recurrence's gates), or None for the generic values of
+    #: :mod:`fi_profile.synthesis.values`
+    input_values: Callable[..., Optional[Any]] = no_input_values

@@ -12,6 +12,7 @@ from typing import Any, Mapping, Optional
 
 import torch
 
+from fi_profile.families import family_of
 from fi_profile.schema.definition import Definition, TensorSpec
 from fi_profile.schema.dtype import DType, torch_dtype
 
@@ -40,8 +41,14 @@ def tensor_value(
     gen: torch.Generator,
     device: torch.device,
 ) -> torch.Tensor:
-    """A valid random tensor for input ``name`` of logical ``shape``."""
+    """A valid random tensor for input ``name`` of logical ``shape``: its op family's values where
+    the family gives them (:attr:`~fi_profile.families.family.Family.input_values`), else by name and dtype."""
     dtype = torch_dtype(spec.dtype)
+    family = family_of(definition.op_type)
+    if family is not None:
+        value = family.input_values(name, shape, definition, gen, device, dtype)
+        if value is not None:
+            return value
     if name == "probs":
         logits = torch.randn(shape, generator=gen, device=device) * 3
         return logits.softmax(dim=-1).to(dtype)

@@ -1,0 +1,109 @@
+"""Gated DeltaNet (Qwen3-Next's linear attention), flashinfer-trace's ``gdn_decode_*`` and
+``gdn_prefill_*`` Definitions as the dataset ships them: inputs that keep the recurrence what a
+model feeds it, PyTorch baselines that match the references, and a replay of both."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from conftest import FLASHINFER_TRACE
+
+from fi_profile.entry_points import load_function, run_reference
+from fi_profile.families import gdn
+from fi_profile.replay.baseline_solutions import baseline_solutions
+from fi_profile.replay.check import compare
+from fi_profile.replay.dataset import load_dataset
+from fi_profile.replay.runner import REFERENCE, ReplayOptions, replay
+from fi_profile.schema import Definition
+from fi_profile.synthesis import synthesize_inputs
+
+DECODE, PREFILL, MTP = "gdn_decode_qk4_v8_d128_k_last", "gdn_prefill_qk4_v8_d128_k_last", "gdn_mtp_qk4_v8_d128_k_last"
+
+
+def dataset_definition(name: str) -> Definition:
+    return Definition.model_validate_json((FLASHINFER_TRACE / "definitions" / "gdn" / f"{name}.json").read_text())
+
+
+def prefill_axes(lengths: list[int]) -> dict[str, int]:
+    return {"total_seq_len": sum(lengths), "num_seqs": len(lengths), "len_cu_seqlens": len(lengths) + 1}
+
+
+def test_the_recurrence_gets_unit_keys_and_a_models_gates_and_stays_bounded_over_a_long_prefill():
+    """The dataset's references take query and key as the delta rule uses them, unit vectors (the
+    engines normalize them in their kernels); gates as a model is initialized with (A in [1, 16],
+    dt in [1e-3, 1e-1]). Over 512 tokens the state then stays of the size it started with; normal
+    keys of norm √128 grow it by about 128 a token, past fp32's range."""
+    definition = dataset_definition(PREFILL)
+    inputs = synthesize_inputs(definition, prefill_axes([512]), seed=1)
+    for name in ("q", "k"):
+        norms = inputs[name].float().norm(dim=-1)
+        assert torch.allclose(norms, torch.ones_like(norms), atol=1e-2), name
+    a = torch.exp(inputs["A_log"])
+    dt = torch.nn.functional.softplus(inputs["dt_bias"])
+    assert gdn.A_RANGE[0] <= float(a.min()) and float(a.max()) <= gdn.A_RANGE[1]
+    assert gdn.DT_RANGE[0] * 0.99 <= float(dt.min()) and float(dt.max()) <= gdn.DT_RANGE[1] * 1.01
+    outputs = run_reference(definition, inputs)
+    state = outputs["new_state"]
+    assert torch.isfinite(state).all() and torch.isfinite(outputs["output"].float()).all()
+    assert float(state.abs().max()) < 20 * float(inputs["state"].abs().max())
+
+    normal = dict(inputs, k=torch.randn_like(inputs["k"].float()).to(inputs["k"].dtype))
+    grown = run_reference(definition, normal)["new_state"]
+    assert not torch.isfinite(grown).all() or float(grown.abs().max()) > 1e6
+
+
+@pytest.mark.parametrize("name, axes", [
+    (DECODE, {"batch_size": 6}),
+    (PREFILL, prefill_axes([1, 37, 0, 90])),  # a sequence of no tokens among them
+    (PREFILL.replace("qk4_v8", "qk16_v32"), prefill_axes([17, 5])),
+])
+def test_the_torch_baselines_match_the_datasets_references(name, axes):
+    """Every sequence and value head at once (prefill: position by position), against the
+    dataset's per-sequence, per-head loops: the replay's check passes on each output."""
+    definition = dataset_definition(name)
+    (torch_baseline,) = [s for s in baseline_solutions(definition) if s.name.endswith("__torch")]
+    inputs = synthesize_inputs(definition, axes, seed=2)
+    expected = run_reference(definition, inputs)
+    found = load_function(torch_baseline.sources[0].content, "run", label=name)(**inputs)
+    for output, value in zip(definition.outputs, found):
+        diff = compare(value, expected[output])
+        assert diff.ok, (output, diff)
+
+
+def test_only_the_forms_a_baseline_computes_get_one():
+    """Decode and prefill have baselines (decode also under torch.compile: no Python loop over data);
+    multi-token verification (MTP), a pool of states with intermediate ones kept, has none yet: its
+    reference alone replays."""
+    labels = {name: {s.name.rsplit("__", 1)[1] for s in baseline_solutions(dataset_definition(name))}
+              for name in (DECODE, PREFILL, MTP)}
+    assert labels == {DECODE: {"torch", "torch_compile"}, PREFILL: {"torch"}, MTP: set()}
+
+
+def test_the_datasets_gdn_definitions_replay_with_their_baselines(tmp_path):
+    """Workloads written in flashinfer-trace's layout for the dataset's own decode and prefill
+    files: the reference and the baselines all pass, and are timed."""
+    for name in (DECODE, PREFILL):
+        (tmp_path / "definitions" / "gdn").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "definitions" / "gdn" / f"{name}.json").write_text(
+            (FLASHINFER_TRACE / "definitions" / "gdn" / f"{name}.json").read_text())
+    scale = {"type": "scalar", "value": 1 / math.sqrt(128)}
+    random = {"type": "random"}
+    workloads = {
+        DECODE: {"axes": {"batch_size": 3},
+                 "inputs": {**{n: random for n in ("q", "k", "v", "state", "A_log", "a", "dt_bias", "b")}, "scale": scale}},
+        PREFILL: {"axes": prefill_axes([9, 23]),
+                  "inputs": {**{n: random for n in ("q", "k", "v", "state", "A_log", "a", "dt_bias", "b", "cu_seqlens")},
+                             "scale": scale}},
+    }
+    (tmp_path / "workloads" / "gdn").mkdir(parents=True)
+    for name, workload in workloads.items():
+        line = {"definition": name, "solution": None, "workload": {"uuid": f"{name}-0", **workload}, "evaluation": None}
+        (tmp_path / "workloads" / "gdn" / f"{name}.jsonl").write_text(json.dumps(line) + "\n")
+    dataset = load_dataset(tmp_path, [DECODE, PREFILL])
+    results = replay(dataset, [], True, tmp_path / "results", ReplayOptions(device="cpu", max_time_s=0.01))
+    by_source = {r.source: r for r in results}
+    assert set(by_source) == {REFERENCE, f"{DECODE}__torch", f"{DECODE}__torch_compile", f"{PREFILL}__torch"}
+    assert all(r.status.value == "passed" and r.time for r in results), [(r.source, r.error) for r in results]
