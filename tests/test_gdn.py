@@ -82,28 +82,44 @@ def test_only_the_forms_a_baseline_computes_get_one():
     assert labels == {DECODE: {"torch", "torch_compile"}, PREFILL: {"torch"}, MTP: set()}
 
 
+def write_dataset(root) -> None:
+    """The dataset's decode, prefill and MTP files, with one workload each in its layout."""
+    scale = {"type": "scalar", "value": 1 / math.sqrt(128)}
+    axes = {DECODE: {"batch_size": 3}, PREFILL: prefill_axes([9, 23]), MTP: {"batch_size": 2, "seq_len": 2, "pool_size": 4}}
+    (root / "definitions" / "gdn").mkdir(parents=True)
+    (root / "workloads" / "gdn").mkdir(parents=True)
+    for name, values in axes.items():
+        definition = dataset_definition(name)
+        (root / "definitions" / "gdn" / f"{name}.json").write_text(
+            (FLASHINFER_TRACE / "definitions" / "gdn" / f"{name}.json").read_text())
+        inputs = {n: {"type": "random"} for n, spec in definition.inputs.items() if spec.shape is not None}
+        workload = {"uuid": f"{name}-0", "axes": values, "inputs": {**inputs, "scale": scale}}
+        line = {"definition": name, "solution": None, "workload": workload, "evaluation": None}
+        (root / "workloads" / "gdn" / f"{name}.jsonl").write_text(json.dumps(line) + "\n")
+
+
 def test_the_datasets_gdn_definitions_replay_with_their_baselines(tmp_path):
     """Workloads written in flashinfer-trace's layout for the dataset's own decode and prefill
     files: the reference and the baselines all pass, and are timed."""
-    for name in (DECODE, PREFILL):
-        (tmp_path / "definitions" / "gdn").mkdir(parents=True, exist_ok=True)
-        (tmp_path / "definitions" / "gdn" / f"{name}.json").write_text(
-            (FLASHINFER_TRACE / "definitions" / "gdn" / f"{name}.json").read_text())
-    scale = {"type": "scalar", "value": 1 / math.sqrt(128)}
-    random = {"type": "random"}
-    workloads = {
-        DECODE: {"axes": {"batch_size": 3},
-                 "inputs": {**{n: random for n in ("q", "k", "v", "state", "A_log", "a", "dt_bias", "b")}, "scale": scale}},
-        PREFILL: {"axes": prefill_axes([9, 23]),
-                  "inputs": {**{n: random for n in ("q", "k", "v", "state", "A_log", "a", "dt_bias", "b", "cu_seqlens")},
-                             "scale": scale}},
-    }
-    (tmp_path / "workloads" / "gdn").mkdir(parents=True)
-    for name, workload in workloads.items():
-        line = {"definition": name, "solution": None, "workload": {"uuid": f"{name}-0", **workload}, "evaluation": None}
-        (tmp_path / "workloads" / "gdn" / f"{name}.jsonl").write_text(json.dumps(line) + "\n")
+    write_dataset(tmp_path)
     dataset = load_dataset(tmp_path, [DECODE, PREFILL])
     results = replay(dataset, [], True, tmp_path / "results", ReplayOptions(device="cpu", max_time_s=0.01))
     by_source = {r.source: r for r in results}
     assert set(by_source) == {REFERENCE, f"{DECODE}__torch", f"{DECODE}__torch_compile", f"{PREFILL}__torch"}
     assert all(r.status.value == "passed" and r.time for r in results), [(r.source, r.error) for r in results]
+
+
+def test_a_definition_only_its_reference_replays_says_so_in_the_table(tmp_path):
+    """MTP has no baseline: its row of the summary read "0/0" passed and nothing else. It says that
+    only the reference ran, how it fared, and why."""
+    from typer.testing import CliRunner
+
+    from fi_profile.cli import app
+
+    write_dataset(tmp_path)
+    result = CliRunner().invoke(app, ["replay", str(tmp_path), "--out", str(tmp_path / "cli"), "--device", "cpu",
+                                      "--definitions", MTP, "--max-time", "0.01"], env={"COLUMNS": "200"})
+    said = " ".join(result.output.split())
+    assert result.exit_code == 0, result.output
+    assert ("no solution: only the reference ran (1/1 passed); no fi-profile baseline computes this Definition, "
+            "and no Solution of it was given") in said

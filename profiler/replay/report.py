@@ -81,10 +81,19 @@ def print_best(console: Console, results: list[BenchmarkResult]) -> None:
                      label_of(best) if best else "-",
                      _x(_speedup(whole[best])) if best else "-",
                      _x(_speedup(whole[best], baseline=True)) if best else "-",
-                     notes.mark("failed: " + ", ".join(failed)) if failed else ""])
+                     notes.mark("failed: " + ", ".join(failed)) if failed
+                     else "" if candidates else notes.mark(_reference_alone(by_source.get(REFERENCE, [])))])
     print_table(console, f"best solution per Definition on {device} ({timed_by(results)}; --verbose: each solution)",
                 ["Definition", "workloads", "passed", "best", "× ref", "× base", "note"], rows,
                 left=("best", "note"), notes=notes)
+
+
+def _reference_alone(reference: list[BenchmarkResult]) -> str:
+    """Why a Definition's row has no candidate: only its reference ran (no baseline fits it and no
+    Solution was given), and how the reference fared."""
+    passed = sum(r.time is not None for r in reference)
+    return (f"no solution: only the reference ran ({passed}/{len(reference)} passed); no fi-profile baseline "
+            "computes this Definition, and no Solution of it was given")
 
 
 def print_results(console: Console, results: list[BenchmarkResult], definitions: Mapping[str, Definition] = {},
