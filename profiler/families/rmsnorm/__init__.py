@@ -1,8 +1,9 @@
 """RMSNorm, and fused residual add + RMSNorm as the engines run it (in place, the new residual a
 second output), in Llama's convention (``x * w``) and Gemma's (``x * (1 + w)``, the weight offset
 added in float32: ``gemma_*``), and RMSNorm without a weight (Llama-4's query and key norm:
-``rmsnorm_noweight_*``). Op type ``rmsnorm``; hooked on the engines' ``RMSNorm`` and Gemma norm
-layers."""
+``rmsnorm_noweight_*``), and gated RMSNorm (``gated_rmsnorm_*``: the normalized rows times SiLU of a
+gate, Qwen3-Next's norm after its Gated DeltaNet attention). Op type ``rmsnorm``; hooked on the
+engines' ``RMSNorm``, Gemma norm and gated norm layers."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ NO_WEIGHT = "rmsnorm_noweight"
 _TEMPLATES = {"rmsnorm": "rmsnorm_h4096", "fused_add_rmsnorm_inplace": "fused_add_rmsnorm_inplace_h4096",
               GEMMA + "rmsnorm": "gemma_rmsnorm_h5376",
               GEMMA + "fused_add_rmsnorm_inplace": "gemma_fused_add_rmsnorm_inplace_h5376",
-              NO_WEIGHT: "rmsnorm_noweight_h128_float32"}
+              NO_WEIGHT: "rmsnorm_noweight_h128_float32", "gated_rmsnorm": "gated_rmsnorm_h128"}
 
 
 def call(x: torch.Tensor, residual: Optional[torch.Tensor], eps: float, gemma: bool = False,
@@ -56,7 +57,48 @@ def call(x: torch.Tensor, residual: Optional[torch.Tensor], eps: float, gemma: b
     return KernelCall(definition, {"batch_size": rows(x, hidden)})
 
 
+def gated_call(x: torch.Tensor, eps: float) -> KernelCall:
+    """Gated RMSNorm over the last dimension of ``x`` (its gate of the same shape): ``gated_rmsnorm_*``."""
+    hidden = x.shape[-1]
+
+    def build() -> Definition:
+        dtype = schema_dtype(x.dtype)
+        return definition_for(_TEMPLATES["gated_rmsnorm"], f"gated_rmsnorm_h{hidden}{dtype_suffix(dtype)}",
+                              {"hidden_size": hidden}, dtype, {"EPS": eps})
+
+    definition = cached_definition(("gated_rmsnorm", hidden, x.dtype, eps), build)
+    return KernelCall(definition, {"batch_size": rows(x, hidden)})
+
+
 _RMSNORM = exact_class("RMSNorm")
+_GATED = exact_class("RMSNormGated")
+
+
+def gated_layer_problem(layer: Any) -> Optional[str]:
+    """Why a gated norm layer (vLLM's ``RMSNormGated``) is not what ``gated_rmsnorm_*`` computes:
+    another class, a norm over groups of the row, a bias, the gate applied before the norm, or a
+    gate other than SiLU; or None."""
+    problem = _GATED(layer)
+    if problem is not None:
+        return problem
+    hidden = int(layer.weight.shape[-1])
+    group = getattr(layer, "group_size", None)
+    problems = {
+        f"groups of {group}": group not in (None, hidden),
+        "a bias": getattr(layer, "bias", None) is not None,
+        "the gate before the norm (norm_before_gate=False)": not getattr(layer, "norm_before_gate", True),
+        f"a {getattr(layer, 'activation', None)} gate": getattr(layer, "activation", "silu") not in ("silu", "swish"),
+    }
+    found = [what for what, applies in problems.items() if applies]
+    return f"{type(layer).__name__} with {', '.join(found)} (no Definition computes it)" if found else None
+
+
+def gated_layer_calls(self: Any, x: torch.Tensor, z: Optional[torch.Tensor] = None) -> list:
+    """``RMSNormGated.forward`` (vLLM): gated where a gate is given, else a plain RMSNorm."""
+    seen(self)
+    require(gated_layer_problem(self))
+    eps = float(self.eps)
+    return [gated_call(x, eps) if z is not None else call(x, None, eps)]
 #: vLLM's and SGLang's Gemma norms (SGLang's Gemma-3 one names its epsilon ``eps``)
 GEMMA_NORMS = ("GemmaRMSNorm", "Gemma3RMSNorm")
 gemma_layer_problem = exact_class(*GEMMA_NORMS)
@@ -100,7 +142,7 @@ def _overwrites(definition: Definition) -> dict[str, Optional[str]]:
 def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
     if reference_constant(definition.reference, WEIGHT_OFFSET) is not None:  # Gemma's: the baseline only
         return []
-    if "weight" not in definition.inputs:  # no weight: the baseline only
+    if "weight" not in definition.inputs or "gate" in definition.inputs:  # no weight, or gated: the baseline only
         return []
     if "residual" in definition.inputs:
         return [Native(library, f"{library}_fused_add_rmsnorm.py", ("EPS",), overwrites=_overwrites)
@@ -113,11 +155,13 @@ FAMILY = Family(
     package=__name__,
     op_types=("rmsnorm",),
     templates=tuple(_TEMPLATES.values()),
-    baselines=(Baseline("torch_fused_add_rmsnorm.py", ("EPS",), optional_constants=(WEIGHT_OFFSET,)),
+    baselines=(Baseline("torch_gated_rmsnorm.py", ("EPS",)),
+               Baseline("torch_fused_add_rmsnorm.py", ("EPS",), optional_constants=(WEIGHT_OFFSET,)),
                Baseline("torch_rmsnorm.py", ("EPS",), optional_constants=(WEIGHT_OFFSET,)),
                Baseline("torch_rmsnorm_noweight.py", ("EPS",))),
     natives=_natives,
     engine_kernel=engine_kernels.custom_op,
-    kernel_words=("rms", "rmsnorm", "rms_norm", "rsqrt"),
+    # FLA's gated norm (vLLM's RMSNormGated on CUDA) is a layer-norm kernel of its RMS form
+    kernel_words=("rms", "rmsnorm", "rms_norm", "rsqrt", "layer_norm_fwd"),
     reduces=True,
 )
