@@ -139,7 +139,10 @@ def test_engine_kernels_of_the_scheduler_process_are_attributed(sglang):
     kernels = sglang["record"]["run"]["engine_kernels"]
     assert kernels["device"] == "cpu" and kernels["steps"] == OUTPUT_LEN
     assert set(kernels["by_definition"]) == set(counts(sglang))
-    assert 0.5 < kernels["attributed_share"] < 1.0
+    assert 0.5 < kernels["attributed_share"] <= 1.0
+    # each step's forward ranged: what the scheduler ran around them is its own work, apart from the model's
+    assert kernels["engine_work_ms"] > 0 and kernels["engine_work"]
+    assert kernels["engine_work_ms"] < kernels["total_ms"]
 
 
 def test_failing_hook_in_the_scheduler_does_not_break_generation(tmp_path, sglang, sglang_off):

@@ -174,8 +174,11 @@ def test_engine_kernels_are_measured_and_attributed_to_every_definition(single):
     assert not any(w in n for n in kernel_names(kernels, DECODE) for w in writes)
     assert any("attention" in n for n in kernel_names(kernels, DECODE))
     assert "_C::rotary_embedding" in kernel_names(kernels, "rope_llama3_neox_style_h4_kv2_d64")
-    assert 0.5 < kernels["attributed_share"] < 1.0  # the rest: the engine's own operators outside any layer
+    assert 0.5 < kernels["attributed_share"] <= 1.0
     assert sum(k["share"] for k in kernels["unattributed"]) <= 1 - kernels["attributed_share"] + 1e-3
+    # eager forwards ranged: the engine's own operators around them (input preparation, sampling's
+    # bookkeeping) are its own work, apart from the model's
+    assert kernels["engine_work_ms"] > 0 and kernels["engine_work"]
     assert "required_share" not in kernels and "incomplete" not in single["record"]["run"]  # on CPU: reported
 
 

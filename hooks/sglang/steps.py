@@ -9,6 +9,7 @@ from typing import Any
 
 from fi_profile.capture.graph_capture import CAPTURED, capturing
 from fi_profile.capture.graph_runs import count_graph_run
+from fi_profile.capture.kernel_accounting import ACCOUNTING, range_model_forward
 from fi_profile.capture.paged_layout import step_shape
 from fi_profile.capture.recorder import RECORDER
 from fi_profile.hooks.sglang.attention import STEP, step_layout
@@ -19,6 +20,8 @@ def model_step(self: Any, forward_batch: Any) -> Any:
     model's forward, which must be in the record (:meth:`~fi_profile.capture.recorder.Recorder.engine_step`)."""
     if not RECORDER.active:
         return contextlib.nullcontext()
+    if ACCOUNTING.active:  # its eager forwards told apart from the engine's own work around them
+        range_model_forward(getattr(self, "model", None))
     STEP.begin(runner=self, batch=forward_batch)
     layout = step_layout(forward_batch)
     if layout is None:

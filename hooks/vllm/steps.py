@@ -8,6 +8,7 @@ import contextlib
 from typing import Any, Optional
 
 from fi_profile.capture.graph_runs import count_graph_run
+from fi_profile.capture.kernel_accounting import ACCOUNTING, range_model_forward
 from fi_profile.capture.recorder import RECORDER
 from fi_profile.capture.traced import TRACES, sizes_of_run
 
@@ -72,6 +73,10 @@ def engine_step(self: Any, scheduler_output: Any, dummy_run: bool = False) -> An
     tokens = int(getattr(scheduler_output, "total_num_scheduled_tokens", 0) or 0)
     if not RECORDER.active or dummy_run or tokens == 0:
         return contextlib.nullcontext()
+    if ACCOUNTING.active and bool(getattr(getattr(self, "model_config", None), "enforce_eager", False)):
+        # eager forwards told apart from the engine's own work around them (a compiled forward's
+        # runs are graph runs already; its forward is left as torch.compile found it)
+        range_model_forward(getattr(self, "model", None))
     per_request = list(getattr(scheduler_output, "num_scheduled_tokens", {}).values())
     decoding = sum(1 for n in per_request if n == 1)
     return RECORDER.engine_step(f"a step of {tokens} tokens for {len(per_request)} requests "

@@ -13,9 +13,10 @@ at every replay) are left out. Each replay of the graph then adds its templates 
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any, Callable, Hashable, Iterator, Optional
 
-from fi_profile.capture.traced import Trace, template
+from fi_profile.capture.traced import Template, Trace, template
 
 #: the captured graphs of this process: the engine's key (its graph backend and shape) -> calls
 CAPTURED: dict[Hashable, Trace] = {}
@@ -40,13 +41,64 @@ def capturing(key: Hashable, where: str = "cuda_graph") -> Iterator[Trace]:
         CAPTURING.trace = outer
 
 
-def observe_captured(op: str, make_calls: Callable[[], Any]) -> str:
+def observe_captured(op: str, make_calls: Callable[[], Any]) -> Optional[Template]:
     """A hooked call while a graph is being captured: a template of the graph if the stream is
-    capturing it now, else nothing (a warm-up run, or an eager piece between graph segments)."""
+    capturing it now (its first node, where it can be read: :func:`captured_nodes`), else nothing
+    (a warm-up run, or an eager piece between graph segments)."""
     trace = CAPTURING.trace
     if trace is not None and stream_capturing():
-        trace.templates.append(template(op, make_calls))
-    return op
+        made = template(op, make_calls)
+        first = captured_nodes()
+        made.nodes = (first, first) if first is not None else None
+        trace.templates.append(made)
+        return made
+    return None
+
+
+def captured_call_ends(made: Optional[Template]) -> None:
+    """The hooked call ``made`` a template of has run: the node after its last (its nodes are
+    those between; unknown where either end is)."""
+    if made is not None and made.nodes is not None:
+        last = captured_nodes()
+        made.nodes = (made.nodes[0], last) if last is not None and last >= made.nodes[0] else None
+
+
+def captured_nodes() -> Optional[int]:
+    """How many nodes the CUDA graph that the current stream captures holds so far (its kernels,
+    memsets and copies, in the order the stream captured them), or None where it cannot be read
+    (no capture, no driver library, a driver without the call). Read through the driver API
+    (``cuStreamGetCaptureInfo_v2``, ``cuGraphGetNodes``), whose signatures are stable."""
+    driver = _driver()
+    if driver is None:
+        return None
+    import ctypes
+
+    import torch
+
+    status, graph, count = ctypes.c_int(0), ctypes.c_void_p(), ctypes.c_size_t(0)
+    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    try:
+        if driver.cuStreamGetCaptureInfo_v2(stream, ctypes.byref(status), None, ctypes.byref(graph), None, None) \
+                or status.value != 1 or not graph.value:  # CU_STREAM_CAPTURE_STATUS_ACTIVE
+            return None
+        if driver.cuGraphGetNodes(graph, None, ctypes.byref(count)):
+            return None
+    except Exception:  # noqa: BLE001 - unknown: the accounting aligns by names instead
+        return None
+    return int(count.value)
+
+
+@functools.lru_cache(maxsize=1)
+def _driver() -> Any:
+    import ctypes
+
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+        driver.cuStreamGetCaptureInfo_v2.restype = ctypes.c_int
+        driver.cuGraphGetNodes.restype = ctypes.c_int
+        return driver
+    except (OSError, AttributeError):
+        return None
 
 
 def stream_capturing() -> bool:

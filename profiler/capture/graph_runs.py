@@ -9,7 +9,7 @@ are counted as that step's hooked invocations.
 from __future__ import annotations
 
 import functools
-from typing import Mapping
+from typing import Mapping, Optional
 
 from fi_profile.capture.kernel_accounting import ACCOUNTING, JOIN
 from fi_profile.capture.kernel_call import KernelCall
@@ -50,9 +50,10 @@ def count_graph_run(trace: Trace, sizes: Mapping[str, int], mode: str, ran_with:
 def graph_calls(trace: Trace, live_labels: tuple[str, ...]) -> int:
     """The accounting's index of ``trace``'s calls in order (live ones with this step's labels)."""
 
-    def calls() -> list[tuple[str, tuple[str, ...]]]:
+    def calls() -> list[tuple[str, tuple[str, ...], Optional[tuple[int, int]]]]:
         by_live = dict(zip((_live_key(live) for _, live, _ in trace.live_groups()), live_labels))
         found = []
+        unowned = False
         for template in trace.templates:
             if template.live is not None:
                 label = by_live.get(_live_key(template.live), "")
@@ -63,7 +64,11 @@ def graph_calls(trace: Trace, live_labels: tuple[str, ...]) -> int:
             # FP8 layer's GEMM under vLLM's fused q/kv-a op) is no call here, as it opens no range
             # in eager steps; one that failed is (its kernels are nobody's)
             if names or template.error is not None:
-                found.append((template.op, names))
+                found.append((template.op, names, template.nodes))
+            elif template.nodes is None or template.nodes[1] > template.nodes[0]:
+                unowned = True  # its kernels another call records: no node order gives them to it
+        if unowned:
+            return [(op, names) for op, names, _ in found]
         return found
 
     return ACCOUNTING.graph_index((id(trace), len(trace.templates), live_labels), calls)

@@ -57,6 +57,8 @@ if TYPE_CHECKING:
 CALL_RANGE = "fi::"
 #: the range of one run of a compiled forward or CUDA graph: its index in :attr:`Accounting.graphs`
 GRAPH_RANGE = "fi-graph::"
+#: the range of one run of the model's forward outside graphs (:func:`range_model_forward`)
+FORWARD_RANGE = "fi-forward::"
 JOIN = " + "
 #: the environment variable that turns accounting on in the engine's processes (set by the driver):
 #: the attributed share a GPU run must reach (``0.95``), or ``0`` for off
@@ -76,9 +78,12 @@ ANONYMOUS_REDUCTION = re.compile(r"triton_(red|per)_fused_\d+")
 
 @dataclass
 class GraphCalls:
-    """One graph's calls in order, as (hook op, Definitions it computed)."""
+    """One graph's calls in order, as (hook op, Definitions it computed); ``nodes``: where a CUDA
+    graph's capture showed them, each call's nodes [first, end) in capture order (None: not known
+    for every call)."""
 
     calls: tuple[tuple[str, tuple[str, ...]], ...]
+    nodes: Optional[tuple[tuple[int, int], ...]] = None
 
 
 @dataclass
@@ -93,6 +98,9 @@ class Attributed:
     shared: dict[str, set[str]] = field(default_factory=dict)
     #: kernel name -> [launches, ns]
     unattributed: dict[str, list[int]] = field(default_factory=dict)
+    #: the engine's own work, outside the model's forward: kernel name -> [launches, ns] (None: the
+    #: forward was not ranged in every step, so what ran outside it is not attributed either)
+    engine_work: Optional[dict[str, list[int]]] = None
     steps: int = 0
     processing_s: float = 0.0
     #: the GPU's SM clock over the run (None: not sampled), on the profiler's timeline
@@ -114,6 +122,7 @@ class Attributed:
             "by_definition": {d: [ns, n, sorted(names)[:NAMES_KEPT]] for d, (ns, n, names) in self.by_definition.items()},
             "shared": {d: sorted(others) for d, others in self.shared.items()},
             "unattributed": self.unattributed,
+            "engine_work": self.engine_work,
             "steps": self.steps,
             "processing_s": round(self.processing_s, 3),
             "required_share": required_share(),
@@ -145,6 +154,15 @@ class Attributed:
                 clocked = self.clocked.setdefault(definition, [0.0, 0.0])
                 clocked[0] += share * mhz
                 clocked[1] += share
+
+    def engine_own(self, name: str, ns: int) -> None:
+        """A unit the engine launched outside the model's forward and every hooked call."""
+        if self.engine_work is None:
+            self.miss(name, ns)
+            return
+        entry = self.engine_work.setdefault(name, [0, 0])
+        entry[0] += 1
+        entry[1] += ns
 
     def miss(self, name: str, ns: int) -> None:
         entry = self.unattributed.setdefault(name, [0, 0])
@@ -212,13 +230,16 @@ class Accounting:
             self.clock_marked_ns = mark_sync()
             self.clock = ClockSampler(read).start()
 
-    def graph_index(self, key: Hashable, calls: Callable[[], Sequence[tuple[str, tuple[str, ...]]]]) -> int:
+    def graph_index(self, key: Hashable, calls: Callable[[], Sequence[tuple[Any, ...]]]) -> int:
         """The index of the graph ``key`` identifies (cheaply); ``calls`` gives its calls in order,
-        called the first time the graph is seen."""
+        (op, Definitions) or (op, Definitions, nodes), called the first time the graph is seen."""
         index = self._graph_ids.get(key)
         if index is None:
             index = self._graph_ids[key] = len(self.graphs)
-            self.graphs.append(GraphCalls(tuple(calls())))
+            found = list(calls())
+            nodes = [c[2] if len(c) > 2 else None for c in found]
+            self.graphs.append(GraphCalls(tuple((c[0], tuple(c[1])) for c in found),
+                                          tuple(nodes) if found and all(n is not None for n in nodes) else None))
         return index
 
     def stop(self, known: Mapping[str, str], steps: int, **naming: Any) -> Optional[Attributed]:
@@ -240,7 +261,8 @@ class Accounting:
         events = profiler.profiler.kineto_results.events()
         trace = os.environ.get(TRACE_ENV)
         attributed = attribute(events, self.graphs, naming.pop("kernel_words", {}), known, self.on_gpu,
-                               trace=bool(trace), clock=clock, clock_marked_ns=self.clock_marked_ns, **naming)
+                               trace=bool(trace), clock=clock, clock_marked_ns=self.clock_marked_ns, steps=steps,
+                               **naming)
         attributed.steps = steps
         attributed.processing_s = time.perf_counter() - began
         if trace:
@@ -249,7 +271,8 @@ class Accounting:
             with open(f"{trace}.{os.getpid()}.json", "w") as f:
                 runs = [(str(g), g, units) for g, units in (attributed.graph_traces or {}).items()]
                 runs += [(f"{g}:worst", g, units) for g, units in attributed.worst_traces.items()]
-                json.dump({key: {"calls": [list(c) for c in self.graphs[g].calls], "units": units}
+                json.dump({key: {"calls": [list(c) for c in self.graphs[g].calls], "nodes": self.graphs[g].nodes,
+                                 "units": units}
                            for key, g, units in runs}, f, indent=0)
         return attributed
 
@@ -296,6 +319,8 @@ def merged(parts: Sequence[Mapping[str, Any]]) -> Optional["EngineKernels"]:
     by_definition: dict[str, list[Any]] = {}
     shared: dict[str, set[str]] = {}
     missed: dict[str, list[int]] = {}
+    #: the engine's own work, where every process ranged its model's forwards (else it is not attributed)
+    engine_work: Optional[dict[str, list[int]]] = {} if all(p.get("engine_work") is not None for p in parts) else None
     clocked: dict[str, list[float]] = {}
     clock_total = [0.0, 0.0, 0.0]
     for part in parts:
@@ -315,13 +340,19 @@ def merged(parts: Sequence[Mapping[str, Any]]) -> Optional["EngineKernels"]:
             entry = missed.setdefault(name, [0, 0])
             entry[0] += calls
             entry[1] += ns
+        for name, (calls, ns) in (part.get("engine_work") or {}).items():
+            entry = (missed if engine_work is None else engine_work).setdefault(name, [0, 0])
+            entry[0] += calls
+            entry[1] += ns
     attributed = sum(ns for ns, _, _ in by_definition.values())
+    own_ns = sum(ns for _, ns in (engine_work or {}).values())
+    model_ns = total - own_ns
     device = "cuda" if any(p["device"] == "cuda" for p in parts) else "cpu"
     return EngineKernels(
         device=device,
         steps=sum(p.get("steps", 0) for p in parts),
         total_ms=round(total / 1e6, 3),
-        attributed_share=round(attributed / total, 4) if total else 0.0,
+        attributed_share=round(attributed / model_ns, 4) if model_ns else 0.0,
         by_definition={
             name: DefinitionKernelTime(ms=round(ns / 1e6, 3), calls=calls, kernels=sorted(kernels)[:NAMES_KEPT],
                                        shared_with=sorted(shared[name]) if name in shared else None,
@@ -329,9 +360,14 @@ def merged(parts: Sequence[Mapping[str, Any]]) -> Optional["EngineKernels"]:
             for name, (ns, calls, kernels) in sorted(by_definition.items(), key=lambda kv: -kv[1][0])
         },
         unattributed=[
-            UnattributedKernel(name=name, calls=calls, ms=round(ns / 1e6, 3), share=round(ns / total, 4) if total else 0.0)
+            UnattributedKernel(name=name, calls=calls, ms=round(ns / 1e6, 3), share=round(ns / model_ns, 4) if model_ns else 0.0)
             for name, (calls, ns) in sorted(missed.items(), key=lambda kv: -kv[1][1])[:UNATTRIBUTED_KEPT]
         ],
+        engine_work_ms=round(own_ns / 1e6, 3) if engine_work is not None else None,
+        engine_work=[
+            UnattributedKernel(name=name, calls=calls, ms=round(ns / 1e6, 3), share=round(ns / total, 4) if total else 0.0)
+            for name, (calls, ns) in sorted(engine_work.items(), key=lambda kv: -kv[1][1])[:UNATTRIBUTED_KEPT]
+        ] if engine_work else None,
         required_share=parts[0].get("required_share") if device == "cuda" else None,
         processing_s=round(sum(p.get("processing_s", 0.0) for p in parts), 3),
         sm_clock_mhz=_mean_clock(clock_total),
@@ -357,6 +393,28 @@ def graph_range(index: int) -> Any:
     return torch.autograd.profiler.record_function(f"{GRAPH_RANGE}{index}")
 
 
+def range_model_forward(model: Any) -> None:
+    """From now on, each run of ``model``'s forward (this instance's, once) runs inside a forward
+    range while accounting (not while torch.compile traces it): a kernel it launches that no
+    hooked call holds is the model's, not attributed; one the engine launches outside every
+    forward, graph run and hooked call is the engine's own work (:func:`attribute`)."""
+    if model is None or getattr(model, "__dict__", {}).get("_fi_profile_ranged"):
+        return
+    forward = model.forward
+
+    @functools.wraps(forward)
+    def ranged(*args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        if not ACCOUNTING.active or torch.compiler.is_compiling():
+            return forward(*args, **kwargs)
+        with torch.autograd.profiler.record_function(FORWARD_RANGE + type(model).__name__):
+            return forward(*args, **kwargs)
+
+    model.__dict__["forward"] = ranged
+    model.__dict__["_fi_profile_ranged"] = True
+
+
 # --- attribution ---------------------------------------------------------------------------------
 
 
@@ -369,6 +427,8 @@ class _Range:
     graph: int = -1
     #: a graph run's units in the order they began: (start, name, ns, stream)
     units: list[tuple[int, str, int, int]] = field(default_factory=list)
+    #: a run of the model's forward outside graphs (no Definitions of its own)
+    forward: bool = False
 
 
 def _device_kind(event: Any) -> str:
@@ -389,7 +449,7 @@ def attribute(events: Sequence[Any], graphs: Sequence[GraphCalls], kernel_words:
               tail_words: Optional[Mapping[str, Sequence[str]]] = None,
               head_words: Optional[Mapping[str, Sequence[str]]] = None, reducing: frozenset[str] = frozenset(),
               launches: Optional[Mapping[str, frozenset[str]]] = None,
-              continue_words: Optional[Mapping[str, Sequence[str]]] = None) -> Attributed:
+              continue_words: Optional[Mapping[str, Sequence[str]]] = None, steps: Optional[int] = None) -> Attributed:
     """Attribute the profiler's ``events`` (Kineto's) to the hooked calls' and graphs' ranges. A
     call range names Definitions of the record (``op_types``: name -> op type; a range naming none
     is a hook that failed: not attributed); ``kernel_words``: op type -> its kernels' words;
@@ -402,7 +462,11 @@ def attribute(events: Sequence[Any], graphs: Sequence[GraphCalls], kernel_words:
     GPU run whose profile holds no kernel then says it measured nothing, rather than its CPU time.
     ``clock``: the GPU's SM clock sampled over the run (:mod:`fi_profile.capture.gpu_clock`), put on
     the profiler's timeline by the sync range opened at ``clock_marked_ns``: each kernel's time is
-    then weighed by the clock it ran at, per Definition and in total."""
+    then weighed by the clock it ran at, per Definition and in total. ``steps``: the engine steps
+    recorded; where the profile holds a run of the model's forward (a forward range or a graph
+    run) for each, a unit outside all of them and every hooked call is the engine's own work (its
+    step's input preparation, attention metadata, output copies: ``engine_work``, by name), not a
+    gap of the model's; else it is not attributed."""
     known = frozenset(op_types)
     fits = _Fits(kernel_words, op_types, tail_words or {}, head_words or {}, reducing, launches or {},
                  continue_words or {})
@@ -429,6 +493,7 @@ def attribute(events: Sequence[Any], graphs: Sequence[GraphCalls], kernel_words:
     # is its caller's work: aten::mm's aten::resolve_conj)
     innermost: dict[int, Optional[_Range]] = {}  # id(event) -> range
     outermost: list[Any] = []
+    forward_runs = 0  # forward ranges and graph runs on the CPU side
     by_thread: dict[int, list[Any]] = defaultdict(list)
     for e in cpu_events:
         by_thread[e.start_thread_id()].append(e)
@@ -442,6 +507,8 @@ def attribute(events: Sequence[Any], graphs: Sequence[GraphCalls], kernel_words:
                 stack.pop()
             enclosing = next((r for _, r, _ in reversed(stack) if r is not None), None)
             own = _range_of(e.name(), start, end, known)
+            if own is not None and (own.forward or own.definitions is None):
+                forward_runs += 1
             innermost[id(e)] = own or enclosing
             operator = own is None and _is_operator(e)
             if operator and not next((r is None for _, r, stops in reversed(stack) if stops), False):
@@ -468,12 +535,14 @@ def attribute(events: Sequence[Any], graphs: Sequence[GraphCalls], kernel_words:
     else:
         units = [(e.start_ns(), e.name(), e.duration_ns(), innermost.get(id(e)), 0) for e in outermost]
     units.sort(key=lambda u: u[0])
+    if steps and forward_runs >= steps:
+        result.engine_work = {}
     for start, name, ns, where, stream in units:
         result.total_ns += ns
         found = result.clock_at(start)
         result.count_clock(ns, found)
         if where is None:
-            result.miss(name, ns)
+            result.engine_own(name, ns)
         elif where.definitions is not None:
             if where.definitions:
                 result.add(fits.narrowed(where.definitions, name), name, ns, found[0] if found else None)
@@ -481,16 +550,81 @@ def attribute(events: Sequence[Any], graphs: Sequence[GraphCalls], kernel_words:
                 result.miss(name, ns)
         else:
             where.units.append((start, name, ns, stream))
+    launched = _launches_per_call(innermost.values(), units)
     for graph_run in _graph_runs([*innermost.values(), *spans]):
         if 0 <= graph_run.graph < len(graphs):
             traced: Optional[list[list[Any]]] = [] if result.graph_traces is not None and graph_run.units else None
-            _align(graph_run.units, fits.split(graphs[graph_run.graph].calls, known), fits, result, traced)
+            if not _by_nodes(graph_run.units, graphs[graph_run.graph], fits, known, result, traced):
+                _align(graph_run.units, fits.split(graphs[graph_run.graph].calls, known), fits, result, traced, launched)
             if traced is not None:
                 _keep_trace(result, graph_run.graph, traced)
         else:
             for _, name, ns, _ in graph_run.units:
                 result.miss(name, ns)
     return result
+
+
+def _by_nodes(units: Sequence[tuple[int, str, int, int]], graph: GraphCalls, fits: "_Fits", known: frozenset[str],
+              result: Attributed, trace: Optional[list[list[Any]]]) -> bool:
+    """A CUDA graph run's units given to its calls by the nodes each call added while the graph
+    was captured (:attr:`GraphCalls.nodes`): a graph on one stream replays its nodes in the order
+    they were captured, so its i-th unit is its i-th node, whatever the kernels are named (torch's
+    own kernels of a norm, Hugging Face's rotation). Each unit's Definitions are then its call's
+    that its name fits best, as in an eager call's range; a unit of no call's nodes (a residual add
+    between layers) is not attributed. Done only where every call's nodes are known, the run is on
+    one stream, holds every node the calls added, and each unit named after a family (a GEMM, an
+    attention kernel) lands on a call of that family or one that launches such kernels: else
+    False, and the run is aligned by names (:func:`_align`)."""
+    nodes = graph.nodes
+    if nodes is None or len(nodes) != len(graph.calls) or not units or len({u[3] for u in units}) != 1:
+        return False
+    owner: list[Optional[int]] = [None] * len(units)
+    for invocation, (first, end) in enumerate(nodes):
+        if end > len(units) or any(owner[i] is not None for i in range(first, end)):
+            return False  # a node CUPTI did not report, or calls that overlap: not one order
+        for i in range(first, end):
+            owner[i] = invocation
+    definitions = [tuple(d for d in definitions if d in known) for _, definitions in graph.calls]
+    for (_, name, _, _), invocation in zip(units, owner):
+        types = fits(name)
+        if invocation is None or not types or not definitions[invocation]:
+            continue
+        own = {fits.op_types[d] for d in definitions[invocation]}
+        if not types & own and not any(fits.launched_by(t, types) for t in own):
+            return False  # shifted: a GEMM's kernel on a norm's node
+    for (start, name, ns, stream), invocation in zip(units, owner):
+        mine = definitions[invocation] if invocation is not None else ()
+        if trace is not None:
+            trace.append([name[:100], round(ns / 1e3, 2),
+                          f"{invocation}:{graph.calls[invocation][0]}" if invocation is not None else None, stream])
+        if mine:
+            found_clock = result.clock_at(start)
+            result.add(fits.narrowed(mine, name), name, ns, found_clock[0] if found_clock else None)
+        else:
+            result.miss(name, ns)
+    return True
+
+
+def _launches_per_call(ranges: Any, units: Sequence[tuple[int, str, int, Optional[_Range], int]]) -> dict[tuple[str, ...], int]:
+    """How many units one hooked invocation of each Definitions launches, learned from the calls
+    that ran outside graphs (SGLang's eager prefill): Definitions -> that number, where every such
+    call launched the same (a call whose count varies with its shape is not learned). A graph
+    replays the kernels its calls launched while captured, so a run of kernels named after no
+    family between two placed ones is split among the calls between by these numbers, where they
+    add up to the run exactly (Gemma-3's q norm, k norm and rotation, each torch's own kernels)."""
+    launched: dict[int, int] = {}
+    of: dict[int, tuple[str, ...]] = {}
+    for r in ranges:
+        if r is not None and r.definitions:
+            launched.setdefault(id(r), 0)
+            of[id(r)] = r.definitions
+    for _, _, _, where, _ in units:
+        if where is not None and where.definitions:
+            launched[id(where)] = launched.get(id(where), 0) + 1
+    seen: dict[tuple[str, ...], set[int]] = defaultdict(set)
+    for key, n in launched.items():
+        seen[of[key]].add(n)
+    return {definitions: next(iter(counts)) for definitions, counts in seen.items() if len(counts) == 1}
 
 
 def _keep_trace(result: Attributed, graph: int, traced: list[list[Any]]) -> None:
@@ -524,6 +658,8 @@ def _is_operator(event: Any) -> bool:
 def _range_of(name: str, start: int, end: int, known: frozenset[str]) -> Optional[_Range]:
     if name.startswith(CALL_RANGE):
         return _Range(start, end, _definitions(name, known))
+    if name.startswith(FORWARD_RANGE):  # the model's: what no hooked call in it holds is not attributed
+        return _Range(start, end, (), forward=True)
     if name.startswith(GRAPH_RANGE):
         try:
             graph = int(name[len(GRAPH_RANGE):])
@@ -663,7 +799,8 @@ class _Fits:
 
 
 def _align(units: Sequence[tuple[int, str, int, int]], calls: Sequence[tuple[str, tuple[str, ...], int]],
-           fits: _Fits, result: Attributed, trace: Optional[list[list[Any]]] = None) -> None:
+           fits: _Fits, result: Attributed, trace: Optional[list[list[Any]]] = None,
+           launched: Mapping[tuple[str, ...], int] = {}) -> None:
     """A graph run's units (in the order they began, each with its stream) to its calls (op type,
     Definitions, invocation; in order), stream by stream: a graph forks onto other streams for work
     that overlaps (vLLM's and SGLang's shared experts beside the routed experts, for small batches),
@@ -671,7 +808,8 @@ def _align(units: Sequence[tuple[int, str, int, int]], calls: Sequence[tuple[str
     stream with the most units is aligned with all the calls, then each other one (the earliest
     first: vLLM's graphs give each layer's shared experts a stream of their own) with the calls left
     without units, in order, of the op types its kernels are named after.
-    Each unit's Definitions get its time."""
+    Each unit's Definitions get its time; ``launched``: how many units one invocation of each
+    Definitions launches, where known (:func:`_launches_per_call`)."""
     assigned: list[Optional[int]] = [None] * len(units)
     by_stream: dict[int, list[int]] = defaultdict(list)
     for i, unit in enumerate(units):
@@ -683,7 +821,7 @@ def _align(units: Sequence[tuple[int, str, int, int]], calls: Sequence[tuple[str
         if n:  # another stream: the calls left of the types its kernels are named after, as if back to back
             types = frozenset().union(*map(fits, names))
             free = [c for c in free if calls[c][0] in types]
-        found = _assign(names, [calls[c] for c in free], fits)
+        found = _assign(names, [calls[c] for c in free], fits, launched)
         taken = {free[call] for call in found if call is not None}
         for i, call in zip(indices, found):
             assigned[i] = free[call] if call is not None else None
@@ -701,7 +839,7 @@ def _align(units: Sequence[tuple[int, str, int, int]], calls: Sequence[tuple[str
 
 
 def _assign(unit_names: Sequence[str], calls: Sequence[tuple[str, tuple[str, ...], int]],
-            fits: _Fits) -> list[Optional[int]]:
+            fits: _Fits, launched: Mapping[tuple[str, ...], int] = {}) -> list[Optional[int]]:
     """One stream's units (their names, in launch order) to its calls: the index of each unit's call,
     or None. A unit right after one of the current call whose name fits only that call's op type
     goes to it (unless the next call is of that type too, and the unit does not only finish the one
@@ -712,7 +850,8 @@ def _assign(unit_names: Sequence[str], calls: Sequence[tuple[str, tuple[str, ...
     fused MoE's top-k sum) to that call, or right before them that its head words fit (a split-K
     GEMM's memset), else each run between two placed units to the one call
     left without units between those units' calls (or to their call, when both are one call's; a
-    norm's call left out for a run of Inductor's pointwise kernels, as a norm reduces). What is left (a name
+    norm's call left out for a run of Inductor's pointwise kernels, as a norm reduces), or among
+    several such calls by the units each launches (``launched``) where those add up to the run. What is left (a name
     of a family with no call of it left, a run of unknown names at an edge or where the calls
     between are not one) is not attributed."""
     units = unit_names
@@ -880,5 +1019,24 @@ def _assign(unit_names: Sequence[str], calls: Sequence[tuple[str, tuple[str, ...
             if len(between) == 1:
                 for k in range(lo, hi):
                     assigned[k] = between[0]
+            elif len(between) > 1:
+                for k, call in zip(range(lo, hi), _by_launches(between, hi - lo, calls, invocation_calls, launched)):
+                    assigned[k] = call
         i = j
     return assigned
+
+
+def _by_launches(between: Sequence[int], run: int, calls: Sequence[tuple[str, tuple[str, ...], int]],
+                 invocation_calls: Mapping[int, Sequence[int]], launched: Mapping[tuple[str, ...], int]) -> list[int]:
+    """A run of ``run`` unnamed units among the calls ``between`` (in order, none with a unit yet):
+    each call's units in turn, as many as one invocation of its Definitions launched outside
+    graphs, where each call is its invocation's only one, each number is known, and they add up to
+    the run; else none (the run stays unattributed)."""
+    counts = []
+    for c in between:
+        if list(invocation_calls[calls[c][2]]) != [c] or calls[c][1] not in launched:
+            return []
+        counts.append(launched[calls[c][1]])
+    if sum(counts) != run:
+        return []
+    return [c for c, n in zip(between, counts) for _ in range(n)]

@@ -21,7 +21,7 @@ from torch._dynamo.comptime import comptime
 
 from fi_profile.capture import traced as traced_calls
 from fi_profile.capture.arguments import SignatureMismatch, argument_reader
-from fi_profile.capture.graph_capture import CAPTURING, observe_captured
+from fi_profile.capture.graph_capture import CAPTURING, captured_call_ends, observe_captured
 from fi_profile.capture.kernel_accounting import ACCOUNTING, JOIN, call_range, graph_range
 from fi_profile.capture.kernel_call import KernelCall
 from fi_profile.capture.recorder import RECORDER
@@ -132,8 +132,10 @@ def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls, live: bool = False,
         capturing = CAPTURING.trace is not None  # the engine captures a CUDA graph: a template
         if not (RECORDER.active or capturing) or getattr(_depth, op, 0):
             return fn(*args, **kwargs)
+        made = None
         if capturing:
-            label = observe_captured(op, lambda: trace_calls(**trace_read(args, kwargs)))
+            made = observe_captured(op, lambda: trace_calls(**trace_read(args, kwargs)))
+            label = op
         else:
             if in_forward:
                 RECORDER.forward_seen = True
@@ -151,6 +153,8 @@ def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls, live: bool = False,
         try:
             return fn(*args, **kwargs)
         finally:
+            if made is not None:
+                captured_call_ends(made)
             if accounted is not None:
                 accounted.__exit__(None, None, None)
             if _pop is not None:

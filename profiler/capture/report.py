@@ -47,8 +47,12 @@ def print_summary(console: Console, summary: CaptureSummary, out_dir: Path) -> N
 def engine_kernel_line(kernels: EngineKernels) -> str:
     """One line: the engine's kernel time, the share attributed to Definitions and the largest rest."""
     what = "kernel time" if kernels.device == "cuda" else "operator time (CPU: the operators the engine called)"
-    line = (f"engine {what} {kernels.total_ms:,.1f} ms over {kernels.steps} steps; "
-            f"{100 * kernels.attributed_share:.1f}% attributed to {len(kernels.by_definition)} Definitions")
+    line = f"engine {what} {kernels.total_ms:,.1f} ms over {kernels.steps} steps; "
+    if kernels.engine_work_ms is not None:
+        own = ", ".join(f"{k.name[:40]} {k.ms:,.2f} ms" for k in (kernels.engine_work or [])[:3])
+        line += (f"{kernels.engine_work_ms:,.1f} ms the engine's own work outside the model's forwards"
+                 f"{f' ({own}, …)' if own else ''}; of the model's {kernels.total_ms - kernels.engine_work_ms:,.1f} ms, ")
+    line += f"{100 * kernels.attributed_share:.1f}% attributed to {len(kernels.by_definition)} Definitions"
     if kernels.device == "cuda" and kernels.sm_clock_mhz is None:
         line += "; SM clock not sampled (NVML did not answer)"
     elif kernels.sm_clock_mhz is not None:

@@ -39,6 +39,8 @@ class Template:
     calls: list[KernelCall] = field(default_factory=list)
     live: Optional[LiveCalls] = None
     error: Optional[str] = None  # the hook failed while traced: counted as lost every step
+    #: a CUDA graph's nodes this call's kernels are, [first, end) in capture order (None: not known)
+    nodes: Optional[tuple[int, int]] = None
 
     def realize(self, sizes: Mapping[str, int]) -> list[KernelCall]:
         if self.live is not None:

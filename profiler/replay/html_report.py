@@ -181,9 +181,15 @@ def _steps_figure(go: Any, record: Optional[KernelCallingRecord]) -> Any:
 def _unattributed_figure(go: Any, record: Optional[KernelCallingRecord]) -> Any:
     kernels = record.run.engine_kernels if record is not None and record.run is not None else None
     rest = (kernels.unattributed if kernels is not None else [])[:30]
-    bars = ([("attributed to Definitions", kernels.attributed_share * kernels.total_ms,
-              f"{100 * kernels.attributed_share:.1f}% of {kernels.total_ms:,.1f} ms")] if kernels is not None else [])
-    bars += [(k.name[:80], k.ms, f"{k.calls} calls, {100 * k.share:.1f}%") for k in rest]
+    bars = []
+    if kernels is not None:
+        model_ms = kernels.total_ms - (kernels.engine_work_ms or 0.0)
+        bars.append(("attributed to Definitions", kernels.attributed_share * model_ms,
+                     f"{100 * kernels.attributed_share:.1f}% of the model's {model_ms:,.1f} ms"))
+        if kernels.engine_work_ms is not None:
+            own = ", ".join(f"{k.name[:60]} {k.ms:,.2f} ms" for k in (kernels.engine_work or [])[:5])
+            bars.append(("the engine's own work (outside the model's forwards)", kernels.engine_work_ms, own))
+    bars += [(k.name[:80], k.ms, f"{k.calls} calls, {100 * k.share:.1f}% of the model's") for k in rest]
     names = [name for name, _, _ in bars]
     figure = go.Figure([go.Bar(x=[ms for _, ms, _ in bars], y=names, orientation="h",
                                hovertext=[how for _, _, how in bars])])

@@ -57,7 +57,12 @@ class EngineKernels(StrictModel):
     (:mod:`fi_profile.capture.kernel_accounting`). ``device``: ``cuda`` (kernels, from CUPTI) or
     ``cpu`` (the operators the engine called, with those they called); ``required_share``: the
     attributed share below which the record is incomplete (on GPUs; on CPU the share is reported,
-    not required)."""
+    not required). ``total_ms`` is everything the engine ran; where each step's model forward
+    was seen whole (a forward range or a graph run), what the engine launched outside every
+    forward and hooked call is its own work (``engine_work``: its step's input preparation,
+    attention metadata, output copies), and ``attributed_share`` and each unattributed kernel's
+    ``share`` are of the rest, the model's; ``engine_work_ms`` None: not told apart (all of it the
+    model's)."""
 
     device: str
     steps: NonNegativeInt
@@ -72,6 +77,9 @@ class EngineKernels(StrictModel):
     #: the GPU held its clock down for power or heat (NVML, sampled; None: not sampled)
     sm_clock_mhz: Optional[float] = None
     clock_limited_share: Optional[float] = None
+    #: the engine's own work outside the model's forwards, and its largest kernels (share: of ``total_ms``)
+    engine_work_ms: Optional[float] = None
+    engine_work: Optional[list[UnattributedKernel]] = None
 
 
 class UnkeptWorkload(StrictModel):
