@@ -76,8 +76,8 @@ def captured_nodes() -> Optional[int]:
     import torch
 
     status, graph, count = ctypes.c_int(0), ctypes.c_void_p(), ctypes.c_size_t(0)
-    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
     try:
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         if driver.cuStreamGetCaptureInfo_v2(stream, ctypes.byref(status), None, ctypes.byref(graph), None, None) \
                 or status.value != 1 or not graph.value:  # CU_STREAM_CAPTURE_STATUS_ACTIVE
             return None
