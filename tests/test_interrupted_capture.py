@@ -45,11 +45,11 @@ def _progress_steps(out_dir: Path) -> int:
 
 
 def _capture_until_saved(out_dir: Path, command: Path = FI_PROFILE, framework: str = "vllm", *more: str,
-                         save_every: float = 0.2, **popen) -> subprocess.Popen:
+                         save_every: float = 0.2, output_len: int = 2000, **popen) -> subprocess.Popen:
     """A long capture of the tiny Llama on CPU, once its engine has saved 3 steps (parts every
     ``save_every`` s; with a longer interval, once it has run 3 steps)."""
     args = [str(command), "--model", "fi-profile/tiny-llama", "--framework", framework, "--eager", *more,
-            "--num-prompts", "2", "--input-len", "16", "--output-len", "2000", "--save-every", str(save_every),
+            "--num-prompts", "2", "--input-len", "16", "--output-len", str(output_len), "--save-every", str(save_every),
             "--out", str(out_dir)]
     proc = subprocess.Popen(args, start_new_session=True, **({"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
                                                               | popen))
@@ -172,6 +172,10 @@ def test_the_engines_processes_die_with_a_killed_fi_profile(tmp_path, framework)
         _kill(engine | {proc.pid})
 
 
+#: tokens generated per request in a run a signal stops
+LONG = 20_000
+
+
 @pytest.mark.parametrize("framework, stop, code, group", [
     ("vllm", signal.SIGTERM, 143, False), ("vllm", signal.SIGINT, 130, False), ("vllm", signal.SIGTERM, 143, True),
     ("sglang", signal.SIGTERM, 143, False), ("sglang", signal.SIGINT, 130, False), ("sglang", signal.SIGTERM, 143, True),
@@ -195,7 +199,8 @@ def test_a_signalled_capture_writes_the_record_it_saved_and_leaves_no_engine(tmp
     out_dir = tmp_path / "signalled"
     said = tmp_path / "stderr.txt"
     with said.open("w") as sink:  # a file, not a pipe: a full pipe would stop the capture
-        proc = _capture_until_saved(out_dir, command, framework, save_every=1000, stderr=sink)
+        # long enough that the signal lands mid-run on a loaded machine (2,000 tokens ran in 10 s)
+        proc = _capture_until_saved(out_dir, command, framework, save_every=1000, output_len=LONG, stderr=sink)
     ran = _progress_steps(out_dir)
     assert _saved_steps(out_dir) == 0  # nothing saved yet: what the record holds, the signal saved
     engine = _children(proc.pid)
@@ -209,11 +214,12 @@ def test_a_signalled_capture_writes_the_record_it_saved_and_leaves_no_engine(tmp
     finally:
         _kill(engine | {proc.pid})
     assert proc.returncode == code, stderr[-3000:]
+    assert (out_dir / "record.json").is_file(), stderr[-3000:]
     record = json.loads((out_dir / "record.json").read_text())
     assert f"interrupted by {stop.name}" in record["run"]["incomplete"] and f"interrupted by {stop.name}" in stderr
     assert "the steps each engine process had finished at the signal" in record["run"]["incomplete"]
     counts = {k["id"]: k["count"] for k in record["kernels"]}
-    assert ran <= counts["embedding_v2048_h256"] < 2000 and validate_paths([out_dir]).errors == []
+    assert ran <= counts["embedding_v2048_h256"] < LONG and validate_paths([out_dir]).errors == []
     assert counts["rmsnorm_h256"] == counts["embedding_v2048_h256"]  # whole steps
     time.sleep(2)
     assert not _alive(engine)

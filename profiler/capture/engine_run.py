@@ -238,28 +238,33 @@ def run_capture(engine_class: Callable[..., Engine],
                      run_info(engine.version, options, engine.attention_backend, status))
         log = out_dir / ENGINE_LOG
         generation_began = log_size(log)
+        # a signal at any point from here (while generating, while the engine stops and writes its
+        # part, while the parts merge) keeps what was recorded
         try:
-            tokens, failure = engine.generate(options.scenario), None
-        except Exception as exc:  # the engine died (or raised): keep what was saved
+            try:
+                tokens, failure = engine.generate(options.scenario), None
+            except Exception as exc:  # the engine died (or raised): keep what was saved
+                if not options.capture:
+                    raise
+                tokens, failure = [], with_root_cause(said_of(exc), log, generation_began)
+            run = run_info(engine.version, options, engine.attention_backend, status)
+            if failure is not None:
+                fail_with_saved_parts(out_dir, options.model, engine.framework, options.max_workloads, run, failure)
             if not options.capture:
-                raise
-            tokens, failure = [], with_root_cause(said_of(exc), log, generation_began)
+                return None, tokens, run
+            engine.stop(out_dir)
+            summary = merge_parts(out_dir, options.model, engine.framework, options.max_workloads, run)
         except Interrupted as stop:  # SIGINT / SIGTERM: keep what was saved, then shut the engine down
             if not options.capture:
                 raise
             run = run_info(engine.version, options, engine.attention_backend, status)
+            # an engine stopping when the signal came answers this save after its stop, which has
+            # written its part by then (its processes take one call at a time)
             stop.unanswered = saved_in_time(engine, out_dir)
             stop.summary = interrupted_record(out_dir, options.model, engine.framework, options.max_workloads, run,
                                               stop.name, stop.unanswered)
             unanswered = stop.unanswered
             raise
-        run = run_info(engine.version, options, engine.attention_backend, status)
-        if failure is not None:
-            fail_with_saved_parts(out_dir, options.model, engine.framework, options.max_workloads, run, failure)
-        if not options.capture:
-            return None, tokens, run
-        engine.stop(out_dir)
-        summary = merge_parts(out_dir, options.model, engine.framework, options.max_workloads, run)
         assert summary.record.run is not None
         return summary, tokens, summary.record.run
     finally:
