@@ -174,3 +174,30 @@ def test_layers_of_one_shape_are_realized_once_a_learned_step_and_counted_per_la
     assert list(RECORDER.errors.values()) == [5]  # the learned step's failures; a replay counts them as lost
     assert not any("step replay" in e for e in RECORDER.errors)
     RECORDER.active = False
+
+
+def test_a_prologue_captured_in_a_graph_is_a_template_of_its_nodes_that_records_nothing(tmp_path, monkeypatch):
+    """A prologue (Gemma-3's RoPE tables, computed once per forward for every layer's rotation)
+    while SGLang captures a graph: a template whose nodes are its kernels, naming the Definitions
+    it prepares, for the accounting; the step's calls are the other hooks' alone."""
+    from fi_profile.capture.patching import wrap_prologue
+
+    nodes = iter(range(100))
+    monkeypatch.setattr(graph_capture, "captured_nodes", lambda: next(nodes) if SIMULATED["capturing"] else None)
+    linear = wrap(lambda x: x * 2, "gemm", lambda x: [gemm.call(x, 64, 32)])
+    table = wrap_prologue(lambda x: x + 1, "gemm", lambda x: [gemm.call(x, 64, 32)])
+    buffer = torch.zeros(2, 32, dtype=torch.bfloat16, device=DEVICE)
+    backend = make_backend("FullCudaGraphBackend")()
+    RECORDER.reset()
+    backend.capture_one(ShapeKey(2), lambda: [table(buffer), linear(buffer), linear(buffer)])
+    trace = graph_capture.CAPTURED[(backend, ShapeKey(2))]
+    first = trace.templates[0]
+    assert first.prologue == (gemm.call(buffer, 64, 32).definition.name,) and not first.calls
+    assert first.nodes is not None and first.nodes[1] > first.nodes[0]
+    assert [t.prologue for t in trace.templates[1:]] == [(), ()]
+    monkeypatch.setattr(RECORDER, "active", True)
+    RECORDER.begin_step(("decode", 2), tokens=2)
+    backend.replay(ShapeKey(2))
+    RECORDER.flush(tmp_path)
+    assert RECORDER.calls == {"gemm_bf16_n64_k32": 2} and not RECORDER.errors
+    RECORDER.active = False

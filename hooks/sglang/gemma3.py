@@ -43,8 +43,9 @@ def _current(**values: Any) -> Iterator[None]:
 
 
 def model_forward(self: Any) -> Any:
-    """``Gemma3TextModel.forward``: its two RoPE tables, the global one first."""
-    return _current(tables=(getattr(self, "rotary_emb", None), getattr(self, "rotary_emb_local", None)))
+    """``Gemma3TextModel.forward``: its two RoPE tables, the global one first, and its layers."""
+    return _current(tables=(getattr(self, "rotary_emb", None), getattr(self, "rotary_emb_local", None)),
+                    layers=getattr(self, "layers", None))
 
 
 def decoder_layer_forward(self: Any) -> Any:
@@ -70,6 +71,25 @@ def rotation_calls(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor) -> list:
     tokens = cos.numel() // head_dim
     return [rope.call(q, q.numel() // (tokens * head_dim), k.numel() // (tokens * head_dim), head_dim,
                       table_params(table))]
+
+
+def table_prologue_calls(self: Any, x: torch.Tensor) -> list:
+    """``Gemma3RotaryEmbedding.forward``: the cos/sin that each forward computes from a table for
+    its tokens (Hugging Face's: a matmul of the positions and inverse frequencies, cos, sin) are
+    the rotation's inputs, so its kernels are the RoPE Definition's of the layers that rotate by
+    this table (the global one: the layers that are not sliding). That Definition is made as the
+    first such layer's rotation makes it, from its attention's heads on this rank; none where no
+    layer takes the table, or the table is not one a Definition computes (its layer rule says so)."""
+    tables, layers = getattr(_CURRENT, "tables", None), getattr(_CURRENT, "layers", None)
+    if tables is None or layers is None or self not in tables or judged_once(self, table_problem) is not None:
+        return []
+    sliding = self is tables[1] and tables[0] is not tables[1]
+    for layer in layers:
+        attention = getattr(layer, "self_attn", None)
+        if attention is not None and bool(getattr(layer, "is_sliding", False)) == sliding:
+            return [rope.call(x, int(attention.num_heads), int(attention.num_kv_heads), int(attention.head_dim),
+                              table_params(self))]
+    return []
 
 
 def table_params(table: Any) -> rope.RopeParams:

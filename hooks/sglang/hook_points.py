@@ -121,6 +121,8 @@ POINTS = [
     HookPoint(_GEMMA3, "Gemma3DecoderLayer", ("forward",), "gemma3_layer", gemma3.decoder_layer_forward, around=True,
               optional=True),
     HookPoint(_GEMMA3, "", ("apply_rotary_pos_emb",), rope.KEY, gemma3.rotation_calls, optional=True),
+    HookPoint(_GEMMA3, "Gemma3RotaryEmbedding", ("forward",), rope.KEY, gemma3.table_prologue_calls, prologue=True,
+              optional=True),
     HookPoint(_GEMMA3, "Gemma3TextScaledWordEmbedding", ("forward",), embedding.KEY, gemma3.embedding_calls,
               optional=True),
     HookPoint(f"{_LAYERS}.quantization.unquant", "UnquantizedLinearMethod", ("apply",), gemm.KEY, gemm.linear_calls),

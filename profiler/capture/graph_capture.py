@@ -47,12 +47,24 @@ def observe_captured(op: str, make_calls: Callable[[], Any]) -> Optional[Templat
     (a warm-up run, or an eager piece between graph segments)."""
     trace = CAPTURING.trace
     if trace is not None and stream_capturing():
-        made = template(op, make_calls)
-        first = captured_nodes()
-        made.nodes = (first, first) if first is not None else None
-        trace.templates.append(made)
-        return made
+        return _captured(trace, template(op, make_calls))
     return None
+
+
+def observe_captured_prologue(op: str, definitions: tuple[str, ...]) -> Optional[Template]:
+    """A prologue (:func:`fi_profile.capture.patching.wrap_prologue`) while a graph is being
+    captured: a template of the graph that records nothing, its nodes ``definitions``' kernels."""
+    trace = CAPTURING.trace
+    if trace is not None and definitions and stream_capturing():
+        return _captured(trace, Template(op, prologue=definitions))
+    return None
+
+
+def _captured(trace: Trace, made: Template) -> Template:
+    first = captured_nodes()
+    made.nodes = (first, first) if first is not None else None
+    trace.templates.append(made)
+    return made
 
 
 def captured_call_ends(made: Optional[Template]) -> None:

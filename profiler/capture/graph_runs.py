@@ -50,7 +50,7 @@ def count_graph_run(trace: Trace, sizes: Mapping[str, int], mode: str, ran_with:
 def graph_calls(trace: Trace, live_labels: tuple[str, ...]) -> int:
     """The accounting's index of ``trace``'s calls in order (live ones with this step's labels)."""
 
-    def calls() -> list[tuple[str, tuple[str, ...], Optional[tuple[int, int]]]]:
+    def calls() -> list[tuple[str, tuple[str, ...], Optional[tuple[int, int]], bool]]:
         by_live = dict(zip((_live_key(live) for _, live, _ in trace.live_groups()), live_labels))
         found = []
         unowned = False
@@ -58,17 +58,19 @@ def graph_calls(trace: Trace, live_labels: tuple[str, ...]) -> int:
             if template.live is not None:
                 label = by_live.get(_live_key(template.live), "")
                 names = tuple(label.split(JOIN)) if label else ()
+            elif template.prologue:  # its kernels are the Definitions' it prepares
+                names = template.prologue
             else:
                 names = tuple(dict.fromkeys(c.definition.name for c in template.calls))
             # an invocation that records nothing of its own (another hook records its kernels: an
             # FP8 layer's GEMM under vLLM's fused q/kv-a op) is no call here, as it opens no range
             # in eager steps; one that failed is (its kernels are nobody's)
             if names or template.error is not None:
-                found.append((template.op, names, template.nodes))
+                found.append((template.op, names, template.nodes, bool(template.prologue)))
             elif template.nodes is None or template.nodes[1] > template.nodes[0]:
                 unowned = True  # its kernels another call records: no node order gives them to it
         if unowned:
-            return [(op, names) for op, names, _ in found]
+            return [(op, names, None, prologue) for op, names, _, prologue in found]
         return found
 
     return ACCOUNTING.graph_index((id(trace), len(trace.templates), live_labels), calls)

@@ -84,6 +84,9 @@ class GraphCalls:
 
     calls: tuple[tuple[str, tuple[str, ...]], ...]
     nodes: Optional[tuple[tuple[int, int], ...]] = None
+    #: the calls (by index) that are prologues: they compute their Definitions' inputs with kernels
+    #: of any kind (Hugging Face's RoPE tables: a matmul, cos, sin)
+    prologues: frozenset[int] = frozenset()
 
 
 @dataclass
@@ -232,14 +235,16 @@ class Accounting:
 
     def graph_index(self, key: Hashable, calls: Callable[[], Sequence[tuple[Any, ...]]]) -> int:
         """The index of the graph ``key`` identifies (cheaply); ``calls`` gives its calls in order,
-        (op, Definitions) or (op, Definitions, nodes), called the first time the graph is seen."""
+        (op, Definitions), (op, Definitions, nodes) or (op, Definitions, nodes, whether a prologue),
+        called the first time the graph is seen."""
         index = self._graph_ids.get(key)
         if index is None:
             index = self._graph_ids[key] = len(self.graphs)
             found = list(calls())
             nodes = [c[2] if len(c) > 2 else None for c in found]
             self.graphs.append(GraphCalls(tuple((c[0], tuple(c[1])) for c in found),
-                                          tuple(nodes) if found and all(n is not None for n in nodes) else None))
+                                          tuple(nodes) if found and all(n is not None for n in nodes) else None,
+                                          frozenset(i for i, c in enumerate(found) if len(c) > 3 and c[3])))
         return index
 
     def stop(self, known: Mapping[str, str], steps: int, **naming: Any) -> Optional[Attributed]:
@@ -573,8 +578,9 @@ def _by_nodes(units: Sequence[tuple[int, str, int, int]], graph: GraphCalls, fit
     that its name fits best, as in an eager call's range; a unit of no call's nodes (a residual add
     between layers) is not attributed. Done only where every call's nodes are known, the run is on
     one stream, holds every node the calls added, and each unit named after a family (a GEMM, an
-    attention kernel) lands on a call of that family or one that launches such kernels: else
-    False, and the run is aligned by names (:func:`_align`)."""
+    attention kernel) lands on a call of that family or one that launches such kernels, or on a
+    prologue (its kernels are of any kind): else False, and the run is aligned by names
+    (:func:`_align`)."""
     nodes = graph.nodes
     if nodes is None or len(nodes) != len(graph.calls) or not units or len({u[3] for u in units}) != 1:
         return False
@@ -587,7 +593,7 @@ def _by_nodes(units: Sequence[tuple[int, str, int, int]], graph: GraphCalls, fit
     definitions = [tuple(d for d in definitions if d in known) for _, definitions in graph.calls]
     for (_, name, _, _), invocation in zip(units, owner):
         types = fits(name)
-        if invocation is None or not types or not definitions[invocation]:
+        if invocation is None or not types or not definitions[invocation] or invocation in graph.prologues:
             continue
         own = {fits.op_types[d] for d in definitions[invocation]}
         if not types & own and not any(fits.launched_by(t, types) for t in own):

@@ -21,7 +21,7 @@ from torch._dynamo.comptime import comptime
 
 from fi_profile.capture import traced as traced_calls
 from fi_profile.capture.arguments import SignatureMismatch, argument_reader
-from fi_profile.capture.graph_capture import CAPTURING, captured_call_ends, observe_captured
+from fi_profile.capture.graph_capture import CAPTURING, captured_call_ends, observe_captured, observe_captured_prologue
 from fi_profile.capture.kernel_accounting import ACCOUNTING, JOIN, call_range, graph_range
 from fi_profile.capture.kernel_call import KernelCall
 from fi_profile.capture.recorder import RECORDER
@@ -167,22 +167,31 @@ def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls, live: bool = False,
     return hooked
 
 
-def wrap_prologue(fn: Callable[..., Any], to_calls: ToCalls, cls: Optional[type] = None) -> Callable[..., Any]:
-    """``fn`` run, while the engine's kernels are accounted for, in the range of the Definitions
-    ``to_calls`` names (recording nothing: the call they prepare records them); no range where it
-    names none or raises (the call's own hook says why)."""
+def wrap_prologue(fn: Callable[..., Any], op: str, to_calls: ToCalls, cls: Optional[type] = None) -> Callable[..., Any]:
+    """``fn`` computes inputs of the calls ``to_calls`` names (recording nothing: the calls it
+    prepares record them), so its kernels are theirs: while the engine's kernels are accounted for
+    it runs in those Definitions' range, and while a CUDA graph is captured its nodes are theirs
+    (:func:`~fi_profile.capture.graph_capture.observe_captured_prologue`). Neither where it names
+    none or raises (the calls' own hooks say why)."""
     read = argument_reader(fn, to_calls, cls)
 
     @functools.wraps(fn)
     def hooked(*args: Any, **kwargs: Any) -> Any:
-        if not (ACCOUNTING.active and RECORDER.active) or _is_compiling() or CAPTURING.trace is not None:
+        capturing = CAPTURING.trace is not None
+        if _is_compiling() or not (capturing or (ACCOUNTING.active and RECORDER.active)):
             return fn(*args, **kwargs)
         try:
-            names = dict.fromkeys(c.definition.name for c in to_calls(**read(args, kwargs)) if c is not None)
+            names = tuple(dict.fromkeys(c.definition.name for c in to_calls(**read(args, kwargs)) if c is not None))
         except Exception:  # noqa: BLE001 - a hook must never break the engine
-            names = {}
+            names = ()
         if not names:
             return fn(*args, **kwargs)
+        if capturing:
+            made = observe_captured_prologue(op, names)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                captured_call_ends(made)
         with call_range(JOIN.join(names)):
             return fn(*args, **kwargs)
 
@@ -304,7 +313,7 @@ def install(points: Sequence[HookPoint]) -> tuple[list[str], list[str]]:
                 if point.around:
                     hooked = wrap_around(raw, point.op, point.to_calls, cls)
                 elif point.prologue:
-                    hooked = wrap_prologue(raw, point.to_calls, cls)
+                    hooked = wrap_prologue(raw, point.op, point.to_calls, cls)
                 elif point.boundary:
                     hooked = wrap_boundary(raw, point.op, point.to_calls, cls, point.raw)
                 else:

@@ -41,6 +41,9 @@ class Template:
     error: Optional[str] = None  # the hook failed while traced: counted as lost every step
     #: a CUDA graph's nodes this call's kernels are, [first, end) in capture order (None: not known)
     nodes: Optional[tuple[int, int]] = None
+    #: a prologue's: the Definitions whose inputs it computes (its kernels are theirs; it records
+    #: no call of its own: the call it prepares does)
+    prologue: tuple[str, ...] = ()
 
     def realize(self, sizes: Mapping[str, int]) -> list[KernelCall]:
         if self.live is not None:
