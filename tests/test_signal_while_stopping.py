@@ -19,7 +19,6 @@ from fi_profile.capture.recorder import RECORDER, save_whole_steps, start_record
 from fi_profile.families import gemm
 
 
-
 class _Engine:
     """One process, the recorder's own: ``steps`` GEMM calls, then a signal at ``signal_at``."""
 
