@@ -660,8 +660,10 @@ def test_a_graphs_calls_leave_out_invocations_that_record_nothing_but_keep_faile
     seen = {}
     monkeypatch.setattr(graph_runs.ACCOUNTING, "graph_index", lambda key, calls: seen.setdefault("calls", calls()))
     graph_runs.graph_calls(trace, ())
-    assert [c[:3] for c in seen["calls"]] == [("linear", (gemm_call.definition.name,), None),
-                                              ("moe", (), None)]  # nodes unknown: names only
+    graph = seen["calls"]
+    assert graph.calls == (("linear", (gemm_call.definition.name,)), ("moe", ())) and graph.nodes is None  # names only
+    assert graph.no_nodes == ("fused_qkv_a_gemm: records nothing but launched nodes", "linear: its nodes were not read",
+                              "moe: its nodes were not read")
 
 
 def test_sglangs_fp8_moe_keeps_its_swiglu_between_the_quantization_and_the_expert_gemms():
@@ -1015,11 +1017,17 @@ def test_a_graphs_calls_carry_the_nodes_their_capture_showed(monkeypatch):
     seen = {}
     monkeypatch.setattr(graph_runs.ACCOUNTING, "graph_index", lambda key, calls: seen.setdefault("calls", calls()))
     graph_runs.graph_calls(Trace(output_graph=0, symbols={}, templates=made), ())
-    assert [c[2] for c in seen["calls"]] == [(0, 2), (2, 3)]
+    assert seen["calls"].nodes == ((0, 2), (2, 3)) and seen["calls"].no_nodes == ()
     accounting = type(graph_runs.ACCOUNTING)()
-    accounting.graph_index("g", lambda: seen["calls"])
-    accounting.graph_index("h", lambda: [*seen["calls"], ("linear", (gemm_call.definition.name,), None)])
+    accounting.graph_index("g", lambda: [(*c, n) for c, n in zip(seen["calls"].calls, seen["calls"].nodes)])
+    accounting.graph_index("h", lambda: [*seen["calls"].calls, ("linear", (gemm_call.definition.name,), None)])
     assert accounting.graphs[0].nodes == ((0, 2), (2, 3)) and accounting.graphs[1].nodes is None
+    # a hook that records nothing yet launched nodes of the graph: which kernels are whose is not known
+    made.append(Template("fused_qkv_a_gemm", nodes=(3, 5)))
+    seen.clear()
+    graph_runs.graph_calls(Trace(output_graph=1, symbols={}, templates=made), ())
+    assert seen["calls"].nodes is None
+    assert seen["calls"].no_nodes == ("fused_qkv_a_gemm: records nothing but launched 2 nodes",)
 
 
 #: Hugging Face's RoPE table as SGLang 0.5.16's Gemma-3 computes it for a step's tokens on an H200

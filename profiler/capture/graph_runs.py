@@ -9,9 +9,9 @@ are counted as that step's hooked invocations.
 from __future__ import annotations
 
 import functools
-from typing import Mapping, Optional
+from typing import Mapping
 
-from fi_profile.capture.kernel_accounting import ACCOUNTING, JOIN
+from fi_profile.capture.kernel_accounting import ACCOUNTING, JOIN, GraphCalls
 from fi_profile.capture.kernel_call import KernelCall
 from fi_profile.capture.patching import observe
 from fi_profile.capture.recorder import RECORDER
@@ -50,10 +50,10 @@ def count_graph_run(trace: Trace, sizes: Mapping[str, int], mode: str, ran_with:
 def graph_calls(trace: Trace, live_labels: tuple[str, ...]) -> int:
     """The accounting's index of ``trace``'s calls in order (live ones with this step's labels)."""
 
-    def calls() -> list[tuple[str, tuple[str, ...], Optional[tuple[int, int]], bool]]:
+    def calls() -> GraphCalls:
         by_live = dict(zip((_live_key(live) for _, live, _ in trace.live_groups()), live_labels))
         found = []
-        unowned = False
+        unowned: list[str] = []  # why the nodes cannot give the kernels to the calls
         for template in trace.templates:
             if template.live is not None:
                 label = by_live.get(_live_key(template.live), "")
@@ -67,11 +67,17 @@ def graph_calls(trace: Trace, live_labels: tuple[str, ...]) -> int:
             # in eager steps; one that failed is (its kernels are nobody's)
             if names or template.error is not None:
                 found.append((template.op, names, template.nodes, bool(template.prologue)))
+                if template.nodes is None:
+                    unowned.append(f"{template.op}: its nodes were not read")
             elif template.nodes is None or template.nodes[1] > template.nodes[0]:
-                unowned = True  # its kernels another call records: no node order gives them to it
-        if unowned:
-            return [(op, names, None, prologue) for op, names, _, prologue in found]
-        return found
+                # its kernels another call records: no node order gives them to it
+                launched = "" if template.nodes is None else f" {template.nodes[1] - template.nodes[0]}"
+                unowned.append(f"{template.op}: records nothing but launched{launched} nodes")
+        nodes = tuple(n for _, _, n, _ in found)
+        return GraphCalls(tuple((op, names) for op, names, _, _ in found),
+                          None if unowned or not found else nodes,  # type: ignore[arg-type]
+                          frozenset(i for i, c in enumerate(found) if c[3]),
+                          tuple(dict.fromkeys(unowned)))
 
     return ACCOUNTING.graph_index((id(trace), len(trace.templates), live_labels), calls)
 

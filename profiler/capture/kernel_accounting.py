@@ -87,6 +87,9 @@ class GraphCalls:
     #: the calls (by index) that are prologues: they compute their Definitions' inputs with kernels
     #: of any kind (Hugging Face's RoPE tables: a matmul, cos, sin)
     prologues: frozenset[int] = frozenset()
+    #: why ``nodes`` is None where the capture read them: the calls whose nodes were not read, and
+    #: hooks that record nothing but launched nodes (for the accounting trace)
+    no_nodes: tuple[str, ...] = ()
 
 
 @dataclass
@@ -233,14 +236,18 @@ class Accounting:
             self.clock_marked_ns = mark_sync()
             self.clock = ClockSampler(read).start()
 
-    def graph_index(self, key: Hashable, calls: Callable[[], Sequence[tuple[Any, ...]]]) -> int:
-        """The index of the graph ``key`` identifies (cheaply); ``calls`` gives its calls in order,
-        (op, Definitions), (op, Definitions, nodes) or (op, Definitions, nodes, whether a prologue),
-        called the first time the graph is seen."""
+    def graph_index(self, key: Hashable, calls: Callable[[], "GraphCalls | Sequence[tuple[Any, ...]]"]) -> int:
+        """The index of the graph ``key`` identifies (cheaply); ``calls`` gives its calls (a
+        :class:`GraphCalls`, or in order as (op, Definitions), (op, Definitions, nodes) or (op,
+        Definitions, nodes, whether a prologue)), called the first time the graph is seen."""
         index = self._graph_ids.get(key)
         if index is None:
             index = self._graph_ids[key] = len(self.graphs)
-            found = list(calls())
+            given = calls()
+            if isinstance(given, GraphCalls):
+                self.graphs.append(given)
+                return index
+            found = list(given)
             nodes = [c[2] if len(c) > 2 else None for c in found]
             self.graphs.append(GraphCalls(tuple((c[0], tuple(c[1])) for c in found),
                                           tuple(nodes) if found and all(n is not None for n in nodes) else None,
@@ -277,7 +284,7 @@ class Accounting:
                 runs = [(str(g), g, units) for g, units in (attributed.graph_traces or {}).items()]
                 runs += [(f"{g}:worst", g, units) for g, units in attributed.worst_traces.items()]
                 json.dump({key: {"calls": [list(c) for c in self.graphs[g].calls], "nodes": self.graphs[g].nodes,
-                                 "units": units}
+                                 "no_nodes": self.graphs[g].no_nodes, "units": units}
                            for key, g, units in runs}, f, indent=0)
         return attributed
 
