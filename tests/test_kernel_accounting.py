@@ -426,14 +426,18 @@ def test_a_profiler_that_does_not_start_is_said_and_recording_goes_on(tmp_path, 
     RECORDER.reset()
 
 
-def _aligned_trace(file: str, more_layers: int = 0):
+def _aligned_trace(file: str, more_layers: int = 0, top_k: bool = False):
     """A graph's calls and kernels as ``FI_PROFILE_ACCOUNTING_TRACE`` wrote them on a GPU
     (``fixtures/kernel_traces``), aligned again: the trace, its units (name, ns), the result.
-    ``more_layers``: the model's second layer repeated that many times after it (calls and kernels)."""
+    ``more_layers``: the model's second layer repeated that many times after it (calls and kernels);
+    ``top_k``: a call of each MoE call's Definitions before it (SGLang's top-k feeding its experts)."""
     import json
     from pathlib import Path
 
     trace = json.loads((Path(__file__).parent / "fixtures" / "kernel_traces" / file).read_text())
+    if top_k:
+        trace["calls"] = [c for call in trace["calls"] for c in ([["moe_routing", call[1]], call] if call[0] == "moe"
+                                                                  else [call])]
     if more_layers:  # a layer begins with its q/kv down-projection (its call, its kernel)
         starts = [i for i, (op, _) in enumerate(trace["calls"]) if op.startswith("fused_")][1:3]
         kernels = [i for i, (name, _) in enumerate(trace["units"]) if "fused_a_gemm_kernel" in name][1:3]
@@ -1055,3 +1059,51 @@ def test_a_prologues_nodes_are_the_definitions_it_prepares_whatever_its_kernels_
         assert found["rope_h4"] == sum(ns for _, ns in GEMMA_TABLE) + 2 and found["gemma_rmsnorm_h16"] == 40
     else:
         assert found.get("gemma_rmsnorm_h16", 0) < 40  # by names: the norms' run is not split
+
+
+@pytest.mark.parametrize("top_k", [False, True])
+def test_sglangs_llama4_routed_experts_on_their_own_stream_take_their_router_gemm(top_k):
+    """SGLang 0.5.16's Llama-4-Scout decode graph on an H200: each layer's router GEMM, top-k and
+    routed experts run on an alt stream beside the shared expert. Aligned with every call first,
+    the main stream gave the next layer's QKV GEMM to the router GEMM's call and left that layer's
+    input norm (``FusedAddRMSNorm``) unattributed; the alt stream's router GEMM then took a QKV
+    call. The calls of a family only a side stream's kernels are named after (the MoE's), and
+    the calls beside them that its kernels beside them fit (the router GEMM), are that stream's.
+    ``top_k``: as fi-profile now captures it, with the top-k before each MoE a call of its
+    Definition (``TopK`` feeds the experts' call)."""
+    trace, units, result = _aligned_trace("sglang_llama4_multi_stream_decode_graph.json", top_k=top_k)
+    found = by_definition(result)
+    side = [(name, round(us * 1000)) for name, us, stream in trace["units"] if stream == 472]
+    norms = [ns for name, ns in units if "FusedAddRMSNormKernel" in name]
+    assert found["fused_add_rmsnorm_inplace_h5120"] == sum(norms) and len(norms) == 8
+    router = [ns for name, ns in side if name.startswith(("nvjet", "void cublasLt::splitKreduce"))]
+    assert found["gemm_bf16_n16_k5120"] == sum(router) and len(router) == 8
+    assert found["moe_bf16_llama4_routing_topk1_e16_h5120_i8192"] >= sum(ns for name, ns in side if "moe" in name)
+    left = {name for name in result.unattributed}
+    assert all(name.startswith(("triton_", "void at::native")) for name in left), left  # the routing's sigmoid, adds
+
+
+def test_a_top_k_that_records_nothing_gives_its_graph_nodes_to_the_moe_after_it(monkeypatch):
+    """SGLang's ``TopK`` records nothing of its own where the routing is part of the MoE Definition
+    (Llama-4's, Qwen's, gpt-oss's), yet launches the routing's kernels: captured in a graph, it made
+    every node order unusable (a hook recording nothing with kernels of its own). Its nodes are now
+    the next MoE call's, as a prologue's; with no MoE call after it they stay unknown."""
+    import torch
+
+    from fi_profile.capture import graph_runs
+    from fi_profile.capture.traced import Template, Trace
+    from fi_profile.families import gemm
+
+    router = gemm.sized_call(4, 16, 32, torch.bfloat16)
+    moe_call = gemm.sized_call(4, 64, 32, torch.bfloat16)  # the experts' call (its names alone matter here)
+    moe_name = moe_call.definition.name
+    made = [Template("gemm", [router], nodes=(0, 2)), Template("moe_routing", feeds="moe", nodes=(2, 3)),
+            Template("moe", [moe_call], nodes=(3, 7))]
+    seen = {}
+    monkeypatch.setattr(graph_runs.ACCOUNTING, "graph_index", lambda key, calls: seen.setdefault("calls", calls()))
+    graph_runs.graph_calls(Trace(output_graph=0, symbols={}, templates=made), ())
+    graph = seen.pop("calls")
+    assert graph.calls == (("gemm", (router.definition.name,)), ("moe_routing", (moe_name,)), ("moe", (moe_name,)))
+    assert graph.nodes == ((0, 2), (2, 3), (3, 7)) and graph.prologues == frozenset({1})
+    graph_runs.graph_calls(Trace(output_graph=1, symbols={}, templates=made[:2]), ())
+    assert seen["calls"].nodes is None and seen["calls"].no_nodes == ("moe_routing: records nothing but launched 1 nodes",)

@@ -155,7 +155,9 @@ POINTS = [
     # a function DeepSeek's attention calls with its bf16 down-projection (looked up in the model's module)
     HookPoint("sglang.srt.models.deepseek_v2", "", ("linear_with_fused_a_gemm",), "fused_a_gemm", _fused_a_gemm,
               nested=(gemm.KEY,)),
-    HookPoint(f"{_LAYERS}.moe.topk", "TopK", ("forward",), "moe_routing", sglang_moe.routing_calls),
+    # the router's top-k: where it records nothing (the routing is part of the MoE Definition), its
+    # kernels in a CUDA graph are the experts' call's after it
+    HookPoint(f"{_LAYERS}.moe.topk", "TopK", ("forward",), "moe_routing", sglang_moe.routing_calls, feeds=moe.KEY),
     HookPoint(f"{_LAYERS}.moe.fused_moe_triton.layer", "FusedMoE", ("forward",), moe.KEY, sglang_moe.layer_calls,
               nested=(silu_and_mul.KEY, gemm.KEY)),
     # a kernel function the models call with the norm layers' weights (looked up in this module)

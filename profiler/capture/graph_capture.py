@@ -41,13 +41,15 @@ def capturing(key: Hashable, where: str = "cuda_graph") -> Iterator[Trace]:
         CAPTURING.trace = outer
 
 
-def observe_captured(op: str, make_calls: Callable[[], Any]) -> Optional[Template]:
+def observe_captured(op: str, make_calls: Callable[[], Any], feeds: str = "") -> Optional[Template]:
     """A hooked call while a graph is being captured: a template of the graph if the stream is
     capturing it now (its first node, where it can be read: :func:`captured_nodes`), else nothing
-    (a warm-up run, or an eager piece between graph segments)."""
+    (a warm-up run, or an eager piece between graph segments). ``feeds``: :attr:`Template.feeds`."""
     trace = CAPTURING.trace
     if trace is not None and stream_capturing():
-        return _captured(trace, template(op, make_calls))
+        made = template(op, make_calls)
+        made.feeds = feeds
+        return _captured(trace, made)
     return None
 
 

@@ -54,6 +54,7 @@ def graph_calls(trace: Trace, live_labels: tuple[str, ...]) -> int:
         by_live = dict(zip((_live_key(live) for _, live, _ in trace.live_groups()), live_labels))
         found = []
         unowned: list[str] = []  # why the nodes cannot give the kernels to the calls
+        named = []
         for template in trace.templates:
             if template.live is not None:
                 label = by_live.get(_live_key(template.live), "")
@@ -62,11 +63,18 @@ def graph_calls(trace: Trace, live_labels: tuple[str, ...]) -> int:
                 names = template.prologue
             else:
                 names = tuple(dict.fromkeys(c.definition.name for c in template.calls))
+            named.append(names)
+        for at, (template, names) in enumerate(zip(trace.templates, named)):
+            prologue = bool(template.prologue)
+            if not names and template.feeds and template.error is None:  # its kernels are the next such call's
+                names = next((later for t, later in zip(trace.templates[at + 1:], named[at + 1:])
+                              if t.op == template.feeds), ())
+                prologue = bool(names)
             # an invocation that records nothing of its own (another hook records its kernels: an
             # FP8 layer's GEMM under vLLM's fused q/kv-a op) is no call here, as it opens no range
             # in eager steps; one that failed is (its kernels are nobody's)
             if names or template.error is not None:
-                found.append((template.op, names, template.nodes, bool(template.prologue)))
+                found.append((template.op, names, template.nodes, prologue))
                 if template.nodes is None:
                     unowned.append(f"{template.op}: its nodes were not read")
             elif template.nodes is None or template.nodes[1] > template.nodes[0]:

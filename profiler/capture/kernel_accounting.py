@@ -829,16 +829,26 @@ def _align(units: Sequence[tuple[int, str, int, int]], calls: Sequence[tuple[str
         by_stream[unit[3]].append(i)
     free = list(range(len(calls)))  # calls without units so far
     main = max(by_stream.values(), key=lambda indices: (len(indices), -indices[0]), default=None)
+    claimed: set[int] = set()
+    if main is not None:
+        main_types = frozenset().union(*(fits(units[i][1]) for i in main))
+        for indices in by_stream.values():
+            if indices is not main:
+                claimed |= _side_calls([units[i][1] for i in indices], calls, fits, main_types)
     for n, indices in enumerate(sorted(by_stream.values(), key=lambda indices: (indices is not main, indices[0]))):
         names = [units[i][1] for i in indices]
         if n:  # another stream: the calls left of the types its kernels are named after, as if back to back
             types = frozenset().union(*map(fits, names))
             free = [c for c in free if calls[c][0] in types]
-        found = _assign(names, [calls[c] for c in free], fits, launched)
+        found = _assign(names, [calls[c] for c in (free if n else [c for c in free if c not in claimed])], fits, launched)
+        if not n:
+            free = [c for c in free if c not in claimed]
         taken = {free[call] for call in found if call is not None}
         for i, call in zip(indices, found):
             assigned[i] = free[call] if call is not None else None
         free = [c for c in free if c not in taken]
+        if not n:  # the calls another stream's kernels claimed, for the other streams
+            free = sorted({*free, *(c for c in claimed if c not in taken)})
     for (start, name, ns, stream), call in zip(units, assigned):
         definitions = calls[call][1] if call is not None else ()
         if trace is not None:
@@ -849,6 +859,45 @@ def _align(units: Sequence[tuple[int, str, int, int]], calls: Sequence[tuple[str
             result.add(definitions, name, ns, found_clock[0] if found_clock else None)
         else:
             result.miss(name, ns)
+
+
+def _side_calls(names: Sequence[str], calls: Sequence[tuple[str, tuple[str, ...], int]], fits: _Fits,
+               main_types: frozenset[str]) -> set[int]:
+    """The calls a stream other than the graph's main one surely runs: each call of an op type only
+    its kernels are named after (SGLang's Llama-4 runs each layer's router, top-k and routed
+    experts on an alt stream beside the shared expert: the MoE's), and the calls next to it whose
+    op types the kernels next to its kernels on that stream are named after, one run of one
+    family's kernels per call (the router's GEMM before the MoE). Left to the main stream, the
+    next layer's QKV GEMM took the router GEMM's call, shifting the layer by one."""
+    runs: list[frozenset[str]] = []  # the stream's kernels, one entry per run of one family's names
+    for name in names:
+        types = fits(name)
+        if not types:
+            continue
+        if runs and (runs[-1] & types or any(types <= fits.launches.get(t, frozenset()) for t in runs[-1])):
+            continue  # more of the same call's (a fused MoE's SwiGLU between its expert GEMMs)
+        runs.append(types)
+    own = frozenset().union(*runs) - main_types if runs else frozenset()
+    claimed: set[int] = set()
+    run = 0
+    for c, call in enumerate(calls):
+        if call[0] not in own or c in claimed:
+            continue
+        if c and c - 1 in claimed and calls[c - 1][0] == call[0]:
+            claimed.add(c)  # one run's (SGLang's top-k, whose kernels are its MoE's, right before it)
+            continue
+        at = next((r for r in range(run, len(runs)) if call[0] in runs[r]), None)
+        if at is None:
+            break
+        claimed.add(c)
+        for step in (-1, 1):  # the calls before and after it, while the runs beside it fit them
+            other, r = c + step, at + step
+            while 0 <= other < len(calls) and 0 <= r < len(runs) and r >= run and other not in claimed \
+                    and calls[other][0] in runs[r] and fits.single(runs[r]) and calls[other][0] not in own:
+                claimed.add(other)
+                other, r = other + step, r + step
+        run = at + 1
+    return claimed
 
 
 def _assign(unit_names: Sequence[str], calls: Sequence[tuple[str, tuple[str, ...], int]],

@@ -89,6 +89,9 @@ class HookPoint:
     #: hooked method (SGLang's MLA key concatenation before its ragged prefill); its kernels are
     #: accounted to the Definitions ``to_calls`` names (the next call's own hook records them)
     prologue: bool = False
+    #: where it records nothing itself, the op of the next call whose kernels its own are, in a CUDA
+    #: graph (SGLang's ``TopK`` before its experts: the routing is part of the MoE Definition)
+    feeds: str = ""
 
 
 def observe(op: str, make_calls: Callable[[], Sequence[Optional[KernelCall]]], live: bool = False,
@@ -109,12 +112,14 @@ def observe(op: str, make_calls: Callable[[], Sequence[Optional[KernelCall]]], l
 
 
 def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls, live: bool = False, nested: tuple[str, ...] = (),
-         cls: Optional[type] = None, traced: Optional[ToCalls] = None, outside_forward: bool = False) -> Callable[..., Any]:
+         cls: Optional[type] = None, traced: Optional[ToCalls] = None, outside_forward: bool = False,
+         feeds: str = "") -> Callable[..., Any]:
     """``fn`` hooked: ``to_calls`` gets the arguments it names, read by name from ``fn``'s
     signature (or, for a dispatcher on ``cls``, from the method it dispatches to). While
     torch.compile traces ``fn``, ``traced`` (default ``to_calls``) records a template instead
     (:mod:`fi_profile.capture.traced`); nothing is added to the traced graph. A call, unless
-    ``outside_forward``, shows that the step's model forward ran where the hooks see it."""
+    ``outside_forward``, shows that the step's model forward ran where the hooks see it; one that
+    records nothing in a CUDA graph being captured gives its nodes to the next call of op ``feeds``."""
     read = argument_reader(fn, to_calls, cls)
     in_forward = not outside_forward
     trace_calls = traced or to_calls
@@ -134,7 +139,7 @@ def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls, live: bool = False,
             return fn(*args, **kwargs)
         made = None
         if capturing:
-            made = observe_captured(op, lambda: trace_calls(**trace_read(args, kwargs)))
+            made = observe_captured(op, lambda: trace_calls(**trace_read(args, kwargs)), feeds)
             label = op
         else:
             if in_forward:
@@ -261,7 +266,8 @@ def _install_functions(module: Any, point: HookPoint, installed: list[str], miss
         if getattr(raw, "__fi_profile_original__", None) is not None:
             continue
         try:
-            hooked = wrap(raw, point.op, point.to_calls, point.live, point.nested, None, point.traced, point.outside_forward)
+            hooked = wrap(raw, point.op, point.to_calls, point.live, point.nested, None, point.traced,
+                          point.outside_forward, point.feeds)
         except SignatureMismatch as exc:
             missing.append(f"{point.module}.{name}: {exc}"[:300])
             continue
@@ -318,7 +324,7 @@ def install(points: Sequence[HookPoint]) -> tuple[list[str], list[str]]:
                     hooked = wrap_boundary(raw, point.op, point.to_calls, cls, point.raw)
                 else:
                     hooked = wrap(raw, point.op, point.to_calls, point.live, point.nested, cls, point.traced,
-                                  point.outside_forward)
+                                  point.outside_forward, point.feeds)
             except SignatureMismatch as exc:  # the engine's method changed: not hooked, and said so
                 missing.append(f"{point.cls}.{method}: {exc}"[:300])
                 found = True

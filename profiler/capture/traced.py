@@ -44,6 +44,9 @@ class Template:
     #: a prologue's: the Definitions whose inputs it computes (its kernels are theirs; it records
     #: no call of its own: the call it prepares does)
     prologue: tuple[str, ...] = ()
+    #: where it records nothing itself, the op of the next call whose kernels its own are (SGLang's
+    #: ``TopK`` before its experts: the routing is part of the MoE Definition)
+    feeds: str = ""
 
     def realize(self, sizes: Mapping[str, int]) -> list[KernelCall]:
         if self.live is not None:
