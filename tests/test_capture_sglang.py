@@ -167,6 +167,9 @@ def test_moe_layer_is_one_call_as_in_vllm(tmp_path):
     assert c["moe_bf16_renorm_topk2_e8_h256_i512"] == LAYERS * steps and c["gemm_bf16_n8_k256"] == LAYERS * steps
     assert not [k for k in c if k.startswith("silu_and_mul")]
     assert moe["record"]["run"]["hook_errors"] == {}
+    # the router's top-k, a call that records nothing (the routing is the MoE Definition's), is the MoE's
+    engine = moe["record"]["run"]["engine_kernels"]
+    assert not {"aten::topk", "aten::softmax"} & {k["name"] for k in engine["unattributed"]}
     tokens = sum(dict(axes)["seq_len"] * n for axes, n in workloads(moe["out_dir"], "moe_bf16_renorm_topk2_e8_h256_i512").items())
     assert tokens == LAYERS * PROMPTS * (INPUT_LEN + OUTPUT_LEN - 1)
     pytest.importorskip("vllm")

@@ -59,6 +59,9 @@ CALL_RANGE = "fi::"
 GRAPH_RANGE = "fi-graph::"
 #: the range of one run of the model's forward outside graphs (:func:`range_model_forward`)
 FORWARD_RANGE = "fi-forward::"
+#: the range of a hooked call that records nothing itself and whose kernels are the next call's of
+#: a family (its key after the prefix: SGLang's top-k before its experts, ``fi-feeds::moe``)
+FEEDS_RANGE = "fi-feeds::"
 JOIN = " + "
 #: the environment variable that turns accounting on in the engine's processes (set by the driver):
 #: the attributed share a GPU run must reach (``0.95``), or ``0`` for off
@@ -399,6 +402,13 @@ def call_range(label: str) -> Any:
     return torch.autograd.profiler.record_function(CALL_RANGE + label)
 
 
+def feeds_range(family: str) -> Any:
+    """The range of a hooked call whose kernels are the next call's of ``family`` (:data:`FEEDS_RANGE`)."""
+    import torch
+
+    return torch.autograd.profiler.record_function(FEEDS_RANGE + family)
+
+
 def graph_range(index: int) -> Any:
     import torch
 
@@ -441,6 +451,8 @@ class _Range:
     units: list[tuple[int, str, int, int]] = field(default_factory=list)
     #: a run of the model's forward outside graphs (no Definitions of its own)
     forward: bool = False
+    #: a call that records nothing itself: the family whose next call's Definitions its kernels get
+    feeds: str = ""
 
 
 def _device_kind(event: Any) -> str:
@@ -461,7 +473,8 @@ def attribute(events: Sequence[Any], graphs: Sequence[GraphCalls], kernel_words:
               tail_words: Optional[Mapping[str, Sequence[str]]] = None,
               head_words: Optional[Mapping[str, Sequence[str]]] = None, reducing: frozenset[str] = frozenset(),
               launches: Optional[Mapping[str, frozenset[str]]] = None,
-              continue_words: Optional[Mapping[str, Sequence[str]]] = None, steps: Optional[int] = None) -> Attributed:
+              continue_words: Optional[Mapping[str, Sequence[str]]] = None, steps: Optional[int] = None,
+              family_op_types: Optional[Mapping[str, frozenset[str]]] = None) -> Attributed:
     """Attribute the profiler's ``events`` (Kineto's) to the hooked calls' and graphs' ranges. A
     call range names Definitions of the record (``op_types``: name -> op type; a range naming none
     is a hook that failed: not attributed); ``kernel_words``: op type -> its kernels' words;
@@ -478,7 +491,9 @@ def attribute(events: Sequence[Any], graphs: Sequence[GraphCalls], kernel_words:
     recorded; where the profile holds a run of the model's forward (a forward range or a graph
     run) for each, a unit outside all of them and every hooked call is the engine's own work (its
     step's input preparation, attention metadata, output copies: ``engine_work``, by name), not a
-    gap of the model's; else it is not attributed."""
+    gap of the model's; else it is not attributed. ``family_op_types``: family key -> its op types,
+    for a call that feeds the next call of a family (:data:`FEEDS_RANGE`: its kernels are that
+    call's Definitions', the next one on its thread; none after it: not attributed)."""
     known = frozenset(op_types)
     fits = _Fits(kernel_words, op_types, tail_words or {}, head_words or {}, reducing, launches or {},
                  continue_words or {})
@@ -513,12 +528,20 @@ def attribute(events: Sequence[Any], graphs: Sequence[GraphCalls], kernel_words:
         thread_events.sort(key=lambda e: (e.start_ns(), -e.duration_ns()))
         # (event, its own range if it is one, whether it is an operator or a range: what a unit stops at)
         stack: list[tuple[Any, Optional[_Range], bool]] = []
+        feeding: list[_Range] = []  # calls whose kernels are the next call's of their family
         for e in thread_events:
             start, end = e.start_ns(), e.start_ns() + e.duration_ns()
             while stack and stack[-1][0].start_ns() + stack[-1][0].duration_ns() <= start:
                 stack.pop()
             enclosing = next((r for _, r, _ in reversed(stack) if r is not None), None)
             own = _range_of(e.name(), start, end, known)
+            if own is not None and own.feeds:
+                feeding.append(own)
+            elif own is not None and own.definitions and feeding:
+                types = {op_types[d] for d in own.definitions}
+                for waiting in [f for f in feeding if types & (family_op_types or {}).get(f.feeds, frozenset())]:
+                    waiting.definitions = own.definitions
+                    feeding.remove(waiting)
             if own is not None and (own.forward or own.definitions is None):
                 forward_runs += 1
             innermost[id(e)] = own or enclosing
@@ -673,6 +696,8 @@ def _range_of(name: str, start: int, end: int, known: frozenset[str]) -> Optiona
         return _Range(start, end, _definitions(name, known))
     if name.startswith(FORWARD_RANGE):  # the model's: what no hooked call in it holds is not attributed
         return _Range(start, end, (), forward=True)
+    if name.startswith(FEEDS_RANGE):  # the next call's of a family, once it is seen (else nobody's)
+        return _Range(start, end, (), feeds=name[len(FEEDS_RANGE):])
     if name.startswith(GRAPH_RANGE):
         try:
             graph = int(name[len(GRAPH_RANGE):])

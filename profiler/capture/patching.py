@@ -22,7 +22,7 @@ from torch._dynamo.comptime import comptime
 from fi_profile.capture import traced as traced_calls
 from fi_profile.capture.arguments import SignatureMismatch, argument_reader
 from fi_profile.capture.graph_capture import CAPTURING, captured_call_ends, observe_captured, observe_captured_prologue
-from fi_profile.capture.kernel_accounting import ACCOUNTING, JOIN, call_range, graph_range
+from fi_profile.capture.kernel_accounting import ACCOUNTING, JOIN, call_range, feeds_range, graph_range
 from fi_profile.capture.kernel_call import KernelCall
 from fi_profile.capture.recorder import RECORDER
 
@@ -152,7 +152,10 @@ def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls, live: bool = False,
             setattr(_depth, m, 1)
         if _push is not None:
             _push(label or op)
-        accounted = call_range(label) if ACCOUNTING.active and label else None
+        accounted = None
+        if ACCOUNTING.active:
+            # a call recording nothing whose kernels are the next call's of a family: that call's range
+            accounted = call_range(label) if label else feeds_range(feeds) if feeds and not capturing else None
         if accounted is not None:
             accounted.__enter__()
         try:

@@ -65,6 +65,7 @@ KERNEL_NAMING: dict[str, object] = {
     "reducing": frozenset(op_type for family in FAMILIES if family.reduces for op_type in family.op_types),
     "launches": {op_type: frozenset(t for other in FAMILIES if other.key in family.launches for t in other.op_types)
                  for family in FAMILIES for op_type in family.op_types if family.launches},
+    "family_op_types": {family.key: frozenset(family.op_types) for family in FAMILIES},
 }
 
 
