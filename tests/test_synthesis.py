@@ -258,3 +258,47 @@ def test_a_large_normal_tensor_is_drawn_a_slice_at_a_time_in_its_own_dtype(monke
     assert abs(float(drawn.float().std()) - 0.5) < 0.02
     assert all(float(row.float().abs().sum()) > 0 for row in drawn)  # every slice drawn, none left empty
     assert not torch.equal(drawn[:3], drawn[3:6])  # slices are not the same draw
+
+
+def _fixture_definition(path: str) -> Definition:
+    import json
+    from pathlib import Path
+
+    return Definition.model_validate(json.loads(
+        (Path(__file__).parent / "fixtures" / "flashinfer-trace" / "definitions" / f"{path}.json").read_text()))
+
+
+@pytest.mark.parametrize("path, name", [("mamba_ssu/mamba_ssu_decode_h64_d64_s128_ng4", "state_batch_indices"),
+                                        ("gdn/gdn_mtp_qk4_v8_d128_k_last", "initial_state_indices")])
+def test_each_request_gets_a_slot_of_its_own_in_a_state_pool(path, name):
+    """Mamba's SSU and the GDN MTP step index a pool of states per request. Synthesized as zeros,
+    every request shared slot 0: a kernel's writes raced and its reads hit one cache line."""
+    definition = _fixture_definition(path)
+    axes = {**small_axes(definition), "batch_size": 4}
+    pool = next(a for a in ("state_cache_size", "pool_size") if a in definition.var_axes)
+    axes[pool] = 9
+    slots = check_runs(definition, axes)[name]
+    assert len(set(slots.tolist())) == 4 and 0 <= int(slots.min()) and int(slots.max()) < 9
+
+
+def test_sparse_attention_tokens_pick_distinct_keys_of_the_cache():
+    """DeepSeek-V3.2's sparse attention reads each token's top-k keys by index (``page * 64 +
+    offset``). Synthesized as zeros, every token attended to key 0 2,048 times; now each picks
+    distinct keys of the cache, and ``-1`` (padding) past its size, and the reference runs."""
+    definition = _fixture_definition("dsa_paged/dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64")
+    for pages in (8, 40):  # fewer keys than top-k (512): padded; more (2,560): none
+        indices = check_runs(definition, {"num_tokens": 3, "num_pages": pages})["sparse_indices"]
+        for row in indices.tolist():
+            picked = [i for i in row if i != -1]
+            assert len(picked) == min(2048, pages * 64) == len(set(picked)) and max(picked) < pages * 64
+            assert row[len(picked):] == [-1] * (2048 - len(picked))
+
+
+def test_the_dsa_indexers_requests_read_pages_of_their_own():
+    """DeepSeek-V3.2's FP8 indexer reads each request's pages through its block table, as long
+    as its length. Synthesized as zeros and ones, every request was one token long on page 0."""
+    definition = _fixture_definition("dsa_paged/dsa_topk_indexer_fp8_h64_d128_topk2048_ps64")
+    inputs = check_runs(definition, {"batch_size": 2, "max_num_pages": 40, "num_pages": 100})
+    table, lengths = inputs["block_table"], inputs["seq_lens"]
+    assert len(set(table.flatten().tolist())) == 80 and int(table.max()) < 100
+    assert all(1 <= n <= 40 * 64 for n in lengths.tolist()) and len(set(lengths.tolist())) == 2

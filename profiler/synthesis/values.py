@@ -68,6 +68,9 @@ def tensor_value(
         # of about unit variance, so a sink then takes from a few percent to most of a head's
         # attention over tens to hundreds of keys, as trained sinks do (gpt-oss's)
         return (torch.rand(shape, generator=gen, device=device) * 6 - 1).to(dtype)
+    slots = _slot_indices(name, shape, definition, axes, gen)
+    if slots is not None:
+        return slots.to(device=device, dtype=dtype)
     if spec.dtype is DType.bool:
         return torch.rand(shape, generator=gen, device=device) < 0.5
     if spec.dtype.is_packed:
@@ -92,6 +95,63 @@ def tensor_value(
         # through chained GEMMs (MoE experts), so low-precision rounding stays within tolerance
         return _normal(shape, gen, device, dtype, 1 / math.sqrt(shape[-1]))
     return _normal(shape, gen, device, dtype)
+
+
+def _slot_indices(name: str, shape: tuple[int, ...], definition: Definition, axes: Mapping[str, int],
+                  gen: torch.Generator) -> Optional[torch.Tensor]:
+    """Integer inputs that pick slots of another input, by the role their name gives them (None:
+    not one of them). Filled with zeros, every request would share one slot and every token one
+    key: a kernel timed on that reads one cache line, and one that writes a slot races.
+
+    - ``X_indices`` / ``X_batch_indices``: each request's slot of the pool ``X`` (Mamba's
+      ``state_batch_indices``, the GDN MTP's ``initial_state_indices``), distinct;
+    - ``sparse_indices``: each token's ``topk`` keys of a paged cache (DeepSeek-V3.2's sparse
+      attention: ``page * page_size + offset``), distinct per token, ``-1`` past the cache's size;
+    - ``block_table``: each request's pages of the cache (distinct within a request, and across
+      requests where the cache holds them all) and ``seq_lens`` beside it, of at least one token
+      and at most its pages' worth (the DSA indexer's)."""
+    stem = name.removesuffix("_indices").removesuffix("_batch")
+    if name.endswith("_indices") and name != "kv_indices" and stem in definition.inputs and len(shape) == 1:
+        pool_shape = definition.inputs[stem].shape
+        pool = axes[pool_shape[0]] if pool_shape else 0
+        if pool < shape[0]:
+            return None  # no distinct slots for every request: its constraint says so
+        return torch.randperm(pool, generator=gen)[: shape[0]]
+    if name == "sparse_indices" and len(shape) == 2:
+        cache = next((definition.inputs[c].shape for c in ("ckv_cache", "k_cache", "kv_cache")
+                      if c in definition.inputs and definition.inputs[c].shape), None)
+        if cache is None or len(cache) < 2:
+            return None
+        keys = axes[cache[0]] * axes[cache[1]]
+        rows = [torch.randperm(keys, generator=gen)[: shape[1]] for _ in range(shape[0])]
+        out = torch.full(shape, -1, dtype=torch.int64)
+        for i, row in enumerate(rows):
+            out[i, : row.numel()] = row
+        return out
+    if name == "block_table" and len(shape) == 2:
+        pages = _pages_of(definition, axes)
+        if not pages:
+            return None
+        if pages >= shape[0] * shape[1]:
+            return torch.randperm(pages, generator=gen)[: shape[0] * shape[1]].reshape(shape)
+        # a request's pages distinct as far as the cache has them (its length stays within those)
+        rows = [torch.randperm(pages, generator=gen).repeat(-(-shape[1] // pages))[: shape[1]] for _ in range(shape[0])]
+        return torch.stack(rows)
+    if name == "seq_lens" and "block_table" in definition.inputs and "page_size" in axes:
+        table = definition.inputs["block_table"].shape
+        if not table or len(table) != 2:
+            return None
+        most = min(axes[table[1]], _pages_of(definition, axes) or axes[table[1]]) * axes["page_size"]
+        return torch.randint(1, max(1, most) + 1, shape, generator=gen)
+    return None
+
+
+def _pages_of(definition: Definition, axes: Mapping[str, int]) -> Optional[int]:
+    """The pages of the paged cache a Definition reads (its first dimension), or ``num_pages``."""
+    for spec in definition.inputs.values():
+        if spec.shape and len(spec.shape) >= 3 and spec.shape[0] == "num_pages":
+            return axes["num_pages"]
+    return axes.get("num_pages")
 
 
 #: FP8 formats -> their largest finite value; quantized data is drawn with that over this as its
