@@ -162,3 +162,22 @@ def test_a_variant_is_served_by_a_baseline_set_to_compute_it(name, constant, val
     torch.testing.assert_close(first, expected["output"], atol=1e-2, rtol=1.6e-2)
     if name.startswith("gemma"):
         assert family_of(definition.op_type).natives(definition, None) == []
+
+
+@pytest.mark.parametrize("name, computes", [("relu2_i21504", "torch.relu"), ("silu_and_mul_i14336", "F.silu"),
+                                            ("gelu_tanh_and_mul_i21504", "F.gelu")])
+def test_each_activation_gets_the_baseline_of_its_own_function(name, computes):
+    """Nemotron-H's squared ReLU (one input, not gated) fitted SwiGLU's baseline by its inputs
+    alone: the gated ones now need their gate and up halves (``gate_up_size``), and it gets its own."""
+    import torch
+
+    from fi_profile.entry_points import load_function, run_reference
+    from fi_profile.synthesis import synthesize_inputs
+
+    definition = shipped_definition(name)
+    (torch_solution,) = [s for s in baseline_solutions(definition) if s.name.endswith("__torch")]
+    source = torch_solution.sources[0].content
+    assert computes in source
+    inputs = synthesize_inputs(definition, {"num_tokens": 3}, seed=0)
+    torch.testing.assert_close(load_function(source, "run", label=name)(**inputs),
+                               run_reference(definition, inputs)["output"], atol=1e-2, rtol=1.6e-2)

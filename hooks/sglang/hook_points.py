@@ -113,6 +113,8 @@ POINTS = [
               optional=True),
     HookPoint(f"{_LAYERS}.activation", "SiluAndMul", ("forward",), silu_and_mul.KEY, silu_and_mul.layer_calls),
     HookPoint(f"{_LAYERS}.activation", "GeluAndMul", ("forward",), silu_and_mul.KEY, silu_and_mul.gelu_layer_calls),
+    HookPoint(f"{_LAYERS}.activation", "ReLU2", ("forward",), silu_and_mul.KEY, silu_and_mul.relu2_layer_calls,
+              optional=True),
     HookPoint(f"{_LAYERS}.rotary_embedding.base", "RotaryEmbedding", ("forward",), rope.KEY, rope.layer_calls),
     # Gemma-3's Hugging Face RoPE: cos/sin from the model's own tables, each layer rotating by the
     # one its kind takes (the model and layer forwards say which); its own scaled embedding
@@ -210,6 +212,7 @@ LAYER_RULES = [
     LayerRule(f"{_LAYERS}.layernorm:Gemma3RMSNorm", rmsnorm.gemma_layer_problem),
     LayerRule(f"{_LAYERS}.activation:SiluAndMul", silu_and_mul.layer_problem),
     LayerRule(f"{_LAYERS}.activation:GeluAndMul", silu_and_mul.gelu_layer_problem),
+    LayerRule(f"{_LAYERS}.activation:ReLU2", silu_and_mul.relu2_layer_problem),
     LayerRule(f"{_LAYERS}.rotary_embedding.base:RotaryEmbedding", rope.layer_problem),
     # Gemma-3's RoPE tables: judged, not marked (on SGLang's AMX CPU path its layers' RotaryEmbedding
     # runs instead, and the tables are unused)

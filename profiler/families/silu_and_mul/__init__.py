@@ -1,6 +1,8 @@
-"""Gated activations over a ``[tokens, 2 * intermediate]`` input, gate half first: SwiGLU's
-``silu(gate) * up``, and GeGLU's ``gelu(gate) * up`` (Gemma: GELU's tanh approximation, or exact).
-Op type ``activation``; hooked on the engines' ``SiluAndMul`` and ``GeluAndMul`` layers."""
+"""Activations, op type ``activation``: gated ones over a ``[tokens, 2 * intermediate]`` input,
+gate half first (SwiGLU's ``silu(gate) * up``, GeGLU's ``gelu(gate) * up``: Gemma's, GELU's tanh
+approximation or exact), and the squared ReLU of Nemotron-H's MLPs (``relu(x)^2``, not gated).
+Hooked on the engines' ``SiluAndMul``, ``GeluAndMul`` and ``ReLUSquaredActivation`` / ``ReLU2``
+layers."""
 
 from __future__ import annotations
 
@@ -74,6 +76,31 @@ def gelu_layer_calls(self: Any, x: torch.Tensor) -> list:
     return [gelu_call(x, self.approximate)]
 
 
+def relu2_call(x: torch.Tensor) -> KernelCall:
+    """The squared ReLU of ``[tokens, intermediate]`` (``relu2_i{I}``; from its template's
+    Nemotron-H width)."""
+    intermediate, dtype = x.shape[-1], x.dtype
+
+    def build() -> Definition:
+        schema = schema_dtype(dtype)
+        return definition_for("relu2_i21504", f"relu2_i{intermediate}{dtype_suffix(schema)}",
+                              {"intermediate_size": intermediate}, schema)
+
+    definition = cached_definition(("relu2", intermediate, dtype), build)
+    return KernelCall(definition, {"num_tokens": rows(x, intermediate)})
+
+
+#: the engines' squared-ReLU layers (vLLM's and SGLang's names)
+relu2_layer_problem = exact_class("ReLUSquaredActivation", "ReLU2")
+
+
+def relu2_layer_calls(self: Any, x: torch.Tensor) -> list:
+    """``ReLUSquaredActivation.forward`` (vLLM) and ``ReLU2.forward`` (SGLang)."""
+    seen(self)
+    require(relu2_layer_problem(self))
+    return [relu2_call(x)]
+
+
 def layer_calls(self: Any, x: torch.Tensor) -> list:
     """``SiluAndMul.forward`` (vLLM and SGLang alike)."""
     seen(self)
@@ -99,6 +126,8 @@ def _engine_kernel(run: EngineRun, definition: Definition) -> Optional[EngineKer
     ``act_and_mul_kernel`` in the profile), not sgl-kernel's FlashInfer one; vLLM's as its other
     custom ops. GeGLU's kernel (vLLM's ``gelu_tanh_and_mul``, SGLang's, or Inductor's) has no
     replayed solution."""
+    if definition.name.startswith("relu2"):
+        return EngineKernel(None, f"{run.framework}'s squared-ReLU kernel, which the replay has no solution of")
     if not definition.name.startswith("silu_and_mul"):
         return EngineKernel(None, f"{run.framework}'s GeluAndMul kernel, which the replay has no solution of")
     if run.framework == "SGLang" and not engine_kernels.sglang_on_cpu(run):
@@ -110,10 +139,12 @@ FAMILY = Family(
     key=KEY,
     package=__name__,
     op_types=("activation",),
-    templates=("silu_and_mul_i14336", "gelu_tanh_and_mul_i21504", "gelu_and_mul_i21504"),
-    # GeGLU's first: only Definitions that say GELU's form (APPROXIMATE) fit it, SwiGLU's then fit the other
-    baselines=(Baseline("torch_gelu_and_mul.py", ("APPROXIMATE",)), Baseline("torch_silu_and_mul.py")),
+    templates=("silu_and_mul_i14336", "gelu_tanh_and_mul_i21504", "gelu_and_mul_i21504", "relu2_i21504"),
+    # GeGLU's first: only Definitions that say GELU's form (APPROXIMATE) fit it; SwiGLU's then, the
+    # other gated ones (a gate and an up half: gate_up_size); the squared ReLU the rest
+    baselines=(Baseline("torch_gelu_and_mul.py", ("APPROXIMATE",)), Baseline("torch_silu_and_mul.py", ("gate_up_size",)),
+               Baseline("torch_relu2.py")),
     natives=_natives,
     engine_kernel=_engine_kernel,
-    kernel_words=("silu", "act", "swiglu", "act_and_mul", "gelu"),
+    kernel_words=("silu", "act", "swiglu", "act_and_mul", "gelu", "relu"),
 )
