@@ -810,6 +810,16 @@ def test_fp8_model_on_a_cpu_without_amx_ends_with_one_line_naming_the_missing_fe
     assert len(lines) == 1 and "no AMX" in lines[0] and "engine.log" in lines[0], lines
 
 
+def test_deepseek_v32_on_vllm_cpu_ends_with_one_line_saying_it_runs_no_sparse_attention(tmp_path):
+    """DeepSeek-V3.2's sparse attention (its FP8 indexer, then MLA over each token's top-k keys) runs
+    on CUDA GPUs only: vllm-cpu stops building a tiny one. The capture says so in one line (issue
+    45: where neither engine runs DSA here, the test says why), exit 1, no traceback."""
+    proc = run_cli("--model", str(MODELS / "tiny-deepseek-v32"), "--single-process", "--out", str(tmp_path / "v32"))
+    assert proc.returncode == 1
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1 and "runs no sparse attention" in lines[0] and "engine.log" in lines[0], lines
+
+
 @pytest.fixture(scope="module")
 def replayed(single, tmp_path_factory):
     """The tiny capture replayed whole, as a user would, in a log 80 columns wide."""

