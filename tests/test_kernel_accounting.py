@@ -449,7 +449,9 @@ def _aligned_trace(file: str, more_layers: int = 0, top_k: bool = False):
     profile.range(f"{GRAPH_RANGE}0", lambda: profile.launch(*kernels, graph=True))
     calls = tuple((op, tuple(definitions)) for op, definitions in trace["calls"])
     naming = {k: v for k, v in KERNEL_NAMING.items() if k != "kernel_words"}
-    return trace, units, attribute(profile.events, [GraphCalls(calls)], KERNEL_WORDS, trace["op_types"], **naming)
+    prologues = frozenset(i for i, (op, _) in enumerate(calls) if top_k and op == "moe_routing")
+    return trace, units, attribute(profile.events, [GraphCalls(calls, prologues=prologues)], KERNEL_WORDS,
+                                   trace["op_types"], **naming)
 
 
 def test_a_real_deepseek_v3_decode_graph_is_aligned_layer_by_layer():
@@ -1081,6 +1083,12 @@ def test_sglangs_llama4_routed_experts_on_their_own_stream_take_their_router_gem
     assert found["moe_bf16_llama4_routing_topk1_e16_h5120_i8192"] >= sum(ns for name, ns in side if "moe" in name)
     left = {name for name in result.unattributed}
     assert all(name.startswith(("triton_", "void at::native")) for name in left), left  # the routing's sigmoid, adds
+    # captured with its top-k (a prologue of the MoE), the routing's sigmoid is the MoE's
+    sigmoid = [ns for name, ns in side if "sigmoid" in name]
+    assert ("triton_red_fused__to_copy_max_sigmoid_0" in left) != top_k and len(sigmoid) == 4
+    if top_k:
+        moe = sum(ns for name, ns in side if "moe" in name or "act_and_mul" in name)
+        assert found["moe_bf16_llama4_routing_topk1_e16_h5120_i8192"] == moe + sum(sigmoid)
 
 
 def test_a_top_k_that_records_nothing_gives_its_graph_nodes_to_the_moe_after_it(monkeypatch):

@@ -590,7 +590,8 @@ def attribute(events: Sequence[Any], graphs: Sequence[GraphCalls], kernel_words:
         if 0 <= graph_run.graph < len(graphs):
             traced: Optional[list[list[Any]]] = [] if result.graph_traces is not None and graph_run.units else None
             if not _by_nodes(graph_run.units, graphs[graph_run.graph], fits, known, result, traced):
-                _align(graph_run.units, fits.split(graphs[graph_run.graph].calls, known), fits, result, traced, launched)
+                graph = graphs[graph_run.graph]
+                _align(graph_run.units, fits.split(graph.calls, known), fits, result, traced, launched, graph.prologues)
             if traced is not None:
                 _keep_trace(result, graph_run.graph, traced)
         else:
@@ -838,7 +839,7 @@ class _Fits:
 
 def _align(units: Sequence[tuple[int, str, int, int]], calls: Sequence[tuple[str, tuple[str, ...], int]],
            fits: _Fits, result: Attributed, trace: Optional[list[list[Any]]] = None,
-           launched: Mapping[tuple[str, ...], int] = {}) -> None:
+           launched: Mapping[tuple[str, ...], int] = {}, prologues: frozenset[int] = frozenset()) -> None:
     """A graph run's units (in the order they began, each with its stream) to its calls (op type,
     Definitions, invocation; in order), stream by stream: a graph forks onto other streams for work
     that overlaps (vLLM's and SGLang's shared experts beside the routed experts, for small batches),
@@ -847,7 +848,8 @@ def _align(units: Sequence[tuple[int, str, int, int]], calls: Sequence[tuple[str
     first: vLLM's graphs give each layer's shared experts a stream of their own) with the calls left
     without units, in order, of the op types its kernels are named after.
     Each unit's Definitions get its time; ``launched``: how many units one invocation of each
-    Definitions launches, where known (:func:`_launches_per_call`)."""
+    Definitions launches, where known (:func:`_launches_per_call`); ``prologues``: the invocations
+    that are prologues (:attr:`GraphCalls.prologues`)."""
     assigned: list[Optional[int]] = [None] * len(units)
     by_stream: dict[int, list[int]] = defaultdict(list)
     for i, unit in enumerate(units):
@@ -865,7 +867,8 @@ def _align(units: Sequence[tuple[int, str, int, int]], calls: Sequence[tuple[str
         if n:  # another stream: the calls left of the types its kernels are named after, as if back to back
             types = frozenset().union(*map(fits, names))
             free = [c for c in free if calls[c][0] in types]
-        found = _assign(names, [calls[c] for c in (free if n else [c for c in free if c not in claimed])], fits, launched)
+        found = _assign(names, [calls[c] for c in (free if n else [c for c in free if c not in claimed])], fits, launched,
+                        prologues)
         if not n:
             free = [c for c in free if c not in claimed]
         taken = {free[call] for call in found if call is not None}
@@ -926,7 +929,8 @@ def _side_calls(names: Sequence[str], calls: Sequence[tuple[str, tuple[str, ...]
 
 
 def _assign(unit_names: Sequence[str], calls: Sequence[tuple[str, tuple[str, ...], int]],
-            fits: _Fits, launched: Mapping[tuple[str, ...], int] = {}) -> list[Optional[int]]:
+            fits: _Fits, launched: Mapping[tuple[str, ...], int] = {},
+            prologues: frozenset[int] = frozenset()) -> list[Optional[int]]:
     """One stream's units (their names, in launch order) to its calls: the index of each unit's call,
     or None. A unit right after one of the current call whose name fits only that call's op type
     goes to it (unless the next call is of that type too, and the unit does not only finish the one
@@ -1098,6 +1102,8 @@ def _assign(unit_names: Sequence[str], calls: Sequence[tuple[str, tuple[str, ...
                 between = []
             if not between and after == before + 1 and calls[before][2] == calls[after][2]:
                 between = [after]  # one invocation's calls back to back: what the next one runs on
+            if not between and after == before + 1 and calls[after][2] in prologues:
+                between = [after]  # a prologue's kernels are of any kind (a top-k's sigmoid before its MoE's)
             if len(between) > 1 and {calls[c][2] for c in between} == {calls[after][2]}:
                 # calls of the next one's invocation without kernels of their own: what its named
                 # kernel runs on (SGLang's MLA: the query concatenation and the latent write, then
