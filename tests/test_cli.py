@@ -90,8 +90,8 @@ def test_shipped_set_covers_llama_31_8b_and_the_moe_templates():
         # Llama-4-Scout: its chunked local attention layers, its MoE routing, its weightless q/k norm
         *(f"gqa_paged_{kind}_h40_kv8_d128_ps{ps}_chunk8192" for kind in ("decode", "prefill_causal") for ps in (1, 16)),
         "moe_bf16_llama4_routing_topk1_e16_h5120_i8192", "rmsnorm_noweight_h128_float32",
-        # Qwen3-Next: the gated norm after its Gated DeltaNet attention
-        "gated_rmsnorm_h128",
+        # Qwen3-Next: the gated norm after its Gated DeltaNet attention; Nemotron-H's MLP activation
+        "gated_rmsnorm_h128", "relu2_i21504",
     } == names
     # templates are bfloat16 where their computation has a model dtype (instantiated per dtype); FP8 data is FP8
     assert all(d.inputs[next(iter(d.inputs))].dtype.value in ("bfloat16", "float32", "int32", "float8_e4m3fn")
