@@ -241,8 +241,8 @@ class Accounting:
 
     def graph_index(self, key: Hashable, calls: Callable[[], "GraphCalls | Sequence[tuple[Any, ...]]"]) -> int:
         """The index of the graph ``key`` identifies (cheaply); ``calls`` gives its calls (a
-        :class:`GraphCalls`, or in order as (op, Definitions), (op, Definitions, nodes) or (op,
-        Definitions, nodes, whether a prologue)), called the first time the graph is seen."""
+        :class:`GraphCalls`, or in order as (op, Definitions) or (op, Definitions, nodes)), called
+        the first time the graph is seen."""
         index = self._graph_ids.get(key)
         if index is None:
             index = self._graph_ids[key] = len(self.graphs)
@@ -253,8 +253,7 @@ class Accounting:
             found = list(given)
             nodes = [c[2] if len(c) > 2 else None for c in found]
             self.graphs.append(GraphCalls(tuple((c[0], tuple(c[1])) for c in found),
-                                          tuple(nodes) if found and all(n is not None for n in nodes) else None,
-                                          frozenset(i for i, c in enumerate(found) if len(c) > 3 and c[3])))
+                                          tuple(nodes) if found and all(n is not None for n in nodes) else None))
         return index
 
     def stop(self, known: Mapping[str, str], steps: int, **naming: Any) -> Optional[Attributed]:
@@ -867,16 +866,15 @@ def _align(units: Sequence[tuple[int, str, int, int]], calls: Sequence[tuple[str
         if n:  # another stream: the calls left of the types its kernels are named after, as if back to back
             types = frozenset().union(*map(fits, names))
             free = [c for c in free if calls[c][0] in types]
-        found = _assign(names, [calls[c] for c in (free if n else [c for c in free if c not in claimed])], fits, launched,
-                        prologues)
-        if not n:
+        else:  # the main stream: all calls but those another stream's kernels claimed
             free = [c for c in free if c not in claimed]
+        found = _assign(names, [calls[c] for c in free], fits, launched, prologues)
         taken = {free[call] for call in found if call is not None}
         for i, call in zip(indices, found):
             assigned[i] = free[call] if call is not None else None
         free = [c for c in free if c not in taken]
         if not n:  # the calls another stream's kernels claimed, for the other streams
-            free = sorted({*free, *(c for c in claimed if c not in taken)})
+            free = sorted({*free, *claimed})
     for (start, name, ns, stream), call in zip(units, assigned):
         definitions = calls[call][1] if call is not None else ()
         if trace is not None:
