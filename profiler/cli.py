@@ -429,20 +429,11 @@ def replay(
     solutions, definition_names = _names(solutions) or [], _names(definition_names)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+    from fi_profile.capture.interruption import Interrupted, signals_interrupt
     from fi_profile.replay.breakdown import FILE as BREAKDOWN_FILE
     from fi_profile.replay.dataset import DatasetError, load_dataset, load_solutions
-    from fi_profile.replay.engine_kernel import ENGINE
-    from fi_profile.replay.projection import against_measurement, project
-    from fi_profile.replay.report import (
-        bias_routed_dummy,
-        print_best,
-        print_breakdown,
-        print_measured,
-        print_projection,
-        print_results,
-        timed_by,
-    )
-    from fi_profile.replay.runner import ReplayOptions, without_pairs
+    from fi_profile.replay.report import print_breakdown, print_results
+    from fi_profile.replay.runner import ReplayOptions, read_results, without_pairs
     from fi_profile.replay.runner import replay as run_replay
     from fi_profile.replay.timing import TIMERS
 
@@ -506,33 +497,59 @@ def replay(
             there = bar.tasks[line].completed + advance
             bar.update(line, advance=advance, rate=f"{there / max(time.monotonic() - began, 1e-9) * 60:.0f} pairs/min")
 
-        results = run_replay(dataset, given, with_baselines, results_dir, options, progress=advanced,
-                             plan=lambda total: bar.update(task, total=total))
+        stopped: Optional[Interrupted] = None
+        resume_with = f"fi-profile replay {dataset_dir} --out {results_dir} --resume (with the same options)"
+        with signals_interrupt(results_dir, lambda text: err.print(text, markup=False, highlight=False),
+                               kept=f"the results so far are in {results_dir / 'results.jsonl'}: {resume_with}"):
+            try:
+                results = run_replay(dataset, given, with_baselines, results_dir, options, progress=advanced,
+                                     plan=lambda total: bar.update(task, total=total))
+            except Interrupted as exc:  # what finished is on disk: reported below, as a whole replay's
+                stopped = exc
+                results = read_results(results_dir / "results.jsonl")
     if verbose:
         print_results(out, results, dataset.definitions,
                       {w.uuid: w.axes for workloads in dataset.workloads.values() for w in workloads})
+    projection, against = _print_outcome(results, dataset, captured_workloads, baseline)
+    for name, why in without_pairs(dataset, results).items():
+        out.print(f"not replayed: {name} ({why})", markup=False, highlight=False)
+    if not results and stopped is None:
+        err.print(f"nothing was replayed of {len(dataset.definitions)} Definition(s) in {dataset_dir} (why: above)",
+                  markup=False, highlight=False)
+        raise typer.Exit(code=1)
+    if (results_dir / BREAKDOWN_FILE).is_file():
+        print_breakdown(out, json.loads((results_dir / BREAKDOWN_FILE).read_text()))
+    if results:
+        _write_report(results_dir, results, dataset, captured_workloads, projection, against)
+    where = f"Ray cluster {ray}" if ray is not None else f"devices {', '.join(chosen)}"
+    out.print(f"results: {results_dir / 'results.jsonl'} ({len(results)} results, {where})")
+    if stopped is not None:
+        err.print(f"stopped by {stopped.name} after {len(results)} results: the tables above are of the workloads "
+                  f"whose pairs all finished; the rest: {resume_with}", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(code=stopped.exit_code)
+
+
+def _print_outcome(results: list, dataset: Any, workloads: dict, baseline: str) -> tuple[list, list]:
+    """The best solution per Definition and, for a capture, the projection onto the model and the
+    projection with the engine's kernels beside its measured kernel time; returns those two
+    projections (for the report)."""
+    from fi_profile.replay.engine_kernel import ENGINE
+    from fi_profile.replay.projection import against_measurement, project
+    from fi_profile.replay.report import bias_routed_dummy, print_best, print_measured, print_projection, timed_by
+
     print_best(out, results)
     projection, against = [], []
     if dataset.record is not None:
-        projection = project(dataset.record, results, captured_workloads, baseline, dataset.definitions)
+        projection = project(dataset.record, results, workloads, baseline, dataset.definitions)
         print_projection(out, projection, dataset.record.model, timed_by(results))
         measured = dataset.record.run.engine_kernels if dataset.record.run is not None else None
         if measured is not None:  # the projection as the engine ran its kernels, beside what they took
-            engine = project(dataset.record, results, captured_workloads, ENGINE, dataset.definitions)
+            engine = project(dataset.record, results, workloads, ENGINE, dataset.definitions)
             against = against_measurement(engine, measured)
             timers = frozenset(r.timing.method for r in results if r.timing is not None and r.source != "reference")
             print_measured(out, against, measured.total_ms, measured.device, timers,
                            bias_routed_dummy(dataset.record, dataset.definitions))
-    for name, why in without_pairs(dataset, results).items():
-        out.print(f"not replayed: {name} ({why})", markup=False, highlight=False)
-    if not results:
-        err.print(f"nothing was replayed of {len(dataset.definitions)} Definition(s) in {dataset_dir} (why: above)",
-                  markup=False, highlight=False)
-        raise typer.Exit(code=1)
-    print_breakdown(out, json.loads((results_dir / BREAKDOWN_FILE).read_text()))
-    _write_report(results_dir, results, dataset, captured_workloads, projection, against)
-    where = f"Ray cluster {ray}" if ray is not None else f"devices {', '.join(chosen)}"
-    out.print(f"results: {results_dir / 'results.jsonl'} ({len(results)} results, {where})")
+    return projection, against
 
 
 def _write_report(results_dir: Path, results: list, dataset: Any, workloads: dict, projection: list,
@@ -553,10 +570,9 @@ def report(
     dataset_dir: Annotated[Path, typer.Argument(help="The capture output or dataset it replayed.")],
     baseline: Annotated[str, typer.Option(help="As replay's --baseline.")] = "engine",
 ) -> None:
-    """Write RESULTS/report.html again (one self-contained page: plots of the replay and the capture)."""
+    """Print a replay's tables again (best solutions, the projection) from its results, and write
+    RESULTS/report.html (one self-contained page: plots of the replay and the capture)."""
     from fi_profile.replay.dataset import DatasetError, load_dataset
-    from fi_profile.replay.engine_kernel import ENGINE
-    from fi_profile.replay.projection import against_measurement, project
     from fi_profile.replay.runner import read_results
 
     results = read_results(results_dir / "results.jsonl")
@@ -568,13 +584,7 @@ def report(
     except DatasetError as exc:
         err.print(str(exc), markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(code=1) from None
-    projection, against = [], []
-    if dataset.record is not None:
-        projection = project(dataset.record, results, dataset.workloads, baseline, dataset.definitions)
-        measured = dataset.record.run.engine_kernels if dataset.record.run is not None else None
-        if measured is not None:
-            engine = project(dataset.record, results, dataset.workloads, ENGINE, dataset.definitions)
-            against = against_measurement(engine, measured)
+    projection, against = _print_outcome(results, dataset, dataset.workloads, baseline)
     _write_report(results_dir, results, dataset, dataset.workloads, projection, against)
 
 

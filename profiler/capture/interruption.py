@@ -3,7 +3,9 @@ a batch scheduler's time limit) raise :class:`Interrupted` in the driver, which 
 processes to save the steps they finished and merges their parts (where they cannot, what they
 saved before: at most one ``--save-every`` interval lost), writes the record marked
 incomplete, shuts the engine down and exits 128 + the signal (130, 143). A second signal while it
-does so stops at once, saying where the saved parts are (``fi-profile recover`` makes the record)."""
+does so stops at once, saying where the saved parts are (``fi-profile recover`` makes the record).
+A replay is stopped the same way: it keeps the results of the workloads it finished and reports on them.
+"""
 
 from __future__ import annotations
 
@@ -45,12 +47,15 @@ class Interrupted(KeyboardInterrupt):
 
 
 @contextlib.contextmanager
-def signals_interrupt(out_dir: Path, say: Callable[[str], None] = lambda text: print(text, file=sys.stderr)
-                      ) -> Iterator[None]:
+def signals_interrupt(out_dir: Path, say: Callable[[str], None] = lambda text: print(text, file=sys.stderr),
+                      kept: Optional[str] = None) -> Iterator[None]:
     """Within: the first SIGINT or SIGTERM raises :class:`Interrupted` in the main thread; a second
-    one exits at once (its code 128 + the signal), saying what was kept (``say``: to the terminal).
+    one exits at once (its code 128 + the signal), saying what was kept (``say``: to the terminal;
+    ``kept``: what to say of it, by default a capture's saved parts under ``out_dir``).
     The same signal again within :data:`ECHO_S` of the first is that signal's echo, not a second
     one: GNU ``timeout`` signals its command and then its own process group, fi-profile in it."""
+    kept = kept or (f"the parts saved so far are in {out_dir / '.fi-profile' / 'parts'}: "
+                    f"fi-profile recover {out_dir}")
     seen: list[tuple[int, float]] = []
 
     def handler(signum: int, frame: object) -> None:
@@ -58,8 +63,7 @@ def signals_interrupt(out_dir: Path, say: Callable[[str], None] = lambda text: p
             first, at = seen[0]
             if signum == first and time.monotonic() - at < ECHO_S:
                 return
-            say(f"stopped at once by a second {signal.Signals(signum).name}; the parts saved so far are in "
-                f"{out_dir / '.fi-profile' / 'parts'}: fi-profile recover {out_dir}")
+            say(f"stopped at once by a second {signal.Signals(signum).name}; {kept}")
             os._exit(128 + signum)
         seen.append((signum, time.monotonic()))
         global _STOPPING

@@ -26,9 +26,9 @@ class TimeBreakdown:
         self.by_label: dict[str, list[float]] = {}
         self.pairs = 0
         self.pairs_wall_s = 0.0
-        #: (warm-up tasks run up front in parallel, of them failed): replay/prewarm.py
-        #: warm-ups run up front, and those that did not pass by how they ended
-        self.prewarmed: tuple[int, dict[str, int]] = (0, {})
+        #: warm-ups run up front in parallel (replay/prewarm.py), those that did not pass by how they
+        #: ended, and those cancelled once the pairs were done
+        self.prewarmed: tuple[int, dict[str, int], int] = (0, {}, 0)
         #: what stopped each timed pair's loop, and the median's relative standard error it had then
         self.stopped_by: Counter[str] = Counter()
         self.rel_errors: list[float] = []
@@ -62,7 +62,7 @@ class TimeBreakdown:
             "phases_s": phases,
             "worker_start_and_transfer_s": round(max(0.0, self.pairs_wall_s - in_phases), 3),
             "pairs_wall_s": round(self.pairs_wall_s, 3),
-            "prewarmed": {"tasks": self.prewarmed[0], "failed": dict(self.prewarmed[1])},
+            "prewarmed": {"tasks": self.prewarmed[0], "failed": dict(self.prewarmed[1]), "cancelled": self.prewarmed[2]},
             "stopping": self._stopping(),
             "by_solution": {label: {"pairs": int(n), "s": round(s, 3)}
                             for label, (n, s) in sorted(self.by_label.items(), key=lambda kv: -kv[1][1])},

@@ -63,13 +63,19 @@ def warm_ups(groups: list["Group"], device: str, options: "ReplayOptions") -> li
 
 
 class Prewarm:
-    """The warm-up tasks running in the background (``workers`` processes); ``join`` waits for
-    them. ``failed`` counts those that did not pass by how they ended (``timeout``: a build
-    longer than the limit, killed; its pair builds again)."""
+    """The warm-up tasks running in the background (``workers`` processes). ``stop`` ends them once
+    the pairs are done (or stopped): a warm-up still building then would only delay the results,
+    so it is killed and those not begun are dropped (``cancelled``). ``failed`` counts those that
+    did not pass by how they ended (``timeout``: a build longer than the limit, killed; its pair
+    builds again)."""
 
     def __init__(self, tasks: list, timeout_s: float, workers: Optional[int] = None) -> None:
         self.tasks = tasks
         self.failed: Counter[str] = Counter()
+        self.cancelled = 0
+        self._stopping = threading.Event()
+        self._made: list[Worker] = []
+        self._made_lock = threading.Lock()
         self._workers = max(1, min(len(tasks), workers or max(1, (os.cpu_count() or 2) // 2), 8))
         self._thread = threading.Thread(target=self._run, args=(timeout_s,), name="fi-profile prewarm", daemon=True)
         if tasks:
@@ -77,23 +83,40 @@ class Prewarm:
 
     def _run(self, timeout_s: float) -> None:
         local = threading.local()
-        made: list[Worker] = []
 
         def warm(task) -> None:
-            if not hasattr(local, "worker"):
-                local.worker = Worker()
-                made.append(local.worker)
+            with self._made_lock:
+                if self._stopping.is_set():
+                    self.cancelled += 1
+                    return
+                if not hasattr(local, "worker"):
+                    local.worker = Worker()
+                    self._made.append(local.worker)
             status = local.worker.run(task, timeout_s).status
-            if status != "passed":
+            if self._stopping.is_set():  # killed by ``stop``: not a failure of the build
+                self.cancelled += 1
+            elif status != "passed":
                 self.failed[status] += 1
 
         try:
             with ThreadPoolExecutor(self._workers, thread_name_prefix="fi-profile prewarm") as pool:
                 list(pool.map(warm, self.tasks))
         finally:
-            for worker in made:
-                worker.close()
+            self._close_workers()
+
+    def _close_workers(self) -> None:
+        with self._made_lock:
+            made, self._made = self._made, []
+        for worker in made:
+            worker.kill()
 
     def join(self) -> None:
+        """Wait for every warm-up to end."""
         if self.tasks:
             self._thread.join()
+
+    def stop(self) -> None:
+        """Drop the warm-ups not begun, kill those running, and wait for the pool to end."""
+        self._stopping.set()
+        self._close_workers()
+        self.join()

@@ -148,6 +148,8 @@ def project(
 
 def _why_not(label: str, results: list[BenchmarkResult]) -> str:
     """Why the engine's kernel (``label``) is no baseline of a Definition's results."""
+    if not results:
+        return f"no pair of this Definition ran (the engine's kernel: {label})"
     if any(label in (r.source, label_of(r.source)) for r in results):
         return f"the engine's kernel ({label}) did not pass every workload here"
     if results and all(r.device.name == "cpu" for r in results):

@@ -202,10 +202,12 @@ def replay(
         prewarm = Prewarm(warm_ups(groups, where[0], options) if warming else [], options.timeout_s)
         try:
             run_on_devices(where, order(groups), options, libs, finished, report, breakdown)
-        finally:
-            prewarm.join()
-        breakdown.prewarmed = (len(prewarm.tasks), dict(prewarm.failed))
-    breakdown.write(out_dir, time.perf_counter() - began, where)
+        finally:  # the pairs are done, or stopped: a warm-up still building is of no more use
+            prewarm.stop()
+            breakdown.prewarmed = (len(prewarm.tasks), dict(prewarm.failed), prewarm.cancelled)
+            breakdown.write(out_dir, time.perf_counter() - began, where)
+    if options.ray is not None:
+        breakdown.write(out_dir, time.perf_counter() - began, where)
     return results
 
 
@@ -283,15 +285,22 @@ def source_of(solution: Optional[Solution]) -> str:
 def run_on_devices(devices: list[str], groups: list[Group], options: ReplayOptions, libs: dict[str, str],
                    finished: Callable[[Group, list[dict]], None], report: Callable[[str, str], None],
                    breakdown: TimeBreakdown) -> None:
-    """One thread and worker process per device; each takes the next workload when free."""
+    """One thread and worker process per device; each takes the next workload when free.
+
+    Stopped (a KeyboardInterrupt in the calling thread: Ctrl-C, or the SIGTERM a ``timeout`` sends,
+    through :func:`fi_profile.capture.interruption.signals_interrupt`), it kills the workers, drops
+    the workloads whose pairs had not all finished (their results would be the kill's), and
+    re-raises: what ``finished`` wrote stays, and ``--resume`` goes on from there."""
     queue = DefinitionQueue(g for g in groups if g.todo())
     failures: list[BaseException] = []
+    stopping = threading.Event()
+    workers = [Worker() for _ in devices]  # one each, the same device named twice included
 
-    def serve(device: str) -> None:
-        worker, info = Worker(), device_info(device)
+    def serve(device: str, worker: Worker) -> None:
+        info = device_info(device)
         current: Optional[str] = None
         try:
-            while not failures:
+            while not failures and not stopping.is_set():
                 group = queue.take(current)
                 if group is None:
                     return
@@ -300,6 +309,8 @@ def run_on_devices(devices: list[str], groups: list[Group], options: ReplayOptio
                 for solution in group.todo():
                     waited = time.perf_counter()
                     outcome = worker.run(group.task(solution, device, options), options.timeout_s)
+                    if stopping.is_set():  # killed by the stop: not this pair's outcome
+                        return
                     breakdown.add(outcome, time.perf_counter() - waited, label_of(source_of(solution)))
                     fresh.append(group.result(solution, outcome, info, libs))
                     report(device, source_of(solution))
@@ -309,11 +320,19 @@ def run_on_devices(devices: list[str], groups: list[Group], options: ReplayOptio
         finally:
             worker.close()
 
-    threads = [threading.Thread(target=serve, args=(d,), name=f"replay {d}", daemon=True) for d in devices]
+    threads = [threading.Thread(target=serve, args=(d, w), name=f"replay {d}", daemon=True) for d, w in zip(devices, workers)]
     for thread in threads:
         thread.start()
-    for thread in threads:
-        thread.join()
+    try:
+        for thread in threads:
+            thread.join()
+    except BaseException:
+        stopping.set()
+        for worker in workers:
+            worker.kill()
+        for thread in threads:
+            thread.join(30)
+        raise
     if failures:
         raise failures[0]
 

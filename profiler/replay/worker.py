@@ -54,6 +54,13 @@ class Worker:
             self.close()
         return outcome
 
+    def kill(self) -> None:
+        """Stop the worker now, whatever it is running (a ``run`` waiting on it then returns
+        ``crashed``)."""
+        process = self._process
+        if process is not None and process.is_alive():
+            process.kill()
+
     def close(self) -> None:
         """Stop the worker: closing the pipe ends its loop; one that does not end is killed."""
         if self._conn is not None:

@@ -14,6 +14,8 @@ class Prewarmed(StrictModel):
     tasks: NonNegativeInt
     #: the warm-ups that did not pass, by how they ended (``timeout``, ``crashed``, ``failed``, ...)
     failed: dict[str, NonNegativeInt]
+    #: the warm-ups dropped or killed once the pairs were done (or stopped): of no more use then
+    cancelled: NonNegativeInt = 0
 
 
 class SolutionTime(StrictModel):
