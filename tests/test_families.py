@@ -181,3 +181,35 @@ def test_each_activation_gets_the_baseline_of_its_own_function(name, computes):
     inputs = synthesize_inputs(definition, {"num_tokens": 3}, seed=0)
     torch.testing.assert_close(load_function(source, "run", label=name)(**inputs),
                                run_reference(definition, inputs)["output"], atol=1e-2, rtol=1.6e-2)
+
+
+def test_a_layer_sglang_ran_as_pytorch_code_has_pytorch_as_the_engines_kernel():
+    """SGLang's ``Gemma3RMSNorm`` runs its ``forward_native`` on CUDA, and its Gemma-3 rotation is
+    compiled PyTorch: the kernel names the accounting saw on an H200 (2026-12-04) say so, where the
+    class alone would say sgl-kernel's FlashInfer kernel. The projection then sets the engine's
+    time beside the torch (or torch.compile) baseline, not beside a FlashInfer kernel it never ran."""
+    from fi_profile.families.family import EngineRun
+    from fi_profile.families.rmsnorm import FAMILY as RMSNORM
+    from fi_profile.families.rope import FAMILY as ROPE
+
+    norm = shipped_definition("gemma_rmsnorm_h5376")
+    gemma3_norm = ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps<float, "
+                   "float, float, float>, unsigned int, float, 4, 4> >(...)",
+                   "void at::native::vectorized_elementwise_kernel<4, at::native::rsqrt_kernel_cuda(...)")
+    assert RMSNORM.engine_kernel(EngineRun("SGLang", "cuda_graph", "triton", gemma3_norm), norm).label == "sglang"
+    assert [n.file for _, n in native_candidates(norm)] == ["sglang_gemma3_rmsnorm.py"]  # its forward_native
+    assert not native_candidates(shipped_definition("gemma_fused_add_rmsnorm_inplace_h5376"))
+    flashinfer = ("void flashinfer::norm::FusedAddRMSNormKernel<8u, __nv_bfloat16>(...)",)
+    fused = shipped_definition("fused_add_rmsnorm_inplace_h4096")
+    assert RMSNORM.engine_kernel(EngineRun("SGLang", "cuda_graph", "triton", flashinfer), fused).label == "flashinfer"
+    assert RMSNORM.engine_kernel(EngineRun("SGLang", "cuda_graph", "triton"), fused).label == "flashinfer"  # no accounting
+    rope = shipped_definition("rope_llama3_neox_style_h32_kv8_d128")
+    compiled = ("triton_poi_fused__to_copy_add_cat_mul_neg_slice_unsqueeze_0", "void at::native::(anonymous "
+                "namespace)::CatArrayBatchedCopy<...>(...)", "ampere_sgemm_64x32_sliced1x4_tn")
+    assert ROPE.engine_kernel(EngineRun("SGLang", "cuda_graph", "triton", compiled), rope).label == "torch_compile"
+    cublas = gemma3_norm + ("ampere_sgemm_64x32_sliced1x4_tn",)  # neither PyTorch's own alone nor Inductor's
+    unknown = RMSNORM.engine_kernel(EngineRun("SGLang", "cuda_graph", "triton", cublas), norm)
+    assert unknown.label is None and "no solution" in unknown.what
+    # vLLM: its compiled forward's kernels are Inductor's whatever they are named
+    assert RMSNORM.engine_kernel(EngineRun("vLLM", "compiled and cuda_graph", "TRITON_ATTN", gemma3_norm),
+                                 norm).label == "torch_compile"

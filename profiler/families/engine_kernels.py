@@ -22,9 +22,31 @@ def sglang_cpu_kernel(definition: Definition) -> EngineKernel:
                               "has no solution of")
 
 
+#: the names Inductor gives the kernels it generates: pointwise, reduction, persistent reduction, template
+INDUCTOR_KERNELS = ("triton_poi_", "triton_red_", "triton_per_", "triton_tem_")
+
+
+def sglang_gpu_kernel(run: EngineRun, definition: Definition) -> EngineKernel:
+    """What SGLang ran for a layer on a GPU, as the kernels the accounting saw for the Definition's
+    calls say: sgl-kernel's (FlashInfer's, named so) where it saw one of those or nothing at all
+    (no accounting); else Inductor's where it saw Inductor's (SGLang compiled the layer's PyTorch
+    code), PyTorch's own where it saw only those (SGLang's ``Gemma3RMSNorm`` on CUDA is its
+    ``forward_native``: a mean, an rsqrt and five elementwise kernels per call); else a kernel the
+    replay has none of, named."""
+    if not run.kernels or any("flashinfer" in name.lower() for name in run.kernels):
+        return EngineKernel("flashinfer", "sgl-kernel's (FlashInfer's) kernel")
+    if any(name.startswith(INDUCTOR_KERNELS) for name in run.kernels):
+        return EngineKernel("torch_compile", "Inductor's kernels: SGLang compiled the layer's PyTorch code")
+    if all("at::native::" in name for name in run.kernels):
+        return EngineKernel("torch", "PyTorch's own kernels: SGLang ran the layer's PyTorch code")
+    return EngineKernel(None, f"SGLang's {definition.op_type} kernel {run.kernels[0][:60]}, which the replay has "
+                              "no solution of")
+
+
 def custom_op(run: EngineRun, definition: Definition) -> Optional[EngineKernel]:
     """vLLM's ``_C`` kernel when eager, Inductor's generated one inside its compiled forward;
-    SGLang's sgl-kernel (FlashInfer's kernels) on a GPU."""
+    SGLang's sgl-kernel (FlashInfer's kernels) on a GPU, unless the kernels the accounting saw say
+    otherwise (:func:`sglang_gpu_kernel`)."""
     if run.framework == "vLLM":
         if "compiled" in run.execution:
             return EngineKernel("torch_compile", "Inductor's generated kernel (vLLM's compiled forward)")
@@ -32,7 +54,7 @@ def custom_op(run: EngineRun, definition: Definition) -> Optional[EngineKernel]:
     if run.framework == "SGLang":
         if sglang_on_cpu(run):
             return sglang_cpu_kernel(definition)
-        return EngineKernel("flashinfer", "sgl-kernel's (FlashInfer's) kernel")
+        return sglang_gpu_kernel(run, definition)
     return None
 
 

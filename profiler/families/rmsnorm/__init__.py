@@ -15,7 +15,7 @@ from fi_profile.capture.definition_factory import definition_for
 from fi_profile.capture.kernel_call import KernelCall, cached_definition, dtype_suffix, rows
 from fi_profile.capture.layers import exact_class, require, seen
 from fi_profile.families import engine_kernels
-from fi_profile.families.family import Baseline, Family, Native
+from fi_profile.families.family import Baseline, EngineKernel, EngineRun, Family, Native
 from fi_profile.schema.definition import Definition
 from fi_profile.schema.dtype import schema_dtype
 from fi_profile.schema.reference import reference_constant
@@ -139,15 +139,36 @@ def _overwrites(definition: Definition) -> dict[str, Optional[str]]:
                                      "residual": "residual_out" if "residual_out" in definition.outputs else None}
 
 
+#: SGLang's Gemma-3 norm, which runs as PyTorch code on CUDA (its ``forward_native``)
+_SGLANG_GEMMA3 = "sglang.srt.layers.layernorm"
+
+
+def _gemma(definition: Definition) -> bool:
+    return reference_constant(definition.reference, WEIGHT_OFFSET) is not None
+
+
 def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
-    if reference_constant(definition.reference, WEIGHT_OFFSET) is not None:  # Gemma's: the baseline only
-        return []
+    if _gemma(definition):  # Gemma's: SGLang's Gemma3RMSNorm where it computes the Definition
+        if "residual" in definition.inputs or "weight" not in definition.inputs:
+            return []
+        return [Native("sglang", "sglang_gemma3_rmsnorm.py", ("EPS",), requires=_SGLANG_GEMMA3)]
     if "weight" not in definition.inputs or "gate" in definition.inputs:  # no weight, or gated: the baseline only
         return []
     if "residual" in definition.inputs:
         return [Native(library, f"{library}_fused_add_rmsnorm.py", ("EPS",), overwrites=_overwrites)
                 for library in ("vllm", "flashinfer")]
     return [Native(library, f"{library}_rmsnorm.py", ("EPS",)) for library in ("vllm", "flashinfer")]
+
+
+def _engine_kernel(run: EngineRun, definition: Definition) -> Optional[EngineKernel]:
+    """As the engines' other custom ops (:func:`engine_kernels.custom_op`); a Gemma norm SGLang ran
+    as PyTorch's own kernels on a GPU is its ``Gemma3RMSNorm`` (``GemmaRMSNorm`` runs sgl-kernel's
+    FlashInfer norm), which the replay runs as SGLang's native."""
+    found = engine_kernels.custom_op(run, definition)
+    if (found is not None and found.label == "torch" and run.framework == "SGLang" and _gemma(definition)
+            and "residual" not in definition.inputs):
+        return EngineKernel("sglang", "SGLang's Gemma3RMSNorm: its forward_native, PyTorch's own kernels")
+    return found
 
 
 FAMILY = Family(
@@ -160,7 +181,7 @@ FAMILY = Family(
                Baseline("torch_rmsnorm.py", ("EPS",), optional_constants=(WEIGHT_OFFSET,)),
                Baseline("torch_rmsnorm_noweight.py", ("EPS",))),
     natives=_natives,
-    engine_kernel=engine_kernels.custom_op,
+    engine_kernel=_engine_kernel,
     # FLA's gated norm (vLLM's RMSNormGated on CUDA) is a layer-norm kernel of its RMS form
     kernel_words=("rms", "rmsnorm", "rms_norm", "rsqrt", "layer_norm_fwd"),
     reduces=True,
