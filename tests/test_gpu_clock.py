@@ -250,3 +250,28 @@ def test_a_moe_row_off_under_dummy_weights_with_a_correction_bias_says_the_routi
     assert moe.name in note(bias_routed_dummy(record, definitions))[0]
     assert softmax.name not in note(bias_routed_dummy(record, definitions))[0]
     assert note(bias_routed_dummy(real, definitions)) == []
+
+
+def test_gpt_oss_moe_behind_a_router_with_a_bias_is_bias_routed_under_dummy_weights():
+    """gpt-oss's router is a linear layer with a bias (``gemm_bias_bf16_n32_k2880``: its 32 experts
+    from its hidden size 2880); under dummy weights that bias alone picks the experts, and the MoE
+    rows were off by 1.47-2.02 on an H200 (2026-12-04). A bias GEMM of other sizes routes nothing,
+    and a record without the router does not count."""
+    from fi_profile.catalog import shipped_definition
+    from fi_profile.capture.definition_factory import definition_for
+    from fi_profile.replay.report import bias_routed_dummy
+    from fi_profile.schema import KernelCallingRecord
+    from fi_profile.schema.dtype import DType
+
+    moe = shipped_definition("moe_bf16_renorm_topk4_e32_h2880_i2880_swigluoai_bias")
+    router = definition_for("gemm_bias_bf16_n4096_k4096", "gemm_bias_bf16_n32_k2880", {"N": 32, "K": 2880}, DType.bfloat16)
+    other = definition_for("gemm_bias_bf16_n4096_k4096", "gemm_bias_bf16_n5120_k2880", {"N": 5120, "K": 2880},
+                           DType.bfloat16)
+    definitions = {d.name: d for d in (moe, router, other)}
+
+    def record(*ids):
+        return KernelCallingRecord.model_validate({"model": "m", "framework": "vLLM", "run": {"weights": "dummy"},
+                                                   "kernels": [{"id": i, "count": 1} for i in ids]})
+
+    assert bias_routed_dummy(record(moe.name, router.name, other.name), definitions) == {moe.name}
+    assert bias_routed_dummy(record(moe.name, other.name), definitions) == frozenset()

@@ -164,11 +164,23 @@ CLOCK_GAP = 0.05
 
 
 def bias_routed_dummy(record: KernelCallingRecord, definitions: Mapping[str, Definition]) -> frozenset[str]:
-    """The MoE Definitions routed through a correction bias (DeepSeek's) in a capture that ran dummy
-    weights: there the bias alone picks the experts, the same for every token."""
+    """The MoE Definitions routed through a bias in a capture that ran dummy weights: a correction
+    bias among their inputs (DeepSeek's), or a router GEMM with a bias in the record, one that maps
+    the MoE's hidden size to its experts (gpt-oss's ``gemm_bias_*_n{experts}_k{hidden}``). There the
+    bias alone picks the experts, the same for every token: activations scaled by norm weights within
+    ±1e-3, times router weights within ±1e-3, score about √hidden · 1e-6, against a bias up to 1e-3."""
     if record.run is None or not (record.run.weights or "").startswith("dummy"):
         return frozenset()
-    return frozenset(name for name, d in definitions.items() if {"routing_logits", "routing_bias"} <= set(d.inputs))
+    recorded = {kernel.id for kernel in record.kernels}
+    routers = {(_const(d, "N"), _const(d, "K")) for name, d in definitions.items()
+               if name in recorded and d.op_type == "gemm" and "bias" in d.inputs}
+    return frozenset(name for name, d in definitions.items() if "routing_logits" in d.inputs and (
+        "routing_bias" in d.inputs or (_const(d, "num_experts"), _const(d, "hidden_size")) in routers))
+
+
+def _const(definition: Definition, axis: str) -> Optional[int]:
+    found = definition.axes.get(axis)
+    return getattr(found, "value", None) if found is not None else None
 
 
 def print_measured(console: Console, rows: list[MeasuredRow], total_ms: float, device: str,
@@ -237,7 +249,8 @@ def print_measured(console: Console, rows: list[MeasuredRow], total_ms: float, d
         if collapsed:
             console.print("! " + "; ".join(" + ".join(r.kernels) for r in collapsed) + ": the capture ran dummy "
                           "weights (every parameter within ±1e-3), so the router's scores hardly differ between "
-                          "tokens and the correction bias sends every token to the same experts, while the replay's "
+                          "tokens and its bias (a correction bias, or the router GEMM's) sends every token to the "
+                          "same experts, while the replay's "
                           "random routing logits spread them over the experts as a trained model's do: the engine "
                           "read fewer experts' weights per step (measured: BENCHMARKS.md, SGLang's FP8 latent cache "
                           "section)", markup=False, highlight=False, soft_wrap=True)
@@ -276,7 +289,9 @@ def print_breakdown(console: Console, document: dict) -> None:
         failed = prewarmed.get("failed") or {}
         said = ", ".join(f"{n} {status}" for status, n in sorted(failed.items()))
         console.print(f"built up front, in parallel: {prewarmed['tasks']} (Definition, solution) warm-ups"
-                      + (f", not all warm ({said}): their pairs built them again" if failed else ""))
+                      + (f", not all warm ({said}): their pairs built them again" if failed else "")
+                      + (f"; {prewarmed['cancelled']} of no more use once the pairs were done, stopped"
+                         if prewarmed.get("cancelled") else ""))
     by_solution = document.get("by_solution") or {}
     if by_solution:
         console.print("by solution: " + ", ".join(f"{label} {v['s']:.1f} s ({v['pairs']} pairs)"
