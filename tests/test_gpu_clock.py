@@ -257,8 +257,8 @@ def test_gpt_oss_moe_behind_a_router_with_a_bias_is_bias_routed_under_dummy_weig
     from its hidden size 2880); under dummy weights that bias alone picks the experts, and the MoE
     rows were off by 1.47-2.02 on an H200 (2026-12-04). A bias GEMM of other sizes routes nothing,
     and a record without the router does not count."""
-    from fi_profile.catalog import shipped_definition
     from fi_profile.capture.definition_factory import definition_for
+    from fi_profile.catalog import shipped_definition
     from fi_profile.replay.report import bias_routed_dummy
     from fi_profile.schema import KernelCallingRecord
     from fi_profile.schema.dtype import DType

@@ -1,6 +1,7 @@
 """Run in the SGLang venv: SGLang's Gemma3RMSNorm native (its forward_native) against the Definition's reference."""
 
 import torch
+
 from fi_profile.catalog import shipped_definition
 from fi_profile.replay.baseline_solutions import native_candidates, native_solution
 
