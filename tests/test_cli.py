@@ -92,6 +92,8 @@ def test_shipped_set_covers_llama_31_8b_and_the_moe_templates():
         "moe_bf16_llama4_routing_topk1_e16_h5120_i8192", "rmsnorm_noweight_h128_float32",
         # Qwen3-Next: the gated norm after its Gated DeltaNet attention; Nemotron-H's MLP activation
         "gated_rmsnorm_h128", "relu2_i21504",
+        # Qwen3-Next's Gated DeltaNet recurrence at TP=4, flashinfer-trace's files: templates of other head counts
+        "gdn_decode_qk4_v8_d128_k_last", "gdn_prefill_qk4_v8_d128_k_last",
     } == names
     # templates are bfloat16 where their computation has a model dtype (instantiated per dtype); FP8 data is FP8
     assert all(d.inputs[next(iter(d.inputs))].dtype.value in ("bfloat16", "float32", "int32", "float8_e4m3fn")

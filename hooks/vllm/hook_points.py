@@ -16,9 +16,22 @@ import torch
 from fi_profile.capture.layers import LayerRule, by_layer_class, seen
 from fi_profile.capture.patching import HookPoint
 from fi_profile.families import attention as attention_family
-from fi_profile.families import collective, embedding, fp8_linear, gemm, mla, moe, rmsnorm, rope, sampling, silu_and_mul
+from fi_profile.families import (
+    collective,
+    embedding,
+    fp8_linear,
+    gdn,
+    gemm,
+    mla,
+    moe,
+    rmsnorm,
+    rope,
+    sampling,
+    silu_and_mul,
+)
 from fi_profile.hooks.vllm import attention, steps
 from fi_profile.hooks.vllm import fp8_linear as vllm_fp8
+from fi_profile.hooks.vllm import gdn as vllm_gdn
 from fi_profile.hooks.vllm import mla as vllm_mla
 from fi_profile.hooks.vllm import moe as vllm_moe
 
@@ -59,6 +72,8 @@ def _sampler_v2(self: Any, logits: torch.Tensor, idx_mapping_np: np.ndarray) -> 
 
 
 _LAYERS = "vllm.model_executor.layers"
+#: Qwen3-Next's and Qwen3.5's Gated DeltaNet layer (vLLM 0.3x; not in older versions)
+_GDN_MODULE = f"{_LAYERS}.mamba.gdn.qwen_gdn_linear_attn"
 
 POINTS = [
     HookPoint(f"{_LAYERS}.layernorm", "RMSNorm", ("forward",), rmsnorm.KEY, rmsnorm.layer_calls),
@@ -93,6 +108,8 @@ POINTS = [
     HookPoint(f"{_LAYERS}.attention.mla_attention", "MLACommonMetadataBuilder", ("build",), "step",
               vllm_mla.metadata_builder, optional=True, boundary=True),
     HookPoint(f"{_LAYERS}.fused_moe.runner.moe_runner", "MoERunner", ("forward",), moe.KEY, vllm_moe.layer_calls),
+    HookPoint(_GDN_MODULE, "QwenGatedDeltaNetAttention", ("forward",), gdn.KEY, vllm_gdn.layer_calls, live=True,
+              traced=vllm_gdn.traced_layer_calls, optional=True),
     *(
         HookPoint(f"vllm.v1.attention.backends.{module}", builder, ("build",), "step", attention.metadata_builder,
                   optional=True, boundary=True)
@@ -149,6 +166,7 @@ LAYER_RULES = [
     LayerRule(f"{_LAYERS}.rotary_embedding.deepseek_scaling_rope:DeepseekScalingRotaryEmbedding", rope.layer_problem),
     LayerRule(f"{_LAYERS}.attention.mla_attention:MLAAttention", vllm_mla.layer_problem),
     LayerRule(f"{_LAYERS}.mla:MultiHeadLatentAttentionWrapper", vllm_mla.wrapper_problem, container=True),
+    LayerRule(f"{_GDN_MODULE}:QwenGatedDeltaNetAttention", vllm_gdn.layer_problem),
     LayerRule(f"{_LAYERS}.attention_layer_base:AttentionLayerBase", attention.layer_problem),
     LayerRule(f"{_LAYERS}.fused_moe.runner.moe_runner:MoERunner", vllm_moe.layer_problem),
     LayerRule(f"{_LAYERS}.logits_processor:LogitsProcessor", _logits_problem),

@@ -1,12 +1,15 @@
 """Gated DeltaNet (Qwen3-Next's linear attention), op type ``gdn``: flashinfer-trace's
-``gdn_decode_*`` and ``gdn_prefill_*`` Definitions (``qk{H}_v{HV}_d{D}_k_last``), their PyTorch
-baselines, and the inputs their recurrence needs to stay what a model feeds it.
+``gdn_decode_*`` and ``gdn_prefill_*`` Definitions (``qk{H}_v{HV}_d{D}_k_last``, heads per rank),
+the calls a layer makes of them in a step, their PyTorch baselines, and the inputs their recurrence
+needs to stay what a model feeds it.
 
-No engine's layer is read into these calls yet: vLLM's ``QwenGatedDeltaNetAttention`` is listed
-by name in a capture (issue 45). The dataset's references take query and key as the recurrence
-uses them, unit vectors: the engines normalize them in their kernels (``use_qk_l2norm_in_kernel``)
-before the delta rule, and a key of norm √128 makes the rule's ``I - beta k k^T`` grow the state by
-about 128 at every token.
+A step's decode requests (one token each) are one ``gdn_decode_*`` call, its prefill requests one
+``gdn_prefill_*`` call over their ``cu_seqlens`` (kept as a workload tensor); each takes the gates
+raw (``A_log``, ``a``, ``dt_bias``, ``b``) and the requests' states gathered, and gives the new
+ones. The dataset's references take query and key as the recurrence uses them, unit vectors: the
+engines normalize them in their kernels (``use_qk_l2norm_in_kernel``) before the delta rule, and a
+key of norm √128 makes the rule's ``I - beta k k^T`` grow the state by about 128 at every token.
+The causal conv1d the engines run before it is no Definition's yet: the layer is listed for it.
 """
 
 from __future__ import annotations
@@ -16,8 +19,11 @@ from typing import Optional
 
 import torch
 
+from fi_profile.capture.definition_factory import definition_for
+from fi_profile.capture.kernel_call import KernelCall, cached_definition
 from fi_profile.families.family import Baseline, Family
 from fi_profile.schema.definition import Definition
+from fi_profile.schema.dtype import DType, schema_dtype
 
 KEY = "gdn"
 
@@ -45,10 +51,55 @@ def input_values(name: str, shape: tuple[int, ...], definition: Definition, gen:
     return None
 
 
+#: the dataset's Definitions of Qwen3-Next at TP=4, instantiated for other head counts
+_TEMPLATES = {"decode": "gdn_decode_qk4_v8_d128_k_last", "prefill": "gdn_prefill_qk4_v8_d128_k_last"}
+#: the head size the dataset's references are written for (``assert K == 128 and V == 128``)
+HEAD_SIZE = 128
+
+
+def layer_problem(heads: int, v_heads: int, head_k: int, head_v: int, dtype: Optional[torch.dtype] = None
+                  ) -> Optional[str]:
+    """Why a Gated DeltaNet layer of these sizes (per rank; activations of ``dtype``, where known)
+    is no ``gdn_*`` Definition's, or None."""
+    if head_k != HEAD_SIZE or head_v != HEAD_SIZE:
+        return (f"Gated DeltaNet with key/value heads of {head_k}/{head_v} (flashinfer-trace's gdn references are "
+                f"written for {HEAD_SIZE})")
+    if v_heads % heads:
+        return f"Gated DeltaNet with {v_heads} value heads over {heads} key heads (not a whole number per key head)"
+    if dtype is not None and schema_dtype(dtype) is not DType.bfloat16:
+        return f"Gated DeltaNet on {dtype} activations (the gdn Definitions take bfloat16)"
+    return None
+
+
+def _definition(kind: str, heads: int, v_heads: int) -> Definition:
+    name = f"gdn_{kind}_qk{heads}_v{v_heads}_d{HEAD_SIZE}_k_last"
+    return cached_definition(("gdn", kind, heads, v_heads), lambda: definition_for(
+        _TEMPLATES[kind], name, {"num_q_heads": heads, "num_k_heads": heads, "num_v_heads": v_heads,
+                                 "head_size": HEAD_SIZE}, DType.bfloat16))
+
+
+def step_calls(heads: int, v_heads: int, decodes: int, prefill_starts: Optional[torch.Tensor]) -> list[KernelCall]:
+    """A layer's calls in a step: its ``decodes`` one-token requests as one decode call, and the
+    prefill requests whose query starts are ``prefill_starts`` (host, from 0; None: none) as one
+    prefill call. The scale is the references' default, 1/√head (the engines' too)."""
+    scalars = {"scale": HEAD_SIZE ** -0.5}
+    calls = []
+    if decodes:
+        calls.append(KernelCall(_definition("decode", heads, v_heads), {"batch_size": decodes}, scalars=scalars))
+    if prefill_starts is not None and len(prefill_starts) > 1:
+        starts = prefill_starts.to(torch.int64)
+        calls.append(KernelCall(_definition("prefill", heads, v_heads),
+                                {"total_seq_len": int(starts[-1]), "num_seqs": len(starts) - 1,
+                                 "len_cu_seqlens": len(starts)},
+                                tensors={"cu_seqlens": starts}, scalars=scalars))
+    return calls
+
+
 FAMILY = Family(
     key=KEY,
     package=__name__,
     op_types=("gdn",),
+    templates=tuple(_TEMPLATES.values()),
     baselines=(Baseline("torch_gdn_decode.py"),
                # a Python loop over the positions, as many as the longest sequence: not compiled
                Baseline("torch_gdn_prefill.py", compiled=False)),
