@@ -3,9 +3,10 @@ then one gated full attention layer; 8 experts top-2 with a gated shared expert;
 quarter of the head; zero-centred norms). Everything is recorded, per layer type, in eager and
 compiled runs alike: the Gated DeltaNet recurrence as flashinfer-trace's ``gdn_decode_*`` (one call
 per layer and decode step, its requests batched) and ``gdn_prefill_*`` (per layer and prefill step,
-over the step's ``cu_seqlens``), their gated norm among them. The causal conv1d before the
-recurrence has no Definition yet (issue 45): the layers are listed for it by name, so the record
-says it is incomplete and why. The replay's reference and baseline of the recurrence pass on the
+over the step's ``cu_seqlens``), the causal conv1d before it as ``causal_conv1d_*`` (one call per
+layer and step: over the decode requests in a decode step, over all of them in a step with
+prefills, their slots of the conv-state cache kept), their gated norm among them. The record is
+complete. The replay's reference and baselines of the conv1d and the recurrence pass on the
 captured workloads."""
 
 from __future__ import annotations
@@ -17,18 +18,17 @@ from test_capture_vllm import MODELS, capture, counts
 from typer.testing import CliRunner
 
 GDN_LAYERS, ATTENTION_LAYERS = 3, 1
-LISTED = ("QwenGatedDeltaNetAttention's causal conv1d before its recurrence (no Definition computes it; the "
-          "recurrence is recorded as gdn_*)")
 #: 2 key heads and 4 value heads of 128, as flashinfer-trace names the dataset's per-rank shapes
 GDN_DECODE, GDN_PREFILL = "gdn_decode_qk2_v4_d128_k_last", "gdn_prefill_qk2_v4_d128_k_last"
+#: the conv1d's channels: query and key (2 heads of 128 each) and value (4 heads of 128)
+CONV_DECODE, CONV_PREFILL = "causal_conv1d_decode_c1024_w4_silu", "causal_conv1d_prefill_c1024_w4_silu"
 
 
-def test_a_tiny_qwen3_next_records_everything_but_the_conv1d_before_its_recurrence(tmp_path):
+def test_a_tiny_qwen3_next_is_complete_in_eager_and_compiled_runs_and_its_recurrence_replays(tmp_path):
     model = str(MODELS / "tiny-qwen3-next")
     eager = capture(tmp_path, "qwen3-next", model=model, single_process=True)
     run = eager["record"]["run"]
-    assert run["not_covered"] == {LISTED: GDN_LAYERS} and not run["hook_errors"], run
-    assert "QwenGatedDeltaNetAttention" in run["incomplete"]
+    assert not run["not_covered"] and not run["hook_errors"] and not run.get("incomplete"), run
     found = counts(eager)
     steps, decode_steps = steps_of(eager)
     layers = GDN_LAYERS + ATTENTION_LAYERS
@@ -50,17 +50,24 @@ def test_a_tiny_qwen3_next_records_everything_but_the_conv1d_before_its_recurren
     # its recurrence: the step's decode requests in one call, its prefill requests in another
     assert found[GDN_DECODE] == GDN_LAYERS * decode_steps
     assert found[GDN_PREFILL] == GDN_LAYERS * (steps - decode_steps)
+    # the conv1d before it: one call per layer and step, of the step's kind
+    assert found[CONV_DECODE] == GDN_LAYERS * decode_steps
+    assert found[CONV_PREFILL] == GDN_LAYERS * (steps - decode_steps)
     compiled = capture(tmp_path, "qwen3-next-compiled", model=model, single_process=True, eager=False,
                        kernel_accounting=False)
     assert counts(compiled) == found
-    assert compiled["record"]["run"]["not_covered"] == {LISTED: GDN_LAYERS}
+    assert not compiled["record"]["run"]["not_covered"] and not compiled["record"]["run"].get("incomplete")
 
     assert json.loads(next((eager["out_dir"] / "workloads" / "gdn").glob(f"{GDN_PREFILL}.jsonl")).read_text()
                       .splitlines()[0])["workload"]["inputs"]["cu_seqlens"]["type"] == "safetensors"
+    conv = json.loads((eager["out_dir"] / "workloads" / "causal_conv1d" / f"{CONV_PREFILL}.jsonl").read_text()
+                      .splitlines()[0])["workload"]
+    assert {n for n, v in conv["inputs"].items() if v["type"] == "safetensors"} == {
+        "cu_seqlens", "conv_state_indices", "has_initial_state"}
 
     from fi_profile.cli import app
 
-    names = [GDN_DECODE, GDN_PREFILL]
+    names = [GDN_DECODE, GDN_PREFILL, CONV_DECODE, CONV_PREFILL]
     replayed = CliRunner().invoke(app, ["replay", str(eager["out_dir"]), "--definitions", ",".join(names), "--device",
                                         "cpu", "--min-time", "0.01", "--max-workloads", "2", "--out", str(tmp_path / "r")])
     assert replayed.exit_code == 0, replayed.output

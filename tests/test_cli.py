@@ -94,6 +94,8 @@ def test_shipped_set_covers_llama_31_8b_and_the_moe_templates():
         "gated_rmsnorm_h128", "relu2_i21504",
         # Qwen3-Next's Gated DeltaNet recurrence at TP=4, flashinfer-trace's files: templates of other head counts
         "gdn_decode_qk4_v8_d128_k_last", "gdn_prefill_qk4_v8_d128_k_last",
+        # the causal conv1d before it (Qwen3-Next at TP=1), of our own naming: the dataset has none
+        "causal_conv1d_decode_c8192_w4_silu", "causal_conv1d_prefill_c8192_w4_silu",
     } == names
     # templates are bfloat16 where their computation has a model dtype (instantiated per dtype); FP8 data is FP8
     assert all(d.inputs[next(iter(d.inputs))].dtype.value in ("bfloat16", "float32", "int32", "float8_e4m3fn")

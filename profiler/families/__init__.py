@@ -15,6 +15,7 @@ from typing import Optional
 from fi_profile.families import (
     attention,
     bmm,
+    causal_conv1d,
     collective,
     embedding,
     fp8_linear,
@@ -42,6 +43,7 @@ FAMILIES: tuple[Family, ...] = (
     kv_cache.FAMILY,
     attention.FAMILY,
     mla.FAMILY,
+    causal_conv1d.FAMILY,
     gdn.FAMILY,
     bmm.FAMILY,
     moe.FAMILY,
