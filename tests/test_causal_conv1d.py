@@ -77,3 +77,19 @@ def test_a_conv1d_the_definitions_do_not_compute_is_named():
     assert "bias" in causal_conv1d.layer_problem("silu", True)
     assert "float16" in causal_conv1d.layer_problem("silu", False, torch.float16)
     assert causal_conv1d.layer_problem("silu", False, torch.bfloat16) is None
+
+
+@pytest.mark.parametrize("name, held", [(DECODE, {"x": "output", "conv_state": "new_conv_state"}),
+                                        (PREFILL, {"conv_state": "new_conv_state"})])
+def test_vllms_triton_kernels_are_natives_that_work_in_place_as_the_engine_calls_them(name, held):
+    """Offered where vLLM imports on CUDA: the decode kernel writes its output over ``x``, both
+    update the requests' slots of the cache."""
+    from fi_profile.families import family_of
+    from fi_profile.replay.baseline_solutions import native_solution
+
+    definition = shipped_definition(name)
+    family = family_of("causal_conv1d")
+    (native,) = family.natives(definition, None)
+    solution = native_solution(definition, family, native)
+    assert solution.spec.model_dump()["overwrites"] == held
+    assert "from vllm.model_executor.layers.mamba.ops.causal_conv1d import" in solution.sources[0].content

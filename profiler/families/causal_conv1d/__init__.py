@@ -19,7 +19,8 @@ import torch
 
 from fi_profile.capture.definition_factory import definition_for
 from fi_profile.capture.kernel_call import KernelCall, cached_definition
-from fi_profile.families.family import Baseline, Family
+from fi_profile.families.family import Baseline, Family, Native
+from fi_profile.schema.definition import Definition
 from fi_profile.schema.dtype import DType, schema_dtype
 
 KEY = "causal_conv1d"
@@ -72,6 +73,20 @@ def prefill_call(channels: int, width: int, activation: str, slots: int, cu_seql
                                "has_initial_state": has_initial_state})
 
 
+#: where vLLM's kernels live (Triton: CUDA only)
+_VLLM_CONV1D = "vllm.model_executor.layers.mamba.ops.causal_conv1d"
+
+
+def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
+    """vLLM's Triton kernels, in place as the engine calls them: decode writes its output over
+    ``x``; both update the requests' slots of ``conv_state``."""
+    if definition.name.startswith("causal_conv1d_decode_"):
+        return [Native("vllm", "vllm_causal_conv1d_decode.py", requires=_VLLM_CONV1D,
+                       overwrites=lambda d: {"x": "output", "conv_state": "new_conv_state"})]
+    return [Native("vllm", "vllm_causal_conv1d_prefill.py", requires=_VLLM_CONV1D,
+                   overwrites=lambda d: {"conv_state": "new_conv_state"})]
+
+
 FAMILY = Family(
     key=KEY,
     package=__name__,
@@ -80,6 +95,7 @@ FAMILY = Family(
     baselines=(Baseline("torch_causal_conv1d_decode.py"),
                # one depthwise conv per sequence, as many as the step has: not compiled
                Baseline("torch_causal_conv1d_prefill.py", compiled=False)),
+    natives=_natives,
     # the engines' Triton (vLLM's, SGLang's) and CUDA (causal-conv1d's) kernels
     kernel_words=("causal_conv1d", "conv1d"),
 )
