@@ -16,20 +16,26 @@ from fi_profile.replay.check import compare
 from fi_profile.synthesis import synthesize_inputs
 
 DECODE, PREFILL = "causal_conv1d_decode_c8192_w4_silu", "causal_conv1d_prefill_c8192_w4_silu"
+BIAS_DECODE, BIAS_PREFILL = "causal_conv1d_decode_c10240_w4_silu_bias", "causal_conv1d_prefill_c10240_w4_silu_bias"
 
 
-def conv_of_whole_sequences(x: torch.Tensor, weight: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
+def conv_of_whole_sequences(x: torch.Tensor, weight: torch.Tensor, before: torch.Tensor,
+                            bias: torch.Tensor | None = None) -> torch.Tensor:
     """One sequence's outputs, written out as the sum over the filter's taps."""
     inputs = torch.cat([before.float(), x.float().t()], dim=1)
     width = weight.shape[1]
     taps = sum(weight[:, j].float().unsqueeze(1) * inputs[:, j:j + x.shape[0]] for j in range(width))
+    if bias is not None:
+        taps = taps + bias.float().unsqueeze(1)
     return F.silu(taps).t()
 
 
-def test_the_prefill_reference_continues_a_sequence_from_its_slot_and_leaves_its_last_inputs_there():
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_prefill_reference_continues_a_sequence_from_its_slot_and_leaves_its_last_inputs_there(bias):
     definition = causal_conv1d.prefill_call(64, 4, "silu", 6, torch.tensor([0, 5, 6, 8]), torch.tensor([4, 1, 2]),
-                                            torch.tensor([False, True, True])).definition
-    assert definition.name == "causal_conv1d_prefill_c64_w4_silu" and definition.const_axes["state_len"] == 3
+                                            torch.tensor([False, True, True]), bias).definition
+    assert definition.name == "causal_conv1d_prefill_c64_w4_silu" + ("_bias" if bias else "")
+    assert definition.const_axes["state_len"] == 3 and ("bias" in definition.inputs) == bias
     axes = {"total_seq_len": 8, "num_seqs": 3, "len_cu_seqlens": 4, "state_cache_size": 6}
     inputs = synthesize_inputs(definition, axes, seed=3)
     inputs.update(cu_seqlens=torch.tensor([0, 5, 6, 8], dtype=torch.int32),
@@ -39,7 +45,7 @@ def test_the_prefill_reference_continues_a_sequence_from_its_slot_and_leaves_its
     x, state, weight = inputs["x"], inputs["conv_state"], inputs["weight"]
     zeros = torch.zeros(64, 3)
     for (start, end), before in (((0, 5), zeros), ((5, 6), state[1]), ((6, 8), state[2])):
-        expected = conv_of_whole_sequences(x[start:end], weight, before)
+        expected = conv_of_whole_sequences(x[start:end], weight, before, inputs.get("bias"))
         assert compare(output[start:end], expected.to(output.dtype)).ok
     # the last three inputs of each sequence; a sequence of one token keeps two of its slot's
     assert torch.equal(new_state[4], x[2:5].t())
@@ -51,6 +57,10 @@ def test_the_prefill_reference_continues_a_sequence_from_its_slot_and_leaves_its
 
 @pytest.mark.parametrize("name, axes, tensors", [
     (DECODE, {"batch_size": 5, "state_cache_size": 9}, {}),
+    (BIAS_DECODE, {"batch_size": 3, "state_cache_size": 4}, {"conv_state_indices": torch.tensor([2, -1, 0])}),
+    (BIAS_PREFILL, {"total_seq_len": 12, "num_seqs": 3, "len_cu_seqlens": 4, "state_cache_size": 5},
+     {"cu_seqlens": torch.tensor([0, 2, 3, 12]), "conv_state_indices": torch.tensor([4, 0, 2]),
+      "has_initial_state": torch.tensor([True, True, False])}),
     (DECODE, {"batch_size": 3, "state_cache_size": 4}, {"conv_state_indices": torch.tensor([2, -1, 0])}),
     (PREFILL, {"total_seq_len": 40, "num_seqs": 4, "len_cu_seqlens": 5, "state_cache_size": 7}, {}),
     (PREFILL, {"total_seq_len": 4, "num_seqs": 3, "len_cu_seqlens": 4, "state_cache_size": 3},
@@ -73,14 +83,15 @@ def test_the_torch_baselines_match_the_references(name, axes, tensors):
 
 
 def test_a_conv1d_the_definitions_do_not_compute_is_named():
-    assert "'relu'" in causal_conv1d.layer_problem("relu", False)
-    assert "bias" in causal_conv1d.layer_problem("silu", True)
-    assert "float16" in causal_conv1d.layer_problem("silu", False, torch.float16)
-    assert causal_conv1d.layer_problem("silu", False, torch.bfloat16) is None
+    assert "'relu'" in causal_conv1d.layer_problem("relu")
+    assert "float16" in causal_conv1d.layer_problem("silu", torch.float16)
+    assert causal_conv1d.layer_problem("silu", torch.bfloat16) is None
 
 
 @pytest.mark.parametrize("name, held", [(DECODE, {"x": "output", "conv_state": "new_conv_state"}),
-                                        (PREFILL, {"conv_state": "new_conv_state"})])
+                                        (PREFILL, {"conv_state": "new_conv_state"}),
+                                        (BIAS_DECODE, {"x": "output", "conv_state": "new_conv_state"}),
+                                        (BIAS_PREFILL, {"conv_state": "new_conv_state"})])
 def test_vllms_triton_kernels_are_natives_that_work_in_place_as_the_engine_calls_them(name, held):
     """Offered where vLLM imports on CUDA: the decode kernel writes its output over ``x``, both
     update the requests' slots of the cache."""

@@ -96,6 +96,10 @@ def test_shipped_set_covers_llama_31_8b_and_the_moe_templates():
         "gdn_decode_qk4_v8_d128_k_last", "gdn_prefill_qk4_v8_d128_k_last",
         # the causal conv1d before it (Qwen3-Next at TP=1), of our own naming: the dataset has none
         "causal_conv1d_decode_c8192_w4_silu", "causal_conv1d_prefill_c8192_w4_silu",
+        # Nemotron-H-8B's Mamba-2 at TP=1: its conv1d with a bias, flashinfer-trace's state update, our
+        # chunked scan, and its gated norm (the gate first, 8 groups)
+        "causal_conv1d_decode_c10240_w4_silu_bias", "causal_conv1d_prefill_c10240_w4_silu_bias",
+        "mamba_ssu_decode_h128_d64_s128_ng8", "mamba_ssd_prefill_h128_d64_s128_ng8", "gated_rmsnorm_gate_first_h8192_gs1024",
     } == names
     # templates are bfloat16 where their computation has a model dtype (instantiated per dtype); FP8 data is FP8
     assert all(d.inputs[next(iter(d.inputs))].dtype.value in ("bfloat16", "float32", "int32", "float8_e4m3fn")

@@ -44,8 +44,7 @@ def recurrence_problem(layer: Any, dtype: Optional[torch.dtype] = None) -> Optio
 
 def conv_problem(layer: Any, dtype: Optional[torch.dtype] = None) -> Optional[str]:
     """Why the layer's causal conv1d is no causal_conv1d Definition's, or None."""
-    problem = causal_conv1d.layer_problem(getattr(layer, "activation", None),
-                                          getattr(layer.conv1d, "bias", None) is not None, dtype)
+    problem = causal_conv1d.layer_problem(getattr(layer, "activation", None), dtype)
     return f"{type(layer).__name__}'s {problem}" if problem else None
 
 
@@ -58,16 +57,22 @@ def _problem(layer: Any, dtype: torch.dtype) -> Optional[str]:
     return recurrence_problem(layer, dtype) or conv_problem(layer, dtype)
 
 
-def _conv_slots(layer: Any) -> int:
-    """The slots of the layer's conv-state cache (its first dimension, whatever the layout): vLLM
-    0.32 binds the layer's (conv, ssm) states, 0.26 a list of them per virtual engine."""
-    cache = layer.kv_cache[0]
-    if not isinstance(cache, torch.Tensor):
-        cache = cache[0]
-    return int(cache.shape[0])
+def state_cache(layer: Any, which: int = 0) -> torch.Tensor:
+    """A Gated DeltaNet or Mamba layer's state cache ``which`` (0: the conv state, 1: the
+    recurrence's): vLLM binds the layer's (conv, ssm) states, or (0.26's Gated DeltaNet) a list of
+    them per virtual engine."""
+    states = layer.kv_cache
+    if not isinstance(states[0], torch.Tensor):
+        states = states[0]
+    return states[which]
 
 
-def _metadata(prefix: str) -> Any:
+def state_slots(layer: Any, which: int = 0) -> int:
+    """The slots of the layer's state cache ``which``: its first dimension, whatever the layout."""
+    return int(state_cache(layer, which).shape[0])
+
+
+def layer_metadata(prefix: str) -> Any:
     from vllm.forward_context import get_forward_context
 
     metadata = get_forward_context().attn_metadata
@@ -78,7 +83,7 @@ def _metadata(prefix: str) -> Any:
     return metadata
 
 
-def _query_starts(metadata: Any, first: int, count: int) -> torch.Tensor:
+def query_starts(metadata: Any, first: int, count: int) -> torch.Tensor:
     """Requests ``first`` to ``first + count``'s query starts from 0, on the host: the step's common
     metadata's CPU copy (decode requests come first), else the layer's own (a device copy on a GPU)."""
     common = STEP.context.get("common")
@@ -94,7 +99,7 @@ def _prefill_starts(metadata: Any) -> Optional[torch.Tensor]:
     decodes, prefills = int(metadata.num_decodes), int(metadata.num_prefills)
     if not prefills:
         return None
-    starts = _query_starts(metadata, decodes, prefills)
+    starts = query_starts(metadata, decodes, prefills)
     if int(starts[-1]) != int(metadata.num_prefill_tokens):
         raise RuntimeError(f"the step's prefill query starts sum to {int(starts[-1])} tokens, its Gated DeltaNet "
                            f"metadata says {int(metadata.num_prefill_tokens)}")
@@ -102,7 +107,7 @@ def _prefill_starts(metadata: Any) -> Optional[torch.Tensor]:
 
 
 def _calls(layer: Any) -> list[KernelCall]:
-    metadata = _metadata(layer.prefix)
+    metadata = layer_metadata(layer.prefix)
     if metadata is None or not getattr(metadata, "num_actual_tokens", 0):  # profiling / dummy run
         return []
     if getattr(metadata, "num_spec_decodes", 0):
@@ -118,14 +123,14 @@ def _conv_call(layer: Any, metadata: Any, decodes: int) -> KernelCall:
     """The step's conv1d: over its decode requests where it has no prefill, else over all of them.
     The slots and initial-state flags stay on the device: gathered for a kept workload only."""
     ranks = int(getattr(layer, "tp_size", 1) or 1)
-    sizes = (int(layer.conv_dim) // ranks, int(layer.conv_kernel_size), str(layer.activation), _conv_slots(layer))
-    slots = metadata.non_spec_state_indices_tensor
+    sizes = (int(layer.conv_dim) // ranks, int(layer.conv_kernel_size), str(layer.activation), state_slots(layer))
+    slots, bias = metadata.non_spec_state_indices_tensor, getattr(layer.conv1d, "bias", None) is not None
     if not int(metadata.num_prefills):
-        return causal_conv1d.decode_call(*sizes, decodes, lambda: slots[:decodes].to(torch.int32))
+        return causal_conv1d.decode_call(*sizes, decodes, lambda: slots[:decodes].to(torch.int32), bias)
     requests = decodes + int(metadata.num_prefills)
     flags = metadata.has_initial_state
-    return causal_conv1d.prefill_call(*sizes, _query_starts(metadata, 0, requests),
-                                      lambda: slots[:requests].to(torch.int32), lambda: flags[:requests].clone())
+    return causal_conv1d.prefill_call(*sizes, query_starts(metadata, 0, requests),
+                                      lambda: slots[:requests].to(torch.int32), lambda: flags[:requests].clone(), bias)
 
 
 def layer_calls(self: Any, hidden_states: torch.Tensor) -> list[KernelCall]:

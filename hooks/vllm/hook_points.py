@@ -22,6 +22,7 @@ from fi_profile.families import (
     fp8_linear,
     gdn,
     gemm,
+    mamba,
     mla,
     moe,
     rmsnorm,
@@ -32,6 +33,7 @@ from fi_profile.families import (
 from fi_profile.hooks.vllm import attention, steps
 from fi_profile.hooks.vllm import fp8_linear as vllm_fp8
 from fi_profile.hooks.vllm import gdn as vllm_gdn
+from fi_profile.hooks.vllm import mamba2 as vllm_mamba2
 from fi_profile.hooks.vllm import mla as vllm_mla
 from fi_profile.hooks.vllm import moe as vllm_moe
 
@@ -74,11 +76,15 @@ def _sampler_v2(self: Any, logits: torch.Tensor, idx_mapping_np: np.ndarray) -> 
 _LAYERS = "vllm.model_executor.layers"
 #: Qwen3-Next's and Qwen3.5's Gated DeltaNet layer (vLLM 0.3x; not in older versions)
 _GDN_MODULE = f"{_LAYERS}.mamba.gdn.qwen_gdn_linear_attn"
+#: Mamba-2's mixer and its gated norm
+_MAMBA2_MODULE = f"{_LAYERS}.mamba.mamba_mixer2"
 
 POINTS = [
     HookPoint(f"{_LAYERS}.layernorm", "RMSNorm", ("forward",), rmsnorm.KEY, rmsnorm.layer_calls),
     HookPoint(f"{_LAYERS}.layernorm", "GemmaRMSNorm", ("forward",), rmsnorm.KEY, rmsnorm.gemma_layer_calls),
     HookPoint(f"{_LAYERS}.layernorm", "RMSNormGated", ("forward",), rmsnorm.KEY, rmsnorm.gated_layer_calls,
+              optional=True),
+    HookPoint(_MAMBA2_MODULE, "Mixer2RMSNormGated", ("forward",), rmsnorm.KEY, rmsnorm.mixer2_gated_layer_calls,
               optional=True),
     HookPoint(f"{_LAYERS}.activation", "SiluAndMul", ("forward",), silu_and_mul.KEY, silu_and_mul.layer_calls),
     HookPoint(f"{_LAYERS}.activation", "GeluAndMul", ("forward",), silu_and_mul.KEY, silu_and_mul.gelu_layer_calls),
@@ -110,6 +116,8 @@ POINTS = [
     HookPoint(f"{_LAYERS}.fused_moe.runner.moe_runner", "MoERunner", ("forward",), moe.KEY, vllm_moe.layer_calls),
     HookPoint(_GDN_MODULE, "QwenGatedDeltaNetAttention", ("forward",), gdn.KEY, vllm_gdn.layer_calls, live=True,
               traced=vllm_gdn.traced_layer_calls, optional=True),
+    HookPoint(_MAMBA2_MODULE, "MambaMixer2", ("forward",), mamba.KEY, vllm_mamba2.layer_calls, live=True,
+              traced=vllm_mamba2.traced_layer_calls, optional=True),
     *(
         HookPoint(f"vllm.v1.attention.backends.{module}", builder, ("build",), "step", attention.metadata_builder,
                   optional=True, boundary=True)
@@ -167,6 +175,8 @@ LAYER_RULES = [
     LayerRule(f"{_LAYERS}.attention.mla_attention:MLAAttention", vllm_mla.layer_problem),
     LayerRule(f"{_LAYERS}.mla:MultiHeadLatentAttentionWrapper", vllm_mla.wrapper_problem, container=True),
     LayerRule(f"{_GDN_MODULE}:QwenGatedDeltaNetAttention", vllm_gdn.layer_problem),
+    LayerRule(f"{_MAMBA2_MODULE}:MambaMixer2", vllm_mamba2.layer_problem),
+    LayerRule(f"{_MAMBA2_MODULE}:Mixer2RMSNormGated", rmsnorm.mixer2_gated_layer_problem),
     LayerRule(f"{_LAYERS}.attention_layer_base:AttentionLayerBase", attention.layer_problem),
     LayerRule(f"{_LAYERS}.fused_moe.runner.moe_runner:MoERunner", vllm_moe.layer_problem),
     LayerRule(f"{_LAYERS}.logits_processor:LogitsProcessor", _logits_problem),

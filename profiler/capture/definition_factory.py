@@ -33,7 +33,8 @@ def definition_for(
 ) -> Definition:
     """The Definition ``name``: shipped if it matches, else ``template_name`` instantiated.
 
-    ``input_dtypes`` names inputs whose dtype differs from ``dtype`` (e.g. float32 router logits)."""
+    ``input_dtypes`` names inputs (or outputs) whose dtype differs from ``dtype`` (e.g. float32
+    router logits, a float32 state and the new state)."""
     return _definition_for(
         template_name,
         name,
@@ -75,6 +76,8 @@ def _matches(
         allowed = (input_dtypes[input_name],) if input_name in input_dtypes else (dtype, *_INDEX_OR_FP32)
         if spec.dtype not in allowed:
             return False
+    if any(definition.outputs[o].dtype is not d for o, d in input_dtypes.items() if o in definition.outputs):
+        return False
     return all(_constant_in(definition.reference, n, v) for n, v in constants.items())
 
 
@@ -87,14 +90,17 @@ def _constant_in(reference: str, name: str, value: Number) -> bool:
 
 
 def _axis_literals(tree: ast.AST, axis: str) -> list[ast.AST]:
-    """Where a reference writes const axis ``axis`` as a literal: ``assert axis == 4096`` (not
-    ``assert axis == 2 * other``) and ``axis = 4096``."""
+    """Where a reference writes const axis ``axis`` as a literal: ``assert axis == 4096`` (also as
+    one of an ``and`` of them: ``assert axis == 64 and other == 4``; not ``assert axis == 2 * other``)
+    and ``axis = 4096``."""
     found: list[ast.AST] = []
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Assert) and node.msg is None and isinstance(node.test, ast.Compare)
-                and isinstance(node.test.left, ast.Name) and node.test.left.id == axis
-                and len(node.test.ops) == 1 and isinstance(node.test.ops[0], ast.Eq) and _integer(node.test.comparators[0])):
-            found.append(node.test.comparators[0])
+        if isinstance(node, ast.Assert) and node.msg is None:
+            tests = node.test.values if isinstance(node.test, ast.BoolOp) and isinstance(node.test.op, ast.And) \
+                else [node.test]
+            found += [test.comparators[0] for test in tests
+                      if isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == axis
+                      and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq) and _integer(test.comparators[0])]
         elif (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
               and node.targets[0].id == axis and _integer(node.value)):
             found.append(node.value)
@@ -150,8 +156,8 @@ def instantiate(
             for spec in data[group].values():
                 if spec["dtype"] == _TEMPLATE_DTYPE.value:
                     spec["dtype"] = dtype.value
-    for input_name, input_dtype in input_dtypes.items():
-        data["inputs"][input_name]["dtype"] = input_dtype.value
+    for tensor, tensor_dtype in input_dtypes.items():  # an input's, or an output's (a state updated in place)
+        data["inputs" if tensor in data["inputs"] else "outputs"][tensor]["dtype"] = tensor_dtype.value
     data["reference"] = reference
     data["tags"] = [t for t in data.get("tags", []) if not t.startswith(("model:", "status:"))] + [
         "status:generated"

@@ -1,7 +1,8 @@
 """The causal depthwise conv1d before a linear-attention or state-space recurrence (Qwen3-Next's
 Gated DeltaNet, Mamba-2), op type ``causal_conv1d``: its Definitions
-``causal_conv1d_{decode,prefill}_c{channels}_w{width}_silu`` (channels per rank), the calls a layer
-makes of them in a step, and their PyTorch baselines.
+``causal_conv1d_{decode,prefill}_c{channels}_w{width}_silu`` (channels per rank; ``..._silu_bias``
+with a bias per channel, as Mamba-2 has), the calls a layer makes of them in a step, and their
+PyTorch baselines.
 
 flashinfer-trace has no Definition of it; these follow its manner and the engines' kernels
 (``causal_conv1d_update`` for a step of one-token requests, ``causal_conv1d_fn`` for a step with
@@ -25,8 +26,12 @@ from fi_profile.schema.dtype import DType, schema_dtype
 
 KEY = "causal_conv1d"
 
-#: the Definitions' templates (Qwen3-Next at TP=1), instantiated for other channels and widths
-_TEMPLATES = {"decode": "causal_conv1d_decode_c8192_w4_silu", "prefill": "causal_conv1d_prefill_c8192_w4_silu"}
+#: the Definitions' templates by kind and bias (Qwen3-Next and Nemotron-H-8B at TP=1), instantiated
+#: for other channels and widths
+_TEMPLATES = {("decode", False): "causal_conv1d_decode_c8192_w4_silu",
+              ("prefill", False): "causal_conv1d_prefill_c8192_w4_silu",
+              ("decode", True): "causal_conv1d_decode_c10240_w4_silu_bias",
+              ("prefill", True): "causal_conv1d_prefill_c10240_w4_silu_bias"}
 #: the activations the Definitions apply (named last in their names)
 ACTIVATIONS = ("silu",)
 
@@ -34,39 +39,37 @@ ACTIVATIONS = ("silu",)
 Kept = Union[torch.Tensor, Callable[[], torch.Tensor]]
 
 
-def layer_problem(activation: Optional[str], bias: bool, dtype: Optional[torch.dtype] = None) -> Optional[str]:
-    """Why a layer's causal conv1d (its ``activation``, whether it has a ``bias``; its activations'
-    ``dtype`` where known) is no ``causal_conv1d_*`` Definition's, or None."""
+def layer_problem(activation: Optional[str], dtype: Optional[torch.dtype] = None) -> Optional[str]:
+    """Why a layer's causal conv1d (its ``activation``; its activations' ``dtype`` where known) is
+    no ``causal_conv1d_*`` Definition's, or None. With a bias or without, there is one."""
     if activation not in ACTIVATIONS:
         return f"causal conv1d with activation {activation!r} (the causal_conv1d Definitions apply {', '.join(ACTIVATIONS)})"
-    if bias:
-        return "causal conv1d with a bias (the causal_conv1d Definitions have none)"
     if dtype is not None and schema_dtype(dtype) is not DType.bfloat16:
         return f"causal conv1d on {dtype} activations (the causal_conv1d Definitions take bfloat16)"
     return None
 
 
-def _definition(kind: str, channels: int, width: int, activation: str):
-    name = f"causal_conv1d_{kind}_c{channels}_w{width}_{activation}"
-    return cached_definition((KEY, kind, channels, width, activation), lambda: definition_for(
-        _TEMPLATES[kind], name, {"channels": channels, "width": width, "state_len": width - 1}, DType.bfloat16))
+def _definition(kind: str, channels: int, width: int, activation: str, bias: bool):
+    name = f"causal_conv1d_{kind}_c{channels}_w{width}_{activation}" + ("_bias" if bias else "")
+    return cached_definition((KEY, kind, channels, width, activation, bias), lambda: definition_for(
+        _TEMPLATES[kind, bias], name, {"channels": channels, "width": width, "state_len": width - 1}, DType.bfloat16))
 
 
 def decode_call(channels: int, width: int, activation: str, slots: int, decodes: int,
-                conv_state_indices: Kept) -> KernelCall:
-    """A step of ``decodes`` one-token requests (and no prefill): one ``causal_conv1d_update``
-    over them, against a cache of ``slots`` slots (their slots: ``conv_state_indices``)."""
-    return KernelCall(_definition("decode", channels, width, activation),
+                conv_state_indices: Kept, bias: bool = False) -> KernelCall:
+    """``decodes`` one-token requests: one ``causal_conv1d_update`` over them, against a cache of
+    ``slots`` slots (their slots: ``conv_state_indices``), with a ``bias`` per channel or none."""
+    return KernelCall(_definition("decode", channels, width, activation, bias),
                       {"batch_size": decodes, "state_cache_size": slots},
                       tensors={"conv_state_indices": conv_state_indices})
 
 
 def prefill_call(channels: int, width: int, activation: str, slots: int, cu_seqlens: torch.Tensor,
-                 conv_state_indices: Kept, has_initial_state: Kept) -> KernelCall:
-    """A step with prefills: one ``causal_conv1d_fn`` over all its requests, whose query starts
-    from 0 are ``cu_seqlens`` (host), against a cache of ``slots`` slots."""
+                 conv_state_indices: Kept, has_initial_state: Kept, bias: bool = False) -> KernelCall:
+    """One ``causal_conv1d_fn`` over requests whose query starts from 0 are ``cu_seqlens`` (host),
+    against a cache of ``slots`` slots, with a ``bias`` per channel or none."""
     starts = cu_seqlens.to(torch.int32)
-    return KernelCall(_definition("prefill", channels, width, activation),
+    return KernelCall(_definition("prefill", channels, width, activation, bias),
                       {"total_seq_len": int(starts[-1]), "num_seqs": len(starts) - 1, "len_cu_seqlens": len(starts),
                        "state_cache_size": slots},
                       tensors={"cu_seqlens": starts, "conv_state_indices": conv_state_indices,
@@ -78,8 +81,8 @@ _VLLM_CONV1D = "vllm.model_executor.layers.mamba.ops.causal_conv1d"
 
 
 def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
-    """vLLM's Triton kernels, in place as the engine calls them: decode writes its output over
-    ``x``; both update the requests' slots of ``conv_state``."""
+    """vLLM's Triton kernels, in place as the engine calls them (a bias where the Definition has
+    one): decode writes its output over ``x``; both update the requests' slots of ``conv_state``."""
     if definition.name.startswith("causal_conv1d_decode_"):
         return [Native("vllm", "vllm_causal_conv1d_decode.py", requires=_VLLM_CONV1D,
                        overwrites=lambda d: {"x": "output", "conv_state": "new_conv_state"})]

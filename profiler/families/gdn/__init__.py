@@ -9,7 +9,7 @@ raw (``A_log``, ``a``, ``dt_bias``, ``b``) and the requests' states gathered, an
 ones. The dataset's references take query and key as the recurrence uses them, unit vectors: the
 engines normalize them in their kernels (``use_qk_l2norm_in_kernel``) before the delta rule, and a
 key of norm √128 makes the rule's ``I - beta k k^T`` grow the state by about 128 at every token.
-The causal conv1d the engines run before it is no Definition's yet: the layer is listed for it.
+The causal conv1d the engines run before it is the ``causal_conv1d`` family's.
 """
 
 from __future__ import annotations

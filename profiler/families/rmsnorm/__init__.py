@@ -2,8 +2,9 @@
 second output), in Llama's convention (``x * w``) and Gemma's (``x * (1 + w)``, the weight offset
 added in float32: ``gemma_*``), and RMSNorm without a weight (Llama-4's query and key norm:
 ``rmsnorm_noweight_*``), and gated RMSNorm (``gated_rmsnorm_*``: the normalized rows times SiLU of a
-gate, Qwen3-Next's norm after its Gated DeltaNet attention). Op type ``rmsnorm``; hooked on the
-engines' ``RMSNorm``, Gemma norm and gated norm layers."""
+gate, Qwen3-Next's norm after its Gated DeltaNet attention; ``gated_rmsnorm_gate_first_*_gs{G}``:
+the rows times SiLU of the gate, then normalized over groups of G columns, Mamba-2's norm after its
+scan). Op type ``rmsnorm``; hooked on the engines' ``RMSNorm``, Gemma norm and gated norm layers."""
 
 from __future__ import annotations
 
@@ -31,7 +32,10 @@ NO_WEIGHT = "rmsnorm_noweight"
 _TEMPLATES = {"rmsnorm": "rmsnorm_h4096", "fused_add_rmsnorm_inplace": "fused_add_rmsnorm_inplace_h4096",
               GEMMA + "rmsnorm": "gemma_rmsnorm_h5376",
               GEMMA + "fused_add_rmsnorm_inplace": "gemma_fused_add_rmsnorm_inplace_h5376",
-              NO_WEIGHT: "rmsnorm_noweight_h128_float32", "gated_rmsnorm": "gated_rmsnorm_h128"}
+              NO_WEIGHT: "rmsnorm_noweight_h128_float32", "gated_rmsnorm": "gated_rmsnorm_h128",
+              "gated_rmsnorm_gate_first": "gated_rmsnorm_gate_first_h8192_gs1024"}
+#: the reference constant of the gate-first norm's group size (a norm over the whole row: the row's size)
+GROUP_SIZE = "GROUP_SIZE"
 
 
 def call(x: torch.Tensor, residual: Optional[torch.Tensor], eps: float, gemma: bool = False,
@@ -70,8 +74,48 @@ def gated_call(x: torch.Tensor, eps: float) -> KernelCall:
     return KernelCall(definition, {"batch_size": rows(x, hidden)})
 
 
+def gate_first_call(x: torch.Tensor, group_size: int, eps: float) -> KernelCall:
+    """SiLU of the gate times ``x`` (the gate of ``x``'s shape), then RMSNorm over each group of
+    ``group_size`` columns: ``gated_rmsnorm_gate_first_*_gs{group_size}``."""
+    hidden = x.shape[-1]
+
+    def build() -> Definition:
+        dtype = schema_dtype(x.dtype)
+        return definition_for(_TEMPLATES["gated_rmsnorm_gate_first"],
+                              f"gated_rmsnorm_gate_first_h{hidden}_gs{group_size}{dtype_suffix(dtype)}",
+                              {"hidden_size": hidden}, dtype, {"EPS": eps, GROUP_SIZE: group_size})
+
+    definition = cached_definition(("gated_rmsnorm_gate_first", hidden, group_size, x.dtype, eps), build)
+    return KernelCall(definition, {"batch_size": rows(x, hidden)})
+
+
 _RMSNORM = exact_class("RMSNorm")
 _GATED = exact_class("RMSNormGated")
+_MIXER2_GATED = exact_class("Mixer2RMSNormGated")
+
+
+def mixer2_gated_layer_problem(layer: Any) -> Optional[str]:
+    """Why Mamba-2's gated norm (vLLM's ``Mixer2RMSNormGated``) is not what
+    ``gated_rmsnorm_gate_first_*`` computes on one rank: another class, no norm at all
+    (``use_rms_norm=False``), or a norm whose groups span the ranks (one group over a sharded row,
+    or groups not divided by the ranks: vLLM all-reduces or all-gathers for them); or None."""
+    problem = _MIXER2_GATED(layer)
+    if problem is not None:
+        return problem
+    name, ranks, groups = type(layer).__name__, int(getattr(layer, "tp_size", 1) or 1), int(layer.n_groups)
+    if not getattr(layer, "use_rms_norm", True):
+        return f"{name} without its norm (use_rms_norm=False: SiLU of the gate times the input, no Definition computes it)"
+    if ranks > 1 and (groups == 1 or groups % ranks):
+        return (f"{name} with {groups} group(s) over {ranks} ranks (its norm spans the ranks: a collective inside "
+                "the norm, no Definition computes it)")
+    return None
+
+
+def mixer2_gated_layer_calls(self: Any, x: torch.Tensor, gate: torch.Tensor) -> list:
+    """``Mixer2RMSNormGated.forward`` (vLLM's Mamba-2): the gate first, then a norm per group."""
+    seen(self)
+    require(mixer2_gated_layer_problem(self))
+    return [gate_first_call(x, int(self.group_size), float(self.variance_epsilon))]
 
 
 def gated_layer_problem(layer: Any) -> Optional[str]:
@@ -176,7 +220,9 @@ FAMILY = Family(
     package=__name__,
     op_types=("rmsnorm",),
     templates=tuple(_TEMPLATES.values()),
-    baselines=(Baseline("torch_gated_rmsnorm.py", ("EPS",)),
+    # the gate-first norm (its group size a constant) before the gated one, which has the same inputs
+    baselines=(Baseline("torch_gated_rmsnorm_gate_first.py", ("EPS", GROUP_SIZE)),
+               Baseline("torch_gated_rmsnorm.py", ("EPS",)),
                Baseline("torch_fused_add_rmsnorm.py", ("EPS",), optional_constants=(WEIGHT_OFFSET,)),
                Baseline("torch_rmsnorm.py", ("EPS",), optional_constants=(WEIGHT_OFFSET,)),
                Baseline("torch_rmsnorm_noweight.py", ("EPS",))),
