@@ -170,3 +170,18 @@ def test_mamba2s_gated_norm_is_the_gate_first_definition_as_vllms_own_pytorch_fo
     gate_after = rmsnorm.gated_call(x, 1e-5).definition
     (other,) = [s for s in baseline_solutions(gate_after) if s.name.endswith("__torch")]
     assert "GROUP_SIZE" not in other.sources[0].content
+
+
+@pytest.mark.parametrize("name, file", [(DECODE, "vllm_mamba_ssu_decode.py"), (PREFILL, "vllm_mamba_ssd_prefill.py")])
+def test_vllms_triton_kernels_are_natives_that_update_the_state_in_place(name, file):
+    """Offered where vLLM imports on CUDA; each writes the requests' slots of the state cache."""
+    from fi_profile.families import family_of
+    from fi_profile.replay.baseline_solutions import native_solution
+
+    definition = shipped_definition(name)
+    family = family_of(definition.op_type)
+    (native,) = family.natives(definition, None)
+    assert native.file == file
+    solution = native_solution(definition, family, native)
+    assert solution.spec.model_dump()["overwrites"] == {"state": "new_state"}
+    assert "from vllm.model_executor.layers.mamba.ops." in solution.sources[0].content

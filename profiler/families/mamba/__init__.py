@@ -129,13 +129,15 @@ def prefill_call(heads: int, head_dim: int, state: int, groups: int, slots: int,
 _VLLM_SSM = "vllm.model_executor.layers.mamba.ops.mamba_ssm"
 
 
+_VLLM_SSD = "vllm.model_executor.layers.mamba.ops.ssd_combined"
+
+
 def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
-    """vLLM's Triton selective state update, in place on the state as the engine calls it. The
-    chunked scan has none yet: vLLM's takes the chunk metadata its step builds, which the replay
-    does not rebuild."""
-    if definition.op_type != "mamba_ssu":
-        return []
-    return [Native("vllm", "vllm_mamba_ssu_decode.py", requires=_VLLM_SSM, overwrites=lambda d: {"state": "new_state"})]
+    """vLLM's Triton kernels, in place on the state as the engine calls them: the selective state
+    update, and the chunked SSD scan (its chunk metadata built in the call)."""
+    if definition.op_type == "mamba_ssu":
+        return [Native("vllm", "vllm_mamba_ssu_decode.py", requires=_VLLM_SSM, overwrites=lambda d: {"state": "new_state"})]
+    return [Native("vllm", "vllm_mamba_ssd_prefill.py", requires=_VLLM_SSD, overwrites=lambda d: {"state": "new_state"})]
 
 
 FAMILY = Family(
