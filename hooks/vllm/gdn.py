@@ -21,7 +21,7 @@ import torch
 from fi_profile.capture.kernel_call import KernelCall
 from fi_profile.capture.layers import judged_once, require, seen
 from fi_profile.families import causal_conv1d, gdn
-from fi_profile.hooks.vllm.attention import STEP
+from fi_profile.hooks.vllm.recurrent_state import layer_metadata, query_starts, state_slots
 
 #: the layer classes whose core op computes the gdn Definitions
 COVERED_CLASSES = ("QwenGatedDeltaNetAttention",)
@@ -55,43 +55,6 @@ def layer_problem(layer: Any) -> Optional[str]:
 
 def _problem(layer: Any, dtype: torch.dtype) -> Optional[str]:
     return recurrence_problem(layer, dtype) or conv_problem(layer, dtype)
-
-
-def state_cache(layer: Any, which: int = 0) -> torch.Tensor:
-    """A Gated DeltaNet or Mamba layer's state cache ``which`` (0: the conv state, 1: the
-    recurrence's): vLLM binds the layer's (conv, ssm) states, or (0.26's Gated DeltaNet) a list of
-    them per virtual engine."""
-    states = layer.kv_cache
-    if not isinstance(states[0], torch.Tensor):
-        states = states[0]
-    return states[which]
-
-
-def state_slots(layer: Any, which: int = 0) -> int:
-    """The slots of the layer's state cache ``which``: its first dimension, whatever the layout."""
-    return int(state_cache(layer, which).shape[0])
-
-
-def layer_metadata(prefix: str) -> Any:
-    from vllm.forward_context import get_forward_context
-
-    metadata = get_forward_context().attn_metadata
-    if isinstance(metadata, list):  # micro-batches: the first one's
-        metadata = metadata[0]
-    if isinstance(metadata, dict):
-        metadata = metadata.get(prefix)
-    return metadata
-
-
-def query_starts(metadata: Any, first: int, count: int) -> torch.Tensor:
-    """Requests ``first`` to ``first + count``'s query starts from 0, on the host: the step's common
-    metadata's CPU copy (decode requests come first), else the layer's own (a device copy on a GPU)."""
-    common = STEP.context.get("common")
-    source = getattr(common, "query_start_loc_cpu", None)
-    if source is None:
-        source = metadata.non_spec_query_start_loc.cpu()
-    starts = source[first:first + count + 1].to(torch.int64)
-    return starts - starts[0]
 
 
 def _prefill_starts(metadata: Any) -> Optional[torch.Tensor]:

@@ -23,7 +23,7 @@ import torch
 from fi_profile.capture.kernel_call import KernelCall
 from fi_profile.capture.layers import judged_once, require, seen
 from fi_profile.families import causal_conv1d, mamba
-from fi_profile.hooks.vllm.gdn import layer_metadata, query_starts, state_cache, state_slots
+from fi_profile.hooks.vllm.recurrent_state import layer_metadata, query_starts, state_cache, state_slots
 
 #: the layer classes whose core op computes the mamba Definitions
 COVERED_CLASSES = ("MambaMixer2",)
