@@ -100,6 +100,9 @@ def test_shipped_set_covers_llama_31_8b_and_the_moe_templates():
         # chunked scan, and its gated norm (the gate first, 8 groups)
         "causal_conv1d_decode_c10240_w4_silu_bias", "causal_conv1d_prefill_c10240_w4_silu_bias",
         "mamba_ssu_decode_h128_d64_s128_ng8", "mamba_ssd_prefill_h128_d64_s128_ng8", "gated_rmsnorm_gate_first_h8192_gs1024",
+        # DeepSeek-V3.2's sparse attention, flashinfer-trace's files: its FP8 indexer, MLA over the top-k slots
+        "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64", "dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64",
+        "dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps1",
     } == names
     # templates are bfloat16 where their computation has a model dtype (instantiated per dtype); FP8 data is FP8
     assert all(d.inputs[next(iter(d.inputs))].dtype.value in ("bfloat16", "float32", "int32", "float8_e4m3fn")

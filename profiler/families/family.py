@@ -102,6 +102,10 @@ def matmul_flops(definition: Definition, axes: Mapping[str, int]) -> Optional[fl
     return 2.0 * axes.get("batch", 1) * axes["M"] * axes["N"] * axes["K"]
 
 
+def no_outputs(definition: Definition) -> tuple[str, ...]:
+    return ()
+
+
 def no_rounding(definition: Definition) -> None:
     return None
 
@@ -140,6 +144,10 @@ class Family:
     #: to, where its reference keeps it exact (an FP8 MoE quantizes its activations again between
     #: its two GEMMs): its check's atol is that format's precision (:func:`fi_profile.replay.check.compare`)
     rounds_through: Callable[[Definition], Optional[Any]] = no_rounding
+
+    #: the Definition's outputs whose rows are sets, in any order (a top-k's indices): compared as
+    #: multisets per row (:func:`fi_profile.replay.check.compare_sets`)
+    unordered_rows: Callable[[Definition], tuple[str, ...]] = no_outputs
 
     def checks_atol_of_largest(self, op_type: str) -> bool:
         return self.atol_of_largest is True or (isinstance(self.atol_of_largest, tuple) and op_type in self.atol_of_largest)

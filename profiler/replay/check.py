@@ -1,4 +1,5 @@
-"""Correctness of one output against the reference: allclose per dtype, exact for integers."""
+"""Correctness of one output against the reference: allclose per dtype, exact for integers, or as
+sets per row (a top-k's indices, in any order)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ class Diff:
     atol: float
     rtol: float
     required_match: float
+    #: how it was judged, where not by the tolerances alone ("sets": rows as multisets)
+    method: str = ""
 
     @property
     def ratio(self) -> float:
@@ -47,6 +50,7 @@ class Diff:
             self.atol,
             self.rtol,
             self.required_match,
+            self.method or other.method,
         )
 
 
@@ -82,6 +86,29 @@ def compare(out: torch.Tensor, ref: torch.Tensor, atol_of_largest: bool = False,
     if not bool(finite.all()):
         max_rel = float("inf")
     return Diff(max_abs, max_rel, int(mismatch.sum()), ref.numel(), atol, rtol, required)
+
+
+#: the share of a set-valued row's entries that may differ from the reference's: the entries of
+#: nearly equal score at the top-k's boundary, which a kernel summing in another order may swap
+SET_MISMATCH = 0.005
+
+
+def compare_sets(out: torch.Tensor, ref: torch.Tensor) -> Diff:
+    """Each row of ``out`` against the same row of ``ref`` as a multiset of values (a top-k's
+    indices, padding included): the entries of the reference's row that ``out``'s lacks are
+    mismatches, of which :data:`SET_MISMATCH` of all entries are allowed; a row of another length,
+    or another shape, mismatches whole."""
+    out = out.to(ref.device)
+    if out.shape != ref.shape or ref.dim() == 0:
+        return Diff(float("inf"), float("inf"), ref.numel(), ref.numel(), 0.0, 0.0, 1.0 - SET_MISMATCH, "sets")
+    missing = 0
+    for mine, expected in zip(out.reshape(-1, ref.shape[-1]), ref.reshape(-1, ref.shape[-1])):
+        values, wanted = expected.unique(return_counts=True)
+        held, had = mine.unique(return_counts=True)
+        at = torch.searchsorted(held, values).clamp_max(max(held.numel() - 1, 0))
+        present = held[at] == values
+        missing += int((wanted - torch.where(present, had[at], 0)).clamp_min(0).sum())
+    return Diff(0.0, 0.0, missing, ref.numel(), 0.0, 0.0, 1.0 - SET_MISMATCH, "sets")
 
 
 def distribution_distance(samples: torch.Tensor, reference: torch.Tensor) -> float:

@@ -28,7 +28,7 @@ import torch
 from fi_profile.entry_points import load_function, outputs_by_name, run_reference
 from fi_profile.families import family_of
 from fi_profile.replay.build import BuildError, Built, build, content_hash
-from fi_profile.replay.check import Diff, compare, distribution_distance
+from fi_profile.replay.check import Diff, compare, compare_sets, distribution_distance
 from fi_profile.replay.stopping import StoppingRule
 from fi_profile.replay.timing import measure
 from fi_profile.schema.definition import Definition
@@ -527,8 +527,12 @@ def _diff_all(definition: Definition, outputs: dict[str, Any], reference: dict[s
     family = family_of(definition.op_type)
     atol_of_largest = family is not None and family.checks_atol_of_largest(definition.op_type)
     rounded_through = family.rounds_through(definition) if family is not None else None
+    as_sets = family.unordered_rows(definition) if family is not None else ()
     for name, ref in reference.items():
-        diff = compare(outputs[name], ref, atol_of_largest, rounded_through)
+        if name in as_sets:
+            diff = compare_sets(outputs[name], ref)
+        else:
+            diff = compare(outputs[name], ref, atol_of_largest, rounded_through)
         total = diff if total is None else total.merge(diff)
     assert total is not None
     return total
@@ -543,7 +547,7 @@ def _check_dict(diff: Diff, draws: int, unchecked: frozenset[str] = frozenset())
         "atol": diff.atol,
         "rtol": diff.rtol,
         "draws": draws,
-        "method": "allclose" if diff.atol or diff.rtol else "exact",
+        "method": diff.method or ("allclose" if diff.atol or diff.rtol else "exact"),
     }
 
 

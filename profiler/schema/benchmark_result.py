@@ -49,7 +49,7 @@ class Check(StrictModel):
     atol: NonNegativeFloat
     rtol: NonNegativeFloat
     draws: int = Field(ge=1)
-    method: str = "allclose"  # or "distribution" (sampling), "exact" (integers)
+    method: str = "allclose"  # or "distribution" (sampling), "exact" (integers), "sets" (a top-k's indices per row)
     #: the Definition's outputs the solution does not compute (its ``spec.computes``): not checked
     unchecked: list[str] = Field(default_factory=list)
 
