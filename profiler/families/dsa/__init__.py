@@ -56,7 +56,6 @@ FAMILY = Family(
     # a loop over chunks of tokens (the gathered keys are 4 MiB a token in float32): not compiled
     baselines=(Baseline("torch_dsa_sparse_attention.py", compiled=False),
                Baseline("torch_dsa_topk_indexer.py", constants=("topk",))),
-    check="elementwise",
     unordered_rows=unordered_rows,
     # FlashMLA's sparse kernels, DeepGEMM's paged MQA logits, the engines' top-k of the indexer: words
     # of their own, so no attention kernel of another family's call fits a DSA Definition
