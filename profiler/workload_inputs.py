@@ -9,6 +9,7 @@ from typing import Any, Optional, Union
 import torch
 from safetensors import safe_open
 
+from fi_profile.families import family_of
 from fi_profile.schema.definition import Definition
 from fi_profile.schema.dtype import torch_dtype
 from fi_profile.schema.workload import SafetensorsInput, ScalarInput, Workload
@@ -48,7 +49,7 @@ def workload_inputs(
             tensor = load_captured(root, source)
             if tensor is not None:
                 given[name] = tensor
-    axes = compact_pages(definition, dict(workload.axes), given)
+    axes = compact_slots(definition, compact_pages(definition, dict(workload.axes), given), given)
     return synthesize_inputs(definition, axes, device=device, seed=seed, given=given, scalars=scalars)
 
 
@@ -79,3 +80,28 @@ def compact_pages(definition: Definition, axes: dict[str, int], given: dict[str,
         given["slot_mapping"] = torch.where(written, renumbered * page_size + slots % page_size, slots).to(
             given["slot_mapping"].dtype)
     return {**axes, "num_pages": len(pages)}
+
+
+#: the leading axis of a recurrent layer's state cache (conv states, SSM states)
+STATE_CACHE = "state_cache_size"
+
+
+def compact_slots(definition: Definition, axes: dict[str, int], given: dict[str, Any]) -> dict[str, int]:
+    """A recurrent layer's workload with the state-cache slots it uses renumbered 1, 2, ... in their
+    order, and ``state_cache_size`` one more than they: a capture's cache is the engine's whole
+    state pool (on a GPU, a conv cache of 200k slots: 10 GiB), of which a kernel reads and writes
+    only its requests' slots (its family's :attr:`~fi_profile.families.family.Family.slot_inputs`;
+    -1 skips a request). Slot 0 stays unused, as in vLLM's pool (its null block). Changes
+    ``given``'s slot tensors in place; returns the axes to replay with."""
+    family = family_of(definition.op_type)
+    names = [name for name in (family.slot_inputs if family is not None else ())
+             if isinstance(given.get(name), torch.Tensor)]
+    if STATE_CACHE not in definition.var_axes or not names:
+        return axes
+    slots = {name: given[name].to(torch.int64) for name in names}
+    used = torch.unique(torch.cat([s[s >= 0].flatten() for s in slots.values()]))
+    if len(used) + 1 >= axes.get(STATE_CACHE, 0):
+        return axes
+    for name, s in slots.items():
+        given[name] = torch.where(s >= 0, torch.searchsorted(used, s.clamp(min=0)) + 1, s).to(given[name].dtype)
+    return {**axes, STATE_CACHE: len(used) + 1}

@@ -285,6 +285,33 @@ def test_paged_workloads_replay_on_the_pages_they_use():
     assert given["kv_indices"].tolist() == [2, 0, 2, 1] and given["kv_indices"].dtype == torch.int32
 
 
+def test_recurrent_workloads_replay_on_the_state_slots_they_use(tmp_path):
+    """A capture's state_cache_size is the engine's whole state pool (200k conv slots: 10 GiB on a
+    GPU); a workload is replayed on the slots its requests use, renumbered from 1 in order (0 is
+    vLLM's null block, which its kernels skip), -1 kept. The reference computes the same thing on
+    them."""
+    import torch
+    from safetensors.torch import save_file
+
+    from fi_profile.schema.workload import Workload
+    from fi_profile.workload_inputs import compact_slots, workload_inputs
+
+    conv = shipped_definition("causal_conv1d_decode_c8192_w4_silu")
+    save_file({"slots": torch.tensor([180_000, 7, -1, 90_000], dtype=torch.int32)}, str(tmp_path / "w.safetensors"))
+    workload = Workload.model_validate({
+        "uuid": "u", "axes": {"batch_size": 4, "state_cache_size": 200_000},
+        "inputs": {"conv_state_indices": {"type": "safetensors", "path": "w.safetensors", "tensor_key": "slots"}}})
+    inputs = workload_inputs(conv, workload, tmp_path)
+    assert inputs["conv_state"].shape == (4, 8192, 3)
+    assert inputs["conv_state_indices"].tolist() == [3, 1, -1, 2] and inputs["conv_state_indices"].dtype == torch.int32
+    ssu = shipped_definition("mamba_ssu_decode_h128_d64_s128_ng8")
+    given = {"state_batch_indices": torch.tensor([5, 5, 2], dtype=torch.int32)}
+    assert compact_slots(ssu, {"batch_size": 3, "state_cache_size": 3}, given)["state_cache_size"] == 3  # already small
+    assert given["state_batch_indices"].tolist() == [5, 5, 2]
+    given = {"cu_seqlens": torch.tensor([0, 4], dtype=torch.int32)}  # no slots given: synthesized within the cache
+    assert compact_slots(conv, {"batch_size": 1, "state_cache_size": 50}, given) == {"batch_size": 1, "state_cache_size": 50}
+
+
 def test_projection_compares_with_the_kernel_the_engine_ran_by_default(baseline_run):
     """The record's engine (vLLM, eager: its _C norm; GEMM through F.linear) decides each row's
     baseline. On this CPU vLLM's _C norm is not among the replayed solutions: the row says what

@@ -148,6 +148,10 @@ class Family:
     #: the Definition's outputs whose rows are sets, in any order (a top-k's indices): compared as
     #: multisets per row (:func:`fi_profile.replay.check.compare_sets`)
     unordered_rows: Callable[[Definition], tuple[str, ...]] = no_outputs
+    #: the inputs whose values are slots of a recurrent state cache (the inputs whose leading axis
+    #: is ``state_cache_size``; -1 skips a request): a replay renumbers the slots a workload uses and
+    #: sizes the cache to them (:func:`fi_profile.workload_inputs.compact_slots`)
+    slot_inputs: tuple[str, ...] = ()
 
     def checks_atol_of_largest(self, op_type: str) -> bool:
         return self.atol_of_largest is True or (isinstance(self.atol_of_largest, tuple) and op_type in self.atol_of_largest)

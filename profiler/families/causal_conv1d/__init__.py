@@ -101,4 +101,5 @@ FAMILY = Family(
     natives=_natives,
     # the engines' Triton (vLLM's, SGLang's) and CUDA (causal-conv1d's) kernels
     kernel_words=("causal_conv1d", "conv1d"),
+    slot_inputs=("conv_state_indices",),
 )

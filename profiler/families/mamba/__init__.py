@@ -154,4 +154,5 @@ FAMILY = Family(
                   "bmm_chunk", "mamba", "ssd"),
     natives=_natives,
     input_values=input_values,
+    slot_inputs=("state_batch_indices", "state_indices"),
 )
