@@ -36,10 +36,13 @@ def test_a_tiny_nemotron_h_is_recorded_whole_eager_and_compiled(tmp_path):
     assert len(decode) == 1 and found[decode[0]] == ATTENTION_LAYERS * decode_steps
     layers = MAMBA_LAYERS + MLP_LAYERS + ATTENTION_LAYERS
     assert found["rmsnorm_h256"] + found["fused_add_rmsnorm_inplace_h256"] == (layers + 1) * steps
-    compiled = capture(tmp_path, "nemotron-h-compiled", model=model, single_process=True, eager=False,
-                       kernel_accounting=False)
+    compiled = capture(tmp_path, "nemotron-h-compiled", model=model, single_process=True, eager=False)
     assert counts(compiled) == found
     assert not compiled["record"]["run"]["not_covered"] and not compiled["record"]["run"]["hook_errors"]
+    # the mixer's core op is placed between its input projection and its gated norm, as it runs
+    measured = compiled["record"]["run"]["engine_kernels"]
+    assert measured["attributed_share"] >= 0.95, measured["unattributed"]
+    assert measured["by_definition"][SSU]["ms"] > 0 and measured["by_definition"][SSD]["ms"] > 0
 
     from fi_profile.cli import app
 

@@ -114,10 +114,12 @@ POINTS = [
     HookPoint(f"{_LAYERS}.attention.mla_attention", "MLACommonMetadataBuilder", ("build",), "step",
               vllm_mla.metadata_builder, optional=True, boundary=True),
     HookPoint(f"{_LAYERS}.fused_moe.runner.moe_runner", "MoERunner", ("forward",), moe.KEY, vllm_moe.layer_calls),
+    # the recurrent layers: their core op (conv1d, recurrence) runs after the input projections and
+    # before the gated norm, which is hooked on its own
     HookPoint(_GDN_MODULE, "QwenGatedDeltaNetAttention", ("forward",), gdn.KEY, vllm_gdn.layer_calls, live=True,
-              traced=vllm_gdn.traced_layer_calls, optional=True),
+              traced=vllm_gdn.traced_layer_calls, optional=True, traced_before=rmsnorm.KEY),
     HookPoint(_MAMBA2_MODULE, "MambaMixer2", ("forward",), mamba.KEY, vllm_mamba2.layer_calls, live=True,
-              traced=vllm_mamba2.traced_layer_calls, optional=True),
+              traced=vllm_mamba2.traced_layer_calls, optional=True, traced_before=rmsnorm.KEY),
     *(
         HookPoint(f"vllm.v1.attention.backends.{module}", builder, ("build",), "step", attention.metadata_builder,
                   optional=True, boundary=True)

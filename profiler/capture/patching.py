@@ -92,6 +92,10 @@ class HookPoint:
     #: where it records nothing itself, the op of the next call whose kernels its own are, in a CUDA
     #: graph (SGLang's ``TopK`` before its experts: the routing is part of the MoE Definition)
     feeds: str = ""
+    #: in a traced forward, its template goes before its first inner call of this op, not after
+    #: them all: the order its kernels run in (a recurrent layer's core op runs before its gated
+    #: norm, an inner call hooked on its own)
+    traced_before: str = ""
 
 
 def observe(op: str, make_calls: Callable[[], Sequence[Optional[KernelCall]]], live: bool = False,
@@ -113,24 +117,27 @@ def observe(op: str, make_calls: Callable[[], Sequence[Optional[KernelCall]]], l
 
 def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls, live: bool = False, nested: tuple[str, ...] = (),
          cls: Optional[type] = None, traced: Optional[ToCalls] = None, outside_forward: bool = False,
-         feeds: str = "") -> Callable[..., Any]:
+         feeds: str = "", traced_before: str = "") -> Callable[..., Any]:
     """``fn`` hooked: ``to_calls`` gets the arguments it names, read by name from ``fn``'s
     signature (or, for a dispatcher on ``cls``, from the method it dispatches to). While
     torch.compile traces ``fn``, ``traced`` (default ``to_calls``) records a template instead
     (:mod:`fi_profile.capture.traced`); nothing is added to the traced graph. A call, unless
     ``outside_forward``, shows that the step's model forward ran where the hooks see it; one that
-    records nothing in a CUDA graph being captured gives its nodes to the next call of op ``feeds``."""
+    records nothing in a CUDA graph being captured gives its nodes to the next call of op ``feeds``;
+    traced, its template goes before its first inner call of op ``traced_before``, where one is given."""
     read = argument_reader(fn, to_calls, cls)
     in_forward = not outside_forward
     trace_calls = traced or to_calls
     trace_read = read if traced is None else argument_reader(fn, traced, cls)
 
     def at_trace(ctx: Any) -> None:
-        traced_calls.at_trace(ctx, op, trace_calls, trace_read)
+        traced_calls.at_trace(ctx, op, trace_calls, trace_read, traced_before)
 
     @functools.wraps(fn)
     def hooked(*args: Any, **kwargs: Any) -> Any:
         if _is_compiling():  # Dynamo traces this: a template, recorded while it traces, after the
+            if traced_before:
+                comptime(traced_calls.at_entry)
             result = fn(*args, **kwargs)  # call (its inputs are graph inputs by then: their order kept)
             comptime(at_trace)
             return result
@@ -270,7 +277,7 @@ def _install_functions(module: Any, point: HookPoint, installed: list[str], miss
             continue
         try:
             hooked = wrap(raw, point.op, point.to_calls, point.live, point.nested, None, point.traced,
-                          point.outside_forward, point.feeds)
+                          point.outside_forward, point.feeds, point.traced_before)
         except SignatureMismatch as exc:
             missing.append(f"{point.module}.{name}: {exc}"[:300])
             continue
@@ -327,7 +334,7 @@ def install(points: Sequence[HookPoint]) -> tuple[list[str], list[str]]:
                     hooked = wrap_boundary(raw, point.op, point.to_calls, cls, point.raw)
                 else:
                     hooked = wrap(raw, point.op, point.to_calls, point.live, point.nested, cls, point.traced,
-                                  point.outside_forward, point.feeds)
+                                  point.outside_forward, point.feeds, point.traced_before)
             except SignatureMismatch as exc:  # the engine's method changed: not hooked, and said so
                 missing.append(f"{point.cls}.{method}: {exc}"[:300])
                 found = True

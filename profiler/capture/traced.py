@@ -63,6 +63,8 @@ class Trace:
     #: size symbol -> (the forward's argument name, dimension)
     symbols: dict[str, tuple[str, int]]
     templates: list[Template] = field(default_factory=list)
+    #: where the templates of hooked methods being traced began (:func:`at_entry`), innermost last
+    entries: list[int] = field(default_factory=list)
     #: how its calls ran, for the record: ``compiled`` (inside a torch.compile graph) or
     #: ``cuda_graph`` (each its own kernel, replayed from a CUDA graph)
     where: str = "compiled"
@@ -137,13 +139,29 @@ NOT_TRACED_YET = _NotTracedYet()
 TRACES: dict[CodeType, Trace] = {}
 
 
-def at_trace(ctx: Any, op: str, to_calls: Callable[..., Any], read: Callable[..., dict]) -> None:
-    """The ``comptime`` callback of a hooked method being traced (``ctx``: Dynamo's context)."""
+def _trace(ctx: Any) -> tuple[Trace, Any]:
+    """The trace ``ctx`` (Dynamo's context) records into (a new one where Dynamo restarted), and its root."""
     tx = ctx._ComptimeContext__tx  # noqa: SLF001 - the translator: which forward this trace is of
     root = tx.output.root_tx
     trace = TRACES.get(root.f_code)
     if trace is None or trace.output_graph != id(tx.output):
         trace = TRACES[root.f_code] = Trace(id(tx.output), {})
+    return trace, root
+
+
+def at_entry(ctx: Any) -> None:
+    """The ``comptime`` callback as a hooked method whose template goes before one of its inner
+    calls (:func:`at_trace`'s ``before``) begins to be traced: where its inner calls' templates start."""
+    trace, _ = _trace(ctx)
+    trace.entries.append(len(trace.templates))
+
+
+def at_trace(ctx: Any, op: str, to_calls: Callable[..., Any], read: Callable[..., dict], before: str = "") -> None:
+    """The ``comptime`` callback of a hooked method being traced (``ctx``: Dynamo's context). Its
+    template follows the templates of the calls it made, or, ``before`` an op, goes before its first
+    inner call of that op (a recurrent layer's core runs between its input projections and its
+    gated norm; its hook is on the layer, whose other calls are hooked on their own)."""
+    trace, root = _trace(ctx)
     for symbol, where in _size_symbols(root).items():  # the forward's arguments used so far
         trace.symbols.setdefault(symbol, where)
 
@@ -152,7 +170,11 @@ def at_trace(ctx: Any, op: str, to_calls: Callable[..., Any], read: Callable[...
         kwargs = _value(ctx.get_local("kwargs")._i_will_not_complain_if_bc_breaks_VariableTracker())
         return to_calls(**read(tuple(args), dict(kwargs)))
 
-    trace.templates.append(template(op, make_calls, "traced"))
+    made = template(op, make_calls, "traced")
+    start = trace.entries.pop() if before and trace.entries else len(trace.templates)
+    at = next((i for i in range(start, len(trace.templates)) if trace.templates[i].op == before),
+              len(trace.templates))
+    trace.templates.insert(at, made)
 
 
 def template(op: str, make_calls: Callable[[], Any], while_: str = "captured") -> Template:
