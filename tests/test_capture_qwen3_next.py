@@ -79,3 +79,35 @@ def test_a_tiny_qwen3_next_is_complete_in_eager_and_compiled_runs_and_its_recurr
     assert {r["kernel_id"] for r in results} == set(names)
     assert {r["source"].rsplit("__", 1)[-1] for r in results} >= {"reference", "torch"}
     assert all(r["status"] == "passed" for r in results), [(r["source"], r["status"], r.get("error")) for r in results]
+
+
+#: the gated attention layer's fused prologue (16 of its 64 dimensions rotated)
+QK_NORM_ROPE = "qk_rmsnorm_rope_gate_with_cos_sin_cache_neox_style_h4_kv2_d64_rd16"
+
+
+def test_the_gated_attention_s_fused_q_k_norm_and_rope_is_one_call_per_layer_and_step(tmp_path):
+    """On CUDA, vLLM's gated attention runs its q/k norms, RoPE and gate split as one Triton kernel,
+    past the norm and RoPE layers' hooks (an H100 capture listed them as never called). Forced here,
+    with that kernel in PyTorch: one ``qk_norm_rope`` call per layer and step takes their place, the
+    record is complete, eager and compiled alike, and the Definition replays."""
+    model = str(MODELS / "tiny-qwen3-next")
+    env = {"FI_PROFILE_TEST_FUSED_QK_NORM_ROPE": "1"}
+    eager = capture(tmp_path, "fused-eager", model=model, single_process=True, env=env)
+    run = eager["record"]["run"]
+    assert not run["not_covered"] and not run["hook_errors"] and not run.get("incomplete"), run
+    found = counts(eager)
+    steps, _ = steps_of(eager)
+    assert found[QK_NORM_ROPE] == ATTENTION_LAYERS * steps
+    assert not [k for k in found if k.startswith(("rope_", "gemma_rmsnorm_h64"))], found
+    compiled = capture(tmp_path, "fused-compiled", model=model, single_process=True, eager=False, env=env)
+    assert counts(compiled) == found
+    assert not compiled["record"]["run"]["not_covered"] and not compiled["record"]["run"].get("incomplete")
+
+    from fi_profile.cli import app
+
+    replayed = CliRunner().invoke(app, ["replay", str(eager["out_dir"]), "--definitions", QK_NORM_ROPE, "--device",
+                                        "cpu", "--min-time", "0.01", "--max-workloads", "2", "--out", str(tmp_path / "r")])
+    assert replayed.exit_code == 0, replayed.output
+    results = [json.loads(line) for line in (tmp_path / "r" / "results.jsonl").read_text().splitlines()]
+    assert {r["source"].rsplit("__", 1)[-1] for r in results} >= {"reference", "torch"}
+    assert all(r["status"] == "passed" for r in results), [(r["source"], r["status"], r.get("error")) for r in results]

@@ -87,6 +87,8 @@ def test_shipped_set_covers_llama_31_8b_and_the_moe_templates():
         "moe_bf16_renorm_topk4_e32_h2880_i2880_swigluoai_bias", "moe_mxfp4_renorm_topk4_e32_h2880_i2880_swigluoai_bias",
         "rope_yarn_neox_style_h64_kv8_d64_theta150000_f32_ctx4096_untruncated",
         "rope_neox_style_h16_kv2_d256_rd64_theta10000000",
+        # Qwen3-Next's gated attention on CUDA: q/k norms, partial RoPE and the gate split in one kernel
+        "qk_rmsnorm_rope_gate_with_cos_sin_cache_neox_style_h16_kv2_d256_rd64",
         # Llama-4-Scout: its chunked local attention layers, its MoE routing, its weightless q/k norm
         *(f"gqa_paged_{kind}_h40_kv8_d128_ps{ps}_chunk8192" for kind in ("decode", "prefill_causal") for ps in (1, 16)),
         "moe_bf16_llama4_routing_topk1_e16_h5120_i8192", "rmsnorm_noweight_h128_float32",

@@ -25,12 +25,13 @@ from fi_profile.families import (
     mamba,
     mla,
     moe,
+    qk_norm_rope,
     rmsnorm,
     rope,
     sampling,
     silu_and_mul,
 )
-from fi_profile.hooks.vllm import attention, steps
+from fi_profile.hooks.vllm import attention, gated_attention, steps
 from fi_profile.hooks.vllm import fp8_linear as vllm_fp8
 from fi_profile.hooks.vllm import gdn as vllm_gdn
 from fi_profile.hooks.vllm import mamba2 as vllm_mamba2
@@ -93,6 +94,9 @@ POINTS = [
     HookPoint(f"{_LAYERS}.rotary_embedding.base", "RotaryEmbedding", ("forward",), rope.KEY, rope.layer_calls),
     HookPoint(f"{_LAYERS}.rotary_embedding.deepseek_scaling_rope", "DeepseekScalingRotaryEmbedding", ("forward",),
               rope.KEY, rope.layer_calls),
+    # Qwen3-Next's and Qwen3.5's gated attention: on CUDA its q/k norms and RoPE in one fused kernel
+    HookPoint("vllm.model_executor.models.qwen3_next", "Qwen3NextAttention", ("_project_qkv_gate",), qk_norm_rope.KEY,
+              gated_attention.layer_calls, optional=True),
     HookPoint(f"{_LAYERS}.linear", "UnquantizedLinearMethod", ("apply",), gemm.KEY, gemm.linear_calls),
     # block-scale FP8 linear layers: the activations' quantization, then the GEMM
     HookPoint(f"{_LAYERS}.quantization.fp8", "Fp8LinearMethod", ("apply",), fp8_linear.KEY, vllm_fp8.linear_calls),
