@@ -214,3 +214,16 @@ def test_a_layer_sglang_ran_as_pytorch_code_has_pytorch_as_the_engines_kernel():
     # vLLM: its compiled forward's kernels are Inductor's whatever they are named
     assert RMSNORM.engine_kernel(EngineRun("vLLM", "compiled and cuda_graph", "TRITON_ATTN", gemma3_norm),
                                  norm).label == "torch_compile"
+
+
+def test_a_native_s_modules_of_another_engine_version_are_looked_for_without_error():
+    """A native names its kernel's module in each engine version it knows (vLLM moved its FLA copy);
+    one whose parent package is missing here is absent, not an error (``find_spec`` raises there)."""
+    from fi_profile.replay.baseline_solutions import _importable
+
+    assert _importable("fi_profile.families") and not _importable("fi_profile.no_such_package.ops")
+    gdn = family_of("gdn")
+    for name, file in (("gdn_decode_qk4_v8_d128_k_last", "vllm_gdn_decode.py"),
+                       ("gdn_prefill_qk4_v8_d128_k_last", "vllm_gdn_prefill.py")):
+        natives = gdn.natives(shipped_definition(name), None)
+        assert [n.file for n in natives] == [file] and len(natives[0].requires) == 2

@@ -149,6 +149,16 @@ def native_solution(definition: Definition, family: Family, native: Native) -> S
                      f"{native.library}'s kernel, as the engine calls it", siblings, overwrites, computes)
 
 
+def _importable(module: str) -> bool:
+    """``module`` is there (a dotted name whose parent package is missing is not: another version)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
 def native_solutions(definition: Definition) -> list[Solution]:
     """vLLM / FlashInfer kernels for this Definition, when the library imports here (CUDA only)."""
     import importlib.util
@@ -162,7 +172,7 @@ def native_solutions(definition: Definition) -> list[Solution]:
         if importlib.util.find_spec(native.library) is None:
             continue
         modules = (native.requires,) if isinstance(native.requires, str) else native.requires or ()
-        if modules and not any(importlib.util.find_spec(module) is not None for module in modules):
+        if modules and not any(_importable(module) for module in modules):
             continue  # e.g. a vLLM build without its MoE kernels
         found.append(native_solution(definition, family, native))
     return found

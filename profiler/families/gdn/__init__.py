@@ -21,7 +21,7 @@ import torch
 
 from fi_profile.capture.definition_factory import definition_for
 from fi_profile.capture.kernel_call import KernelCall, cached_definition
-from fi_profile.families.family import Baseline, Family
+from fi_profile.families.family import Baseline, Family, Native
 from fi_profile.schema.definition import Definition
 from fi_profile.schema.dtype import DType, schema_dtype
 
@@ -95,6 +95,19 @@ def step_calls(heads: int, v_heads: int, decodes: int, prefill_starts: Optional[
     return calls
 
 
+#: where vLLM keeps its copy of flash-linear-attention's kernels (Triton: CUDA only), by version
+_VLLM_FLA = ("vllm.third_party.flash_linear_attention.ops", "vllm.model_executor.layers.fla.ops")
+
+
+def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
+    """vLLM's Triton kernels: the fused gating + recurrence for decode, the chunked rule for prefill
+    (FlashInfer's GDN kernels are not offered: its prefill needs the CuTe DSL package)."""
+    for kind in ("decode", "prefill"):  # not the dataset's multi-token gdn_mtp_* (no capture makes them yet)
+        if definition.name.startswith(f"gdn_{kind}_"):
+            return [Native("vllm", f"vllm_gdn_{kind}.py", requires=_VLLM_FLA)]
+    return []
+
+
 FAMILY = Family(
     key=KEY,
     package=__name__,
@@ -105,5 +118,6 @@ FAMILY = Family(
                Baseline("torch_gdn_prefill.py", compiled=False)),
     # FLA's Triton kernels (vLLM's and SGLang's vendored copies) and FlashInfer's: never a GEMM's
     kernel_words=("gated_delta", "delta_rule", "gdn", "solve_tril", "kkt", "recompute_w_u", "chunk_local_cumsum"),
+    natives=_natives,
     input_values=input_values,
 )
