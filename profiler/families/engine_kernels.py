@@ -3,7 +3,7 @@ op (norms, activations, RoPE) and an unquantized linear or embedding layer's tor
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 from fi_profile.families.family import EngineKernel, EngineRun
 from fi_profile.schema.definition import Definition
@@ -60,3 +60,19 @@ def custom_op(run: EngineRun, definition: Definition) -> Optional[EngineKernel]:
 
 def torch_call(run: EngineRun, definition: Definition) -> Optional[EngineKernel]:
     return EngineKernel("torch", "F.linear / F.embedding (cuBLAS), as unquantized layers call them")
+
+
+def vllm_triton(what: str) -> Callable[[EngineRun, Definition], Optional[EngineKernel]]:
+    """For a family whose vLLM kernels are Triton (CUDA) and whose native is labelled ``vllm``: that
+    native where vLLM ran on a GPU, as the accounting's kernel names say (a CPU run's are operators,
+    ``aten::...``, ``_C::...``); its CPU path otherwise, which the replay has none of; unknown
+    where the accounting names nothing."""
+    def engine_kernel(run: EngineRun, definition: Definition) -> Optional[EngineKernel]:
+        if run.framework != "vLLM" or not run.kernels:
+            return None
+        if all("::" in name for name in run.kernels):
+            return EngineKernel(None, f"vLLM's CPU path for {definition.op_type} ({len(run.kernels)} kinds of "
+                                      "operators), which the replay has no solution of")
+        return EngineKernel("vllm", f"vLLM's Triton {what}")
+
+    return engine_kernel

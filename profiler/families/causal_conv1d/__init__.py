@@ -20,6 +20,7 @@ import torch
 
 from fi_profile.capture.definition_factory import definition_for
 from fi_profile.capture.kernel_call import KernelCall, cached_definition
+from fi_profile.families import engine_kernels
 from fi_profile.families.family import Baseline, Family, Native
 from fi_profile.schema.definition import Definition
 from fi_profile.schema.dtype import DType, schema_dtype
@@ -99,6 +100,7 @@ FAMILY = Family(
                # one depthwise conv per sequence, as many as the step has: not compiled
                Baseline("torch_causal_conv1d_prefill.py", compiled=False)),
     natives=_natives,
+    engine_kernel=engine_kernels.vllm_triton("causal_conv1d_update / causal_conv1d_fn"),
     # the engines' Triton (vLLM's, SGLang's) and CUDA (causal-conv1d's) kernels
     kernel_words=("causal_conv1d", "conv1d"),
     slot_inputs=("conv_state_indices",),

@@ -21,6 +21,7 @@ import torch
 
 from fi_profile.capture.definition_factory import definition_for
 from fi_profile.capture.kernel_call import KernelCall, cached_definition
+from fi_profile.families import engine_kernels
 from fi_profile.families.family import Baseline, Family, Native
 from fi_profile.schema.definition import Definition
 from fi_profile.schema.dtype import DType, schema_dtype
@@ -119,5 +120,7 @@ FAMILY = Family(
     # FLA's Triton kernels (vLLM's and SGLang's vendored copies) and FlashInfer's: never a GEMM's
     kernel_words=("gated_delta", "delta_rule", "gdn", "solve_tril", "kkt", "recompute_w_u", "chunk_local_cumsum"),
     natives=_natives,
+    # decode-only steps run its packed decode kernel: the same recurrence on the packed projections
+    engine_kernel=engine_kernels.vllm_triton("flash-linear-attention kernels"),
     input_values=input_values,
 )

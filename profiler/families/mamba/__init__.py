@@ -23,6 +23,7 @@ import torch
 
 from fi_profile.capture.definition_factory import definition_for
 from fi_profile.capture.kernel_call import KernelCall, cached_definition
+from fi_profile.families import engine_kernels
 from fi_profile.families.family import Baseline, Family, Native
 from fi_profile.schema.definition import Definition
 from fi_profile.schema.dtype import DType, schema_dtype
@@ -153,6 +154,7 @@ FAMILY = Family(
     kernel_words=("selective_scan", "selective_state", "chunk_scan", "chunk_state", "chunk_cumsum", "state_passing",
                   "bmm_chunk", "mamba", "ssd"),
     natives=_natives,
+    engine_kernel=engine_kernels.vllm_triton("selective state update / chunked scan kernels"),
     input_values=input_values,
     slot_inputs=("state_batch_indices", "state_indices"),
 )
