@@ -339,6 +339,11 @@ def test_ranges_are_per_thread():
     ("aten::mm", ("mm",), True),
     ("aten::comm_split", ("mm",), False),  # short words only as words
     ("triton_poi_fused_3", KERNEL_WORDS["rope"], False),
+    # the Gated DeltaNet prefill's prologue in vLLM 0.3x (its gates and L2 norms), and vLLM's fused
+    # gated-attention prologue: their families' kernels, not the neighbouring conv1d's or norm's alone
+    ("_fused_post_conv_kernel", KERNEL_WORDS["gdn"], True),
+    ("_fused_post_conv_kernel", KERNEL_WORDS["causal_conv1d"], False),
+    ("_fused_qk_rmsnorm_rope_gate_kernel", KERNEL_WORDS["qk_norm_rope"], True),
 ])
 def test_kernel_names_fit_a_familys_words(name, words, fits):
     assert words_fit(name, words) is fits

@@ -117,8 +117,10 @@ FAMILY = Family(
     baselines=(Baseline("torch_gdn_decode.py"),
                # a Python loop over the positions, as many as the longest sequence: not compiled
                Baseline("torch_gdn_prefill.py", compiled=False)),
-    # FLA's Triton kernels (vLLM's and SGLang's vendored copies) and FlashInfer's: never a GEMM's
-    kernel_words=("gated_delta", "delta_rule", "gdn", "solve_tril", "kkt", "recompute_w_u", "chunk_local_cumsum"),
+    # FLA's Triton kernels (vLLM's and SGLang's vendored copies) and FlashInfer's: never a GEMM's; vLLM
+    # 0.3x's prefill prologue (gates, L2 norms: ``_fused_post_conv_kernel``) and FLA's ``l2norm_fwd_kernel``
+    kernel_words=("gated_delta", "delta_rule", "gdn", "solve_tril", "kkt", "recompute_w_u", "chunk_local_cumsum",
+                  "fused_post_conv", "l2norm_fwd"),
     natives=_natives,
     # decode-only steps run its packed decode kernel: the same recurrence on the packed projections
     engine_kernel=engine_kernels.vllm_triton("flash-linear-attention kernels"),
