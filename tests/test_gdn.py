@@ -159,3 +159,19 @@ def test_gated_deltanets_norm_is_a_gated_rmsnorm_and_its_other_forms_are_named()
         layer.weight.copy_(inputs["weight"].to(layer.weight.dtype))
         native = layer.forward_native(inputs["hidden_states"], inputs["gate"])  # vLLM's own PyTorch form
     assert compare(native.to(expected.dtype), expected).ok
+
+
+def test_a_chunked_prefill_s_state_is_judged_at_the_activations_precision_a_decode_step_s_at_float32():
+    """A chunked prefill rounds its chunk-to-chunk products to bfloat16 (flash-linear-attention's:
+    its state off by ~1e-3 at magnitude 4.6 on float16 inputs, under Triton's interpreter), which
+    the float32 reference does not; a decode step's recurrence is float32 throughout."""
+    from fi_profile.catalog import shipped_definition
+
+    family = gdn.FAMILY
+    prefill, decode = (shipped_definition(f"gdn_{kind}_qk4_v8_d128_k_last") for kind in ("prefill", "decode"))
+    assert family.rounds_through(prefill) is torch.bfloat16 and family.rounds_through(decode) is None
+    state = torch.randn(3, 8, 128, 128) * 1.5
+    off = state + 2e-3 * torch.randn_like(state).sign()
+    largest = family.checks_atol_of_largest("gdn")
+    assert compare(off, state, largest, family.rounds_through(prefill)).ok
+    assert not compare(off, state, largest, family.rounds_through(decode)).ok

@@ -18,7 +18,8 @@ TOLERANCES: dict[torch.dtype, tuple[float, float, float]] = {
     torch.float8_e5m2: (1e-1, 1e-1, 0.95),
 }
 #: a narrow format -> its relative precision (half its spacing at 1): the error a value rounded to it carries
-PRECISION: dict[torch.dtype, float] = {torch.float8_e4m3fn: 2.0 ** -4, torch.float8_e5m2: 2.0 ** -3}
+PRECISION: dict[torch.dtype, float] = {torch.float8_e4m3fn: 2.0 ** -4, torch.float8_e5m2: 2.0 ** -3,
+                                       torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 
 
 @dataclass

@@ -96,6 +96,18 @@ def step_calls(heads: int, v_heads: int, decodes: int, prefill_starts: Optional[
     return calls
 
 
+def _rounds_through(definition: Definition) -> Optional[torch.dtype]:
+    """A chunked prefill (flash-linear-attention's, FlashInfer's) carries the state from chunk to
+    chunk through products rounded to the activations' dtype (the chunk's inverted triangular
+    system, its ``w`` and ``u``), which the reference's token-by-token recurrence keeps in float32:
+    the activations' precision bounds the check of its state and output, times their largest
+    magnitude (``atol_of_largest``). A decode step's recurrence is float32 throughout."""
+    if not definition.name.startswith("gdn_prefill_"):
+        return None
+    spec = definition.inputs.get("v")
+    return torch.float16 if spec is not None and spec.dtype is DType.float16 else torch.bfloat16
+
+
 #: where vLLM keeps its copy of flash-linear-attention's kernels (Triton: CUDA only), by version
 _VLLM_FLA = ("vllm.third_party.flash_linear_attention.ops", "vllm.model_executor.layers.fla.ops")
 
@@ -125,4 +137,6 @@ FAMILY = Family(
     # decode-only steps run its packed decode kernel: the same recurrence on the packed projections
     engine_kernel=engine_kernels.vllm_triton("flash-linear-attention kernels"),
     input_values=input_values,
+    rounds_through=_rounds_through,
+    atol_of_largest=True,
 )
