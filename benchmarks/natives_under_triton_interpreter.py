@@ -8,7 +8,9 @@ into a scratch package with what they import of vLLM besides (its platform, two 
 the CPU's; Triton's autotuner is given no timing (every config equal). Two emulation limits of the
 interpreter are worked around, not the kernels: it runs ``for`` loops over Python ints (FLA's
 ``i_t.to(tl.int64)`` becomes ``tl.cast``), and its ``tl.dot`` on bfloat16 is wrong (numpy has none), so
-the chunked prefill is checked on float16 inputs.
+the chunked prefill is checked on float16 inputs. vLLM's conv1d and Mamba-2 kernels do not run
+under it (Triton 3.9's interpreter rejects their masks combined with a loaded scalar: "mask has
+unsupported dtype"), so their natives are not checked here.
 
 Needs torch (CPU) and triton, without vLLM, e.g. in a venv of their own:
 
