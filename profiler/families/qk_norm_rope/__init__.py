@@ -16,7 +16,8 @@ import torch
 
 from fi_profile.capture.definition_factory import definition_for
 from fi_profile.capture.kernel_call import KernelCall, cached_definition, dtype_suffix, rows
-from fi_profile.families.family import Baseline, EngineKernel, EngineRun, Family, Native
+from fi_profile.families import engine_kernels
+from fi_profile.families.family import Baseline, Family, Native
 from fi_profile.schema.definition import Definition
 from fi_profile.schema.dtype import DType, schema_dtype
 
@@ -67,13 +68,6 @@ def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
     return [Native("vllm", "vllm_qk_rmsnorm_rope_gate.py", constants=("EPS",), requires=_VLLM_KERNEL)]
 
 
-def _engine_kernel(run: EngineRun, definition: Definition) -> Optional[EngineKernel]:
-    """vLLM's Triton kernel, eager and in its compiled forward alike (Inductor calls it as it is)."""
-    if run.framework == "vLLM":
-        return EngineKernel("vllm", "vLLM's Triton kernel fused_qk_rmsnorm_rope_gate")
-    return None
-
-
 FAMILY = Family(
     key=KEY,
     package=__name__,
@@ -81,7 +75,8 @@ FAMILY = Family(
     templates=(TEMPLATE,),
     baselines=(Baseline("torch_qk_norm_rope.py", ("EPS",)),),
     natives=_natives,
-    engine_kernel=_engine_kernel,
+    # eager and in its compiled forward alike (Inductor calls a Triton kernel as it is)
+    engine_kernel=engine_kernels.vllm_triton("kernel fused_qk_rmsnorm_rope_gate"),
     # vLLM's ``_fused_qk_rmsnorm_rope_gate_kernel``
     kernel_words=("qk_rmsnorm_rope", "rmsnorm_rope"),
     reduces=True,
