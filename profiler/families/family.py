@@ -137,8 +137,8 @@ class Family:
     check: str = "elementwise"
     #: its outputs are sums of rounded terms larger than themselves (a MoE layer's experts, an FP8
     #: GEMM's products): the elementwise check's atol is taken relative to the reference output's
-    #: largest magnitude; True for all its op types, or the op types it applies to
-    atol_of_largest: Union[bool, tuple[str, ...]] = False
+    #: largest magnitude; True for all its op types, the op types it applies to, or a test of the Definition
+    atol_of_largest: Union[bool, tuple[str, ...], Callable[[Definition], bool]] = False
 
     #: the narrower format the engines' kernels round an intermediate of a Definition's computation
     #: to, where its reference keeps it exact (an FP8 MoE quantizes its activations again between
@@ -153,8 +153,11 @@ class Family:
     #: sizes the cache to them (:func:`fi_profile.workload_inputs.compact_slots`)
     slot_inputs: tuple[str, ...] = ()
 
-    def checks_atol_of_largest(self, op_type: str) -> bool:
-        return self.atol_of_largest is True or (isinstance(self.atol_of_largest, tuple) and op_type in self.atol_of_largest)
+    def checks_atol_of_largest(self, definition: Definition) -> bool:
+        if callable(self.atol_of_largest):
+            return bool(self.atol_of_largest(definition))
+        return self.atol_of_largest is True or (isinstance(self.atol_of_largest, tuple)
+                                                and definition.op_type in self.atol_of_largest)
     #: the kernel the engine ran for a Definition of the family, or None where unknown
     engine_kernel: Callable[[EngineRun, Definition], Optional[EngineKernel]] = unknown_engine_kernel
     #: the words the engines' kernels of the family are named with, as the profiler reports them

@@ -525,7 +525,7 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
 def _diff_all(definition: Definition, outputs: dict[str, Any], reference: dict[str, Any]) -> Diff:
     total: Optional[Diff] = None
     family = family_of(definition.op_type)
-    atol_of_largest = family is not None and family.checks_atol_of_largest(definition.op_type)
+    atol_of_largest = family is not None and family.checks_atol_of_largest(definition)
     rounded_through = family.rounds_through(definition) if family is not None else None
     as_sets = family.unordered_rows(definition) if family is not None else ()
     for name, ref in reference.items():

@@ -96,13 +96,17 @@ def step_calls(heads: int, v_heads: int, decodes: int, prefill_starts: Optional[
     return calls
 
 
+def _chunked(definition: Definition) -> bool:
+    return definition.name.startswith("gdn_prefill_")
+
+
 def _rounds_through(definition: Definition) -> Optional[torch.dtype]:
     """A chunked prefill (flash-linear-attention's, FlashInfer's) carries the state from chunk to
     chunk through products rounded to the activations' dtype (the chunk's inverted triangular
     system, its ``w`` and ``u``), which the reference's token-by-token recurrence keeps in float32:
     the activations' precision bounds the check of its state and output, times their largest
-    magnitude (``atol_of_largest``). A decode step's recurrence is float32 throughout."""
-    if not definition.name.startswith("gdn_prefill_"):
+    magnitude (``atol_of_largest``). A decode step's recurrence is float32 throughout: judged as such."""
+    if not _chunked(definition):
         return None
     spec = definition.inputs.get("v")
     return torch.float16 if spec is not None and spec.dtype is DType.float16 else torch.bfloat16
@@ -138,5 +142,5 @@ FAMILY = Family(
     engine_kernel=engine_kernels.vllm_triton("flash-linear-attention kernels"),
     input_values=input_values,
     rounds_through=_rounds_through,
-    atol_of_largest=True,
+    atol_of_largest=_chunked,
 )
