@@ -153,6 +153,10 @@ FAMILY = Family(
     # FlashInfer's: never a GEMM's
     kernel_words=("selective_scan", "selective_state", "chunk_scan", "chunk_state", "chunk_cumsum", "state_passing",
                   "bmm_chunk", "mamba", "ssd"),
+    # the chunked scan returns each sequence's last state by a gather (``states[last_chunk_indices]``),
+    # which vLLM's mixer scatters into the state cache (``ssm_state[state_indices] = ...``): the
+    # Definition's own work, its state cache being its input and output
+    tail_words=("gather", "index_put"),
     natives=_natives,
     engine_kernel=engine_kernels.vllm_triton("selective state update / chunked scan kernels"),
     input_values=input_values,

@@ -229,6 +229,9 @@ FAMILY = Family(
     natives=_natives,
     engine_kernel=_engine_kernel,
     # FLA's gated norm (vLLM's RMSNormGated on CUDA) is a layer-norm kernel of its RMS form
-    kernel_words=("rms", "rmsnorm", "rms_norm", "rsqrt", "layer_norm_fwd"),
+    # Inductor names a kernel after the ops fused into it: a norm's variance is ``mean_mul_pow``, also
+    # where it split the norm and its reduction is named after a gate's SiLU besides (vLLM's
+    # compiled Mamba-2 gated norm: ``triton_red_fused__to_copy_mean_mul_pow_silu_view_0``)
+    kernel_words=("rms", "rmsnorm", "rms_norm", "rsqrt", "layer_norm_fwd", "mean_mul_pow"),
     reduces=True,
 )
