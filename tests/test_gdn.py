@@ -175,3 +175,23 @@ def test_a_chunked_prefill_s_state_is_judged_at_the_activations_precision_a_deco
     assert family.checks_atol_of_largest(prefill) and not family.checks_atol_of_largest(decode)
     assert compare(off, state, True, family.rounds_through(prefill)).ok
     assert not compare(off, state, False, family.rounds_through(decode)).ok
+
+
+def test_a_chunked_prefill_s_output_is_judged_at_its_state_s_magnitude():
+    """vLLM 0.26's FLA prefill on an H100 (Qwen3-Next at TP=4): 1 of 2.3M outputs 0.0103 off where
+    the reference is 7e-6, beyond bfloat16's atol of 0.01 (the outputs' largest magnitude is below
+    1): each chunk's output is read from its chunk-start state rounded to bfloat16, whose magnitude
+    is the state's. The replay's check scales the output's atol by the state's largest magnitude."""
+    from fi_profile.catalog import shipped_definition
+    from fi_profile.replay.evaluate import _diff_all
+
+    prefill, decode = (shipped_definition(f"gdn_{kind}_qk4_v8_d128_k_last") for kind in ("prefill", "decode"))
+    assert gdn.FAMILY.atol_scaled_by(prefill) == {"output": "new_state"} and gdn.FAMILY.atol_scaled_by(decode) == {}
+    output = (torch.rand(64, 8, 128) - 0.5).to(torch.bfloat16)
+    state = torch.randn(2, 8, 128, 128) * 1.5
+    off = output.clone()
+    off[0, 0, 0] += 0.0103
+    reference = {"output": output, "new_state": state}
+    assert _diff_all(prefill, {"output": off, "new_state": state}, reference).ok
+    off[0, 0, 0] += 0.5  # a wrong output is still one
+    assert not _diff_all(prefill, {"output": off, "new_state": state}, reference).ok

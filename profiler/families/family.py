@@ -110,6 +110,10 @@ def no_rounding(definition: Definition) -> None:
     return None
 
 
+def no_scaling(definition: Definition) -> Mapping[str, str]:
+    return {}
+
+
 def unknown_engine_kernel(run: EngineRun, definition: Definition) -> Optional[EngineKernel]:
     return None
 
@@ -144,6 +148,10 @@ class Family:
     #: to, where its reference keeps it exact (an FP8 MoE quantizes its activations again between
     #: its two GEMMs): its check's atol is that format's precision (:func:`fi_profile.replay.check.compare`)
     rounds_through: Callable[[Definition], Optional[Any]] = no_rounding
+    #: output -> another output whose largest magnitude scales its ``atol_of_largest`` too, where
+    #: larger than its own: a chunked recurrence reads its output from chunk-start states rounded
+    #: to the activations' dtype (Gated DeltaNet's ``o = q h``), so its rounding is the state's
+    atol_scaled_by: Callable[[Definition], Mapping[str, str]] = no_scaling
 
     #: the Definition's outputs whose rows are sets, in any order (a top-k's indices): compared as
     #: multisets per row (:func:`fi_profile.replay.check.compare_sets`)

@@ -55,22 +55,27 @@ class Diff:
         )
 
 
+def largest_magnitude(ref: torch.Tensor) -> float:
+    """The largest finite magnitude of ``ref`` (0 where it has none)."""
+    finite = ref[torch.isfinite(ref)] if ref.dtype.is_floating_point else ref
+    return float(finite.abs().max()) if finite.numel() else 0.0
+
+
 def compare(out: torch.Tensor, ref: torch.Tensor, atol_of_largest: bool = False,
-            rounded_through: Optional[torch.dtype] = None) -> Diff:
+            rounded_through: Optional[torch.dtype] = None, largest_elsewhere: float = 0.0) -> Diff:
     """Element-wise |out - ref| <= atol + rtol |ref|; NaN never matches, equal infinities do.
     ``atol_of_largest``: the dtype's atol is taken relative to the reference's largest finite
     magnitude (above 1), for outputs that are sums of rounded terms larger than themselves (a MoE
     layer's experts: each one's output rounds at its own magnitude before they are added).
     ``rounded_through``: the engines' kernels round an intermediate to this narrower format that the
     reference keeps exact (an FP8 MoE's activations between its GEMMs): that atol is the format's
-    relative precision instead."""
+    relative precision instead. ``largest_elsewhere``: with ``atol_of_largest``, a magnitude of
+    another output (a recurrence's state) that scales the atol where it is larger than ``ref``'s."""
     atol, rtol, required = TOLERANCES.get(ref.dtype, (0.0, 0.0, 1.0))
     if rounded_through is not None:
         atol = max(atol, PRECISION[rounded_through])
-    if atol_of_largest and ref.dtype.is_floating_point and ref.numel():
-        finite = ref[torch.isfinite(ref)]
-        if finite.numel():
-            atol *= max(1.0, float(finite.abs().max()))
+    if atol_of_largest and ref.dtype.is_floating_point:
+        atol *= max(1.0, largest_magnitude(ref), largest_elsewhere)
     if not ref.dtype.is_floating_point:
         mismatch = out.to(ref.device) != ref
         diff = (out.to(ref.device).double() - ref.double()).abs()

@@ -28,7 +28,7 @@ import torch
 from fi_profile.entry_points import load_function, outputs_by_name, run_reference
 from fi_profile.families import family_of
 from fi_profile.replay.build import BuildError, Built, build, content_hash
-from fi_profile.replay.check import Diff, compare, compare_sets, distribution_distance
+from fi_profile.replay.check import Diff, compare, compare_sets, distribution_distance, largest_magnitude
 from fi_profile.replay.stopping import StoppingRule
 from fi_profile.replay.timing import measure
 from fi_profile.schema.definition import Definition
@@ -528,11 +528,14 @@ def _diff_all(definition: Definition, outputs: dict[str, Any], reference: dict[s
     atol_of_largest = family is not None and family.checks_atol_of_largest(definition)
     rounded_through = family.rounds_through(definition) if family is not None else None
     as_sets = family.unordered_rows(definition) if family is not None else ()
+    scaled_by = family.atol_scaled_by(definition) if family is not None and atol_of_largest else {}
     for name, ref in reference.items():
         if name in as_sets:
             diff = compare_sets(outputs[name], ref)
         else:
-            diff = compare(outputs[name], ref, atol_of_largest, rounded_through)
+            other = reference.get(scaled_by.get(name, ""))
+            elsewhere = largest_magnitude(other) if isinstance(other, torch.Tensor) else 0.0
+            diff = compare(outputs[name], ref, atol_of_largest, rounded_through, elsewhere)
         total = diff if total is None else total.merge(diff)
     assert total is not None
     return total
