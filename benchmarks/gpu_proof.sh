@@ -12,8 +12,9 @@
 #
 # Options after the model go to both captures. Environment: OUT (default gpu-proof), WORK (default
 # /tmp/gpu-proof), BACKEND (the attention backend), MODES ("graph eager"), SCENARIO (the requests), CAPTURE_LIMIT_S (300 each),
-# REPLAY_LIMIT_S (180), MAX_WORKLOADS (3), REPLAY_ARGS (more replay options). A stage that fails or
-# runs out of time is said in summary.txt, and the next one still runs.
+# REPLAY_LIMIT_S (180), MAX_WORKLOADS (3), REPLAY_ARGS (more replay options), REPLAY_MATCHING (an
+# extended regex: replay only the record's Definitions whose id matches it; REPLAY=0: no replay). A
+# stage that fails or runs out of time is said in summary.txt, and the next one still runs.
 set -uo pipefail
 engine=$1 model=$2
 shift 2
@@ -38,7 +39,9 @@ for mode in ${MODES:-graph eager}; do
   start=$SECONDS
   timeout "${CAPTURE_LIMIT_S:-300}" fi-profile --model "$model" --framework "$engine" "${backend[@]}" "${flags[@]}" \
     "${scenario[@]}" "$@" --out "$work/capture-$mode" > "$out/capture-$mode.txt" 2>&1
-  say "capture $mode: exit $? in $((SECONDS - start)) s"
+  status=$?
+  say "capture $mode: exit $status in $((SECONDS - start)) s"
+  [ $status = 0 ] || tail -n 200 "$work/capture-$mode/engine.log" > "$out/engine-$mode.log" 2>/dev/null
   cp "$work/capture-$mode/record.json" "$out/record-$mode.json" 2>/dev/null
 done
 
@@ -53,9 +56,15 @@ for d in differ:
 PY
 fi
 
-if [ -f "$work/capture-graph/record.json" ]; then
+if [ "${REPLAY:-1}" != 0 ] && [ -f "$work/capture-graph/record.json" ]; then
   start=$SECONDS
   read -r -a more <<< "${REPLAY_ARGS:-}"
+  if [ -n "${REPLAY_MATCHING:-}" ]; then
+    chosen=$(python3 -c 'import json, sys; print(",".join(k["id"] for k in json.load(open(sys.argv[1]))["kernels"]))' \
+      "$work/capture-graph/record.json" | tr , '\n' | grep -E "$REPLAY_MATCHING" | paste -sd, -)
+    say "replayed Definitions: ${chosen:-none match $REPLAY_MATCHING}"
+    more+=(--definitions "$chosen")
+  fi
   timeout "${REPLAY_LIMIT_S:-180}" fi-profile replay "$work/capture-graph" --max-workloads "${MAX_WORKLOADS:-3}" \
     "${more[@]}" --out "$work/results" > "$out/replay.txt" 2>&1
   say "replay: exit $? in $((SECONDS - start)) s"
