@@ -43,6 +43,7 @@ import bisect
 import functools
 import os
 import re
+import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -282,12 +283,15 @@ class Accounting:
         if trace:
             import json
 
-            with open(f"{trace}.{os.getpid()}.json", "w") as f:
+            path = f"{trace}.{os.getpid()}.json"
+            with open(path, "w") as f:
                 runs = [(str(g), g, units) for g, units in (attributed.graph_traces or {}).items()]
                 runs += [(f"{g}:worst", g, units) for g, units in attributed.worst_traces.items()]
                 json.dump({key: {"calls": [list(c) for c in self.graphs[g].calls], "nodes": self.graphs[g].nodes,
                                  "no_nodes": self.graphs[g].no_nodes, "units": units}
                            for key, g, units in runs}, f, indent=0)
+            print(f"fi-profile: the kernel accounting's alignment of {len(runs)} graph runs written to {path}",
+                  file=sys.stderr, flush=True)
         return attributed
 
 
