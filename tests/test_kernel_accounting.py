@@ -1191,3 +1191,30 @@ def test_vllms_mamba2_graph_gives_the_scan_its_state_gather_and_scatter_and_the_
     assert by_definition(result) == {"gemm_in": 20, "conv_p": 5, "ssd": 1 + 4 + 2 + 3 + 6 + 7 + 11, "gated": 13 + 17,
                                      "gemm_o": 10, "fused_add_rmsnorm_inplace_h64": 3, "gemm_up": 40, "relu2": 2,
                                      "gemm_down": 30}
+
+
+def test_vllms_compiled_gdn_prefill_keeps_its_unnamed_output_kernel_and_its_state_scatter():
+    """vLLM 0.26 on an H100/H200, Qwen3-Next's compiled prefill step: after the chunked recurrence's
+    named kernels come FLA's output kernel ``chunk_fwd_kernel_o`` (named after no op), the last
+    states' cast and their scatter into the state cache; with the gated norm's kernel next, no call
+    was left between for that run, and all three went unattributed in each layer. The split copies
+    of the in-projection before the conv1d are no Definition's and stay listed."""
+    op_types = {**OP_TYPES, "gemm_in": "gemm", "conv_p": "causal_conv1d", "gdn_p": "gdn", "gated": "rmsnorm"}
+    layer = [("gemm", ("gemm_in",)), ("causal_conv1d", ("conv_p",)), ("gdn", ("gdn_p",)), ("rmsnorm", ("gated",)),
+             ("gemm", ("gemm_o",))]
+    split = "triton_poi_fused__unsafe_view_clone_split_with_sizes_view_3"
+    kernels = [("nvjet_in", 20), (split, 2), ("_causal_conv1d_fwd_kernel", 5), ("_fused_post_conv_kernel", 3),
+               ("chunk_local_cumsum_scalar_kernel", 1), ("chunk_scaled_dot_kkt_fwd_kernel", 4),
+               ("merge_16x16_to_64x64_inverse_kernel", 6), ("recompute_w_u_fwd_kernel", 4),
+               ("chunk_gated_delta_rule_fwd_kernel_h_blockdim64", 7), ("chunk_fwd_kernel_o", 5),
+               ("void at::native::vectorized_elementwise_kernel<8, at::native::bfloat16_copy_kernel_cuda", 1),
+               ("void at::native::index_elementwise_kernel<128, 4, at::native::gpu_index_kernel<at::native::"
+                "index_put_kernel_impl<at::native::OpaqueType<2> >", 1),
+               ("triton_poi_fused__to_copy_add_mean_mm_mul_pow_rsqrt_silu_t_view_2", 3), ("nvjet_o", 10)]
+    profile = GpuProfile()
+    profile.range(f"{GRAPH_RANGE}0", lambda: profile.launch(*kernels * 3, graph=True))
+    result = attribute(profile.events, [GraphCalls(tuple(layer * 3))], KERNEL_WORDS, op_types,
+                       **{k: v for k, v in KERNEL_NAMING.items() if k != "kernel_words"})
+    assert by_definition(result) == {"gemm_in": 60, "conv_p": 15, "gdn_p": 3 * (3 + 1 + 4 + 6 + 4 + 7 + 5 + 1 + 1),
+                                     "gated": 9, "gemm_o": 30}
+    assert result.unattributed == {split: [3, 6]}
