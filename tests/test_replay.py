@@ -452,6 +452,33 @@ def test_compile_failure_is_a_result_with_the_compiler_message(dataset_dir, tmp_
     assert built.status.value == "passed", built.error
 
 
+def test_the_best_table_says_why_a_solution_failed():
+    """A failed solution's note under the best-solution table carries its error's last line (the
+    exception its import or call raised): a GPU run's "sglang compile_error" alone left nothing to act on."""
+    from rich.console import Console
+
+    from fi_profile.replay.report import print_best
+    from fi_profile.schema import BenchmarkResult
+
+    def result(source, **fields):
+        return BenchmarkResult.model_validate({"device": {"name": "cpu"}, "kernel_id": GEMM, "source": source,
+                                               "workload": "w1", **fields})
+
+    results = [
+        result("reference", compiled=True, status="passed", time=2.0, speedup=1.0, max_diff=0.0),
+        result(f"{GEMM}__torch", compiled=True, status="passed", time=1.0, speedup=2.0, max_diff=0.0),
+        result(f"{GEMM}__sglang", compiled=False, status="compile_error",
+               compile_error="Traceback (most recent call last):\n  File \"main.py\", line 2\n"
+                             "ImportError: cannot import name 'experts' from 'sglang_fused_experts'\n"),
+        result(f"{GEMM}__vllm", compiled=True, status="incorrect_numerical", max_diff=0.5),
+    ]
+    console = Console(record=True, width=200)
+    print_best(console, results)
+    said = " ".join(console.export_text().split())
+    assert ("failed: sglang compile_error (ImportError: cannot import name 'experts' from 'sglang_fused_experts'), "
+            "vllm incorrect_numerical") in said, said
+
+
 def test_resume_skips_what_is_done(baseline_run, dataset_dir, tmp_path):
     dataset, results, done = baseline_run
     out = tmp_path / "resumed"

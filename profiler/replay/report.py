@@ -75,7 +75,7 @@ def print_best(console: Console, results: list[BenchmarkResult]) -> None:
         candidates = {source: rs for source, rs in by_source.items() if source != REFERENCE}
         whole = {source: rs for source, rs in candidates.items() if all(r.time is not None for r in rs)}
         best = max(whole, key=lambda source: _speedup(whole[source]) or 0.0) if whole else None
-        failed = sorted({f"{label_of(source)} {r.status.value}" for source, rs in candidates.items()
+        failed = sorted({f"{label_of(source)} {r.status.value}{_why(r)}" for source, rs in candidates.items()
                          for r in rs if r.time is None and r.status is not None})
         rows.append([name, str(len(workloads)), f"{len(whole)}/{len(candidates)}",
                      label_of(best) if best else "-",
@@ -86,6 +86,16 @@ def print_best(console: Console, results: list[BenchmarkResult]) -> None:
     print_table(console, f"best solution per Definition on {device} ({timed_by(results)}; --verbose: each solution)",
                 ["Definition", "workloads", "passed", "best", "× ref", "× base", "note"], rows,
                 left=("best", "note"), notes=notes)
+
+
+def _why(result: BenchmarkResult, width: int = 160) -> str:
+    """A failed result's reason, for a note under a table: the last line of its error (the exception
+    a build or a call raised), cut to ``width``; empty where it carries none (a wrong output)."""
+    lines = [line.strip() for line in (result.compile_error or result.error or "").splitlines() if line.strip()]
+    if not lines:
+        return ""
+    reason = lines[-1]
+    return f" ({reason[:width - 1]}…)" if len(reason) > width else f" ({reason})"
 
 
 def _reference_alone(reference: list[BenchmarkResult]) -> str:
