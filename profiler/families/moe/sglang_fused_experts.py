@@ -19,7 +19,10 @@ try:
 except ValueError:  # no engine in this process
     get_context().override_server_args().install()
 
-_GIVEN = {}
+#: the FP8 inputs handed to SGLang's kernel, by the address and shape of the tensor it quantizes: one
+#: dict for every copy of this module a replay's solutions import (each solution imports its own),
+#: kept on SGLang's module, which the patch below serves from whichever copy patched it last
+_GIVEN = fused_moe_triton_kernels.__dict__.setdefault("_fi_profile_given", {})
 _quantize_input = getattr(fused_moe_triton_kernels, "_fi_profile_quantize_input",
                           fused_moe_triton_kernels.sglang_per_token_group_quant_fp8)
 
