@@ -92,6 +92,9 @@ def _measured_figure(go: Any, rows: list[MeasuredRow]) -> Any:
     figure.update_layout(**_layout("", "ms over the captured steps", "", barmode="group",
                                    height=max(320, 44 * len(rows) + 140), legend={"orientation": "h", "y": 1.08}))
     figure.update_yaxes(autorange="reversed", automargin=True)
+    longest = max([r.measured_ms for r in rows] + [r.projected_ms or 0.0 for r in rows], default=0.0)
+    if longest > 0:  # room right of the longest bar for its ratio ("× 1.01" was cut to "× 1.0")
+        figure.update_xaxes(range=[0, longest * 1.12])
     return figure
 
 
