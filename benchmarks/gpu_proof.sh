@@ -18,18 +18,7 @@
 set -uo pipefail
 engine=$1 model=$2
 shift 2
-name=$(basename "$model")-$engine
-out=${OUT:-gpu-proof}/$name
-work=${WORK:-/tmp/gpu-proof}/$name
-mkdir -p "$out" "$work"
-# Both bundles install into /tmp/site, and a bundle's setup on a machine that already holds the other's
-# keeps the other's wheels and stubs (its stubs are copied once): seen 2026-12-06, vLLM's xgrammar stub
-# then stopped SGLang's Llama at start, and SGLang's MoE natives failed to build. One engine per machine.
-other=$([ "$engine" = sglang ] && echo /tmp/vllmpkg || echo /tmp/sglpkg)
-if [ -d "$other" ]; then
-  echo "$other: this machine holds the other engine's bundle, whose wheels and stubs share /tmp/site; use a fresh machine" >&2
-  exit 2
-fi
+source "$(dirname "$0")/gpu_run.sh" gpu-proof
 case $engine in  # the bundles' attention backends (no FlashAttention in them); BACKEND=default: the engine's
   vllm) backend=(--attention-backend "${BACKEND:-TRITON_ATTN}") ;;
   sglang) backend=(--attention-backend "${BACKEND:-triton}") ;;
@@ -37,9 +26,6 @@ case $engine in  # the bundles' attention backends (no FlashAttention in them); 
 esac
 [ "${BACKEND:-}" = default ] && backend=()
 read -r -a scenario <<< "${SCENARIO:---num-prompts 16 --input-len 64:512 --output-len 8:32}"
-say() { echo "$*" | tee -a "$out/summary.txt"; }
-card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-say "$(date -u +%FT%TZ) $name on ${card:-no GPU}"
 
 for mode in ${MODES:-graph eager}; do
   flags=()

@@ -10,17 +10,11 @@
 #
 # Options after the model go to the capture only (the bundles have no FlashAttention: the backend).
 # Environment: OUT (default user-command), WORK (default /tmp/user-command), CAPTURE_LIMIT_S (300),
-# REPLAY_LIMIT_S (300). One engine per machine (benchmarks/gpu_proof.sh says why).
+# REPLAY_LIMIT_S (300). One engine per machine (benchmarks/gpu_run.sh says why).
 set -uo pipefail
 engine=$1 model=$2
 shift 2
-name=$(basename "$model")-$engine
-out=${OUT:-user-command}/$name
-work=${WORK:-/tmp/user-command}/$name
-mkdir -p "$out" "$work"
-say() { echo "$*" | tee -a "$out/summary.txt"; }
-card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-say "$(date -u +%FT%TZ) $name on ${card:-no GPU}"
+source "$(dirname "$0")/gpu_run.sh" user-command
 
 start=$SECONDS
 COLUMNS=80 timeout "${CAPTURE_LIMIT_S:-300}" fi-profile --model "$model" --framework "$engine" "$@" \
