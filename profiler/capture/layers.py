@@ -212,6 +212,14 @@ def _torch_base(module: Any) -> str:
     return f"nn.{base.__name__.lstrip('_')}"
 
 
+def _transformers_leaf(module: Any) -> bool:
+    """A module of transformers' own code with no layers inside it (an activation such as
+    ``GELUTanh``, a rotary embedding's cos/sin): a model that vLLM or SGLang runs on its Transformers
+    modeling backend (an architecture the engine has no class of) keeps them, and they run kernels
+    of their own. Containers (a decoder layer, an MLP) are looked into instead."""
+    return type(module).__module__.startswith("transformers.") and next(module.children(), None) is None
+
+
 def _judged_layers(model: Any, rules: Iterable[LayerRule],
                    kernel_layers: Iterable[str]) -> Iterator[tuple[Any, Optional[str], bool]]:
     """Each layer of ``model`` with a verdict, as ``(layer, why it is not covered or None, whether
@@ -244,6 +252,9 @@ def _judged_layers(model: Any, rules: Iterable[LayerRule],
             yield module, f"{type(module).__name__} (a layer class no hook records)", False
         elif isinstance(module, TORCH_LAYERS) and any(p is not None for p in module.__dict__.get("_parameters", {}).values()):
             yield module, f"{type(module).__name__} (a torch {_torch_base(module)} no hook records)", False
+        elif _transformers_leaf(module):
+            yield module, (f"{type(module).__name__} (transformers' own module, which an engine's Transformers "
+                           "modeling backend runs as transformers wrote it: no hook records it)"), False
         else:
             pending.extend(reversed(list(module.children())))
 

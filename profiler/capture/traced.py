@@ -213,12 +213,36 @@ def _size_symbols(root: Any) -> dict[str, tuple[str, int]]:
     for name, var in root.symbolic_locals.items():
         if type(var).__name__ == "LazyVariableTracker" and not var.is_realized():
             continue  # not used yet: realizing it would add the graph input earlier, reordering them
-        fake = _value(var)
-        for dim, size in enumerate(getattr(fake, "shape", ())):
-            expr = getattr(getattr(size, "node", None), "expr", None)
-            if expr is not None and expr.is_Symbol:
-                symbols.setdefault(str(expr), (name, dim))
+        _add_symbols(symbols, name, _value(var))
+    for name, node in _keyword_inputs(root):
+        _add_symbols(symbols, name, node.meta.get("example_value"))
     return symbols
+
+
+def _add_symbols(symbols: dict[str, tuple[str, int]], name: str, fake: Any) -> None:
+    for dim, size in enumerate(getattr(fake, "shape", ())):
+        expr = getattr(getattr(size, "node", None), "expr", None)
+        if expr is not None and expr.is_Symbol:
+            symbols.setdefault(str(expr), (name, dim))
+
+
+def _keyword_inputs(root: Any) -> list[tuple[str, Any]]:
+    """The graph's inputs that the traced forward got by keyword through its ``**kwargs``, each with
+    the keyword: the argument's name. A decorated forward is traced from its decorator's
+    ``wrapper(*args, **kwargs)`` (transformers' models, which vLLM's Transformers backend compiles:
+    ``input_ids`` is ``kwargs['input_ids']``), whose dict is never a local tensor of its own."""
+    code = root.f_code
+    if not code.co_flags & inspect.CO_VARKEYWORDS:
+        return []
+    named = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & inspect.CO_VARARGS)
+    varkw = code.co_varnames[named]
+    found = []
+    for node in getattr(root.output, "placeholders", ()):
+        source = getattr(node.meta.get("grapharg"), "source", None)
+        base, key = getattr(source, "base", None), getattr(source, "index", None)
+        if getattr(base, "local_name", None) == varkw and isinstance(key, str):
+            found.append((key, node))
+    return found
 
 
 def _value(var: Any) -> Any:
