@@ -193,12 +193,15 @@ def template(op: str, make_calls: Callable[[], Any], while_: str = "captured") -
 
 
 def sizes_of_run(trace: Trace, forward: Callable[..., Any], args: tuple, kwargs: Mapping[str, Any]) -> dict[str, int]:
-    """The size symbols' values in one run of the compiled forward (its real arguments)."""
+    """The size symbols' values in one run of the compiled forward (its real arguments). An argument
+    of another rank than the traced one's is passed over: a whole-model graph's wrapper may take
+    ``input_ids`` as ``[tokens]`` where the forward it wraps got ``[1, tokens]`` (vLLM's
+    Transformers backend); its caller fills the token count in."""
     bound = _signature(forward).bind_partial(*args, **kwargs).arguments
     sizes = {}
     for symbol, (name, dim) in trace.symbols.items():
         value = bound.get(name)
-        if value is not None and hasattr(value, "shape"):
+        if value is not None and hasattr(value, "shape") and dim < len(value.shape):
             sizes[symbol] = int(value.shape[dim])
     return sizes
 
