@@ -125,6 +125,41 @@ def test_torchs_own_layers_in_a_model_are_listed_unless_a_rule_judges_them():
         del globals()["ScaledEmbedding"]
 
 
+def test_a_models_own_layer_with_weights_and_transformers_own_modules_are_listed():
+    """vLLM's Command-R norms are a ``LayerNorm`` of its model file: a plain ``nn.Module`` with a
+    weight, past every engine and torch layer class; its record named no norm and listed nothing.
+    A leaf module of an engine's model code with weights of its own is listed by name, as is a leaf
+    module of transformers' code (an engine's Transformers backend runs it: ``GELUTanh``); a
+    weightless module of model code (Llama-4's L2 norm is judged by its hook) and containers are not."""
+    from fi_profile.capture.layers import uncovered_layers
+
+    class LayerNorm(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(8))
+
+    class L2Norm(torch.nn.Module):
+        pass
+
+    class GELUTanh(torch.nn.Module):
+        pass
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm, self.act, self.l2 = LayerNorm(), GELUTanh(), L2Norm()
+            self.scale = torch.nn.Parameter(torch.ones(1))  # a container's own weight: its children are judged
+
+    for cls, where in ((LayerNorm, "vllm.model_executor.models.commandr"), (L2Norm, "sglang.srt.models.llama4"),
+                       (Block, "vllm.model_executor.models.commandr"), (GELUTanh, "transformers.activations")):
+        cls.__module__ = where
+    assert uncovered_layers(Block()) == {
+        "LayerNorm (a layer of the model's own code, vllm.model_executor.models.commandr, with weights of its own: "
+        "no hook records it)": 1,
+        "GELUTanh (transformers' own module, which an engine's Transformers modeling backend runs as transformers "
+        "wrote it: no hook records it)": 1}
+
+
 def _gemma3_table(rope_type="default", theta=10000.0, factor=None, scaling=1.0, off=1.0):
     parameters = {"rope_type": rope_type, "rope_theta": theta, **({"factor": factor} if factor else {})}
 

@@ -220,6 +220,15 @@ def _transformers_leaf(module: Any) -> bool:
     return type(module).__module__.startswith("transformers.") and next(module.children(), None) is None
 
 
+def _models_own_weighted_leaf(module: Any) -> bool:
+    """A module with no layers inside it and weights of its own, defined in an engine's model code
+    (vLLM's Command-R ``LayerNorm``, a plain ``nn.Module`` with a weight that runs its own norm):
+    it computes with its weights, and no rule knows its class."""
+    where = f".{type(module).__module__}."
+    return (".models." in where and next(module.children(), None) is None
+            and any(p is not None for p in module.__dict__.get("_parameters", {}).values()))
+
+
 def _judged_layers(model: Any, rules: Iterable[LayerRule],
                    kernel_layers: Iterable[str]) -> Iterator[tuple[Any, Optional[str], bool]]:
     """Each layer of ``model`` with a verdict, as ``(layer, why it is not covered or None, whether
@@ -255,6 +264,9 @@ def _judged_layers(model: Any, rules: Iterable[LayerRule],
         elif _transformers_leaf(module):
             yield module, (f"{type(module).__name__} (transformers' own module, which an engine's Transformers "
                            "modeling backend runs as transformers wrote it: no hook records it)"), False
+        elif _models_own_weighted_leaf(module):
+            yield module, (f"{type(module).__name__} (a layer of the model's own code, {type(module).__module__}, "
+                           "with weights of its own: no hook records it)"), False
         else:
             pending.extend(reversed(list(module.children())))
 
