@@ -194,7 +194,7 @@ def _own_forward(module: Any, method: str) -> Optional[str]:
     128 tokens), unless a hook records that forward; or None."""
     forward = getattr(type(module), "forward", None)
     where = str(getattr(forward, "__module__", "") or "")
-    if forward is None or getattr(forward, "__fi_profile_original__", None) is not None or ".models." not in f".{where}.":
+    if forward is None or getattr(forward, "__fi_profile_original__", None) is not None or not _model_code(where):
         return None
     return (f"{type(module).__name__} with a forward of its own ({where}) that may run its kernel past its {method}, "
             "which no hook records")
@@ -212,21 +212,33 @@ def _torch_base(module: Any) -> str:
     return f"nn.{base.__name__.lstrip('_')}"
 
 
+def _model_code(module_name: str) -> bool:
+    """Whether a Python module is an engine's model code (``vllm.model_executor.models.*``,
+    ``sglang.srt.models.*``), not its layers."""
+    return ".models." in f".{module_name}."
+
+
+def _own_weights(module: Any) -> bool:
+    return any(p is not None for p in module.__dict__.get("_parameters", {}).values())
+
+
+def _leaf(module: Any) -> bool:
+    return next(module.children(), None) is None
+
+
 def _transformers_leaf(module: Any) -> bool:
     """A module of transformers' own code with no layers inside it (an activation such as
     ``GELUTanh``, a rotary embedding's cos/sin): a model that vLLM or SGLang runs on its Transformers
     modeling backend (an architecture the engine has no class of) keeps them, and they run kernels
     of their own. Containers (a decoder layer, an MLP) are looked into instead."""
-    return type(module).__module__.startswith("transformers.") and next(module.children(), None) is None
+    return type(module).__module__.startswith("transformers.") and _leaf(module)
 
 
 def _models_own_weighted_leaf(module: Any) -> bool:
     """A module with no layers inside it and weights of its own, defined in an engine's model code
     (vLLM's Command-R ``LayerNorm``, a plain ``nn.Module`` with a weight that runs its own norm):
     it computes with its weights, and no rule knows its class."""
-    where = f".{type(module).__module__}."
-    return (".models." in where and next(module.children(), None) is None
-            and any(p is not None for p in module.__dict__.get("_parameters", {}).values()))
+    return _model_code(type(module).__module__) and _leaf(module) and _own_weights(module)
 
 
 def _judged_layers(model: Any, rules: Iterable[LayerRule],
@@ -259,7 +271,7 @@ def _judged_layers(model: Any, rules: Iterable[LayerRule],
             yield module, rule.problem(module), True
         elif bases and isinstance(module, bases):
             yield module, f"{type(module).__name__} (a layer class no hook records)", False
-        elif isinstance(module, TORCH_LAYERS) and any(p is not None for p in module.__dict__.get("_parameters", {}).values()):
+        elif isinstance(module, TORCH_LAYERS) and _own_weights(module):
             yield module, f"{type(module).__name__} (a torch {_torch_base(module)} no hook records)", False
         elif _transformers_leaf(module):
             yield module, (f"{type(module).__name__} (transformers' own module, which an engine's Transformers "
