@@ -305,3 +305,15 @@ def layer_calls(self: Any, hidden_states: torch.Tensor) -> list:
                            swiglu_oai=None if fp8_block else swiglu_oai(self),
                            llama4=llama4_routing(config) and bool(getattr(runner, "apply_router_weight_on_input", False)),
                            mxfp4=microscaled)
+
+
+def expert_counts(module: Any) -> Optional[set[int]]:
+    """The expert counts a MoE layer's router scores (with and without the fused shared experts), or
+    None for a module that is no MoE layer (:mod:`fi_profile.capture.dummy_routing`)."""
+    from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
+
+    if not isinstance(module, FusedMoE):
+        return None
+    total = int(getattr(module, "num_experts", 0) or 0)
+    counts = {total, total - int(getattr(module, "num_fused_shared_experts", 0) or 0)}
+    return {n for n in counts if n > 0}

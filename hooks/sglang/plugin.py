@@ -16,6 +16,7 @@ STATUS: dict[str, list[str]] = {"installed": [], "missing": []}
 
 
 def fi_profile_start(self: Any, count_only: bool = False, out_dir: Optional[str] = None, autosave_s: float = 10.0) -> None:
+    from fi_profile.capture.dummy_routing import ZEROED
     from fi_profile.capture.recorder import start_recording
 
     start_recording(count_only=count_only, out_dir=out_dir, autosave_s=autosave_s, page_size=1,
@@ -25,6 +26,7 @@ def fi_profile_start(self: Any, count_only: bool = False, out_dir: Optional[str]
         status.parent.mkdir(parents=True, exist_ok=True)
         lines = [f"missing {m}" for m in STATUS["missing"]]
         lines += [f"not_covered {count} {kind}" for kind, count in _not_covered(self).items()]
+        lines.append(f"router_biases_zeroed {len(ZEROED)}")
         status.write_text("\n".join(lines))
 
 

@@ -119,7 +119,10 @@ class CaptureWorkerExtension:
         cache = self.vllm_config.cache_config
         start_recording(count_only=count_only, out_dir=out_dir, autosave_s=autosave_s, page_size=int(cache.block_size),
                         num_pages=int(getattr(cache, "num_gpu_blocks", None) or 0))
-        return {"pid": os.getpid(), **STATUS, "not_covered": _not_covered(self), "inexact": _inexact(self)}
+        from fi_profile.capture.dummy_routing import ZEROED
+
+        return {"pid": os.getpid(), **STATUS, "not_covered": _not_covered(self), "inexact": _inexact(self),
+                "router_biases_zeroed": len(ZEROED)}
 
     def fi_profile_save(self, out_dir: str) -> Optional[str]:
         """A signal stopped the capture: stop recording and save this worker's whole steps."""

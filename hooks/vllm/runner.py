@@ -102,7 +102,8 @@ class VllmEngine:
         ranks = self.llm.collective_rpc(
             "fi_profile_start", args=(count_only, str(out_dir) if out_dir else None, autosave_s)
         )
-        return HookStatus.of_ranks([HookStatus(r["missing"], r.get("not_covered", {}), r.get("inexact", {})) for r in ranks])
+        return HookStatus.of_ranks([HookStatus(r["missing"], r.get("not_covered", {}), r.get("inexact", {}),
+                                               r.get("router_biases_zeroed", 0)) for r in ranks])
 
     def generate(self, scenario: Scenario) -> list[list[int]]:
         prompts, params = self.requests(scenario)

@@ -276,8 +276,9 @@ def _install_functions(module: Any, point: HookPoint, installed: list[str], miss
         if getattr(raw, "__fi_profile_original__", None) is not None:
             continue
         try:
-            hooked = wrap(raw, point.op, point.to_calls, point.live, point.nested, None, point.traced,
-                          point.outside_forward, point.feeds, point.traced_before)
+            hooked = wrap_around(raw, point.op, point.to_calls) if point.around else wrap(
+                raw, point.op, point.to_calls, point.live, point.nested, None, point.traced, point.outside_forward,
+                point.feeds, point.traced_before)
         except SignatureMismatch as exc:
             missing.append(f"{point.module}.{name}: {exc}"[:300])
             continue
