@@ -69,7 +69,8 @@ def test_gpt_oss_is_recorded_whole_its_sinks_window_yarn_and_biased_swigluoai_ex
     eager = capture(tmp_path, "gpt-oss", model=model, single_process=True)
     run = eager["record"]["run"]
     assert run["not_covered"] == {} and not run["hook_errors"] and "incomplete" not in run, run
-    assert run["router_biases_zeroed"] == 4  # each layer's router bias: dummy routing spreads over the experts
+    # every bias: 4 layers × qkv, o_proj, router, gate_up and down experts' (dummy routing spreads over the experts)
+    assert run["dummy_biases_zeroed"] == 4 * 5
     steps, decode_steps = steps_of(eager)
     per_type = 2  # layers of each type
     found = attention_counts(eager)

@@ -242,7 +242,7 @@ def test_deepseek_on_sglang_is_recorded_whole_absorbed_mla_and_deepseek_moe_incl
     assert run["not_covered"] == {} and not run["hook_errors"] and run["hooks_missing"] == [], run
     steps, layers, moe_layers = run["steps"]["engine"], 3, 2
     assert steps == OUTPUT_LEN
-    assert run["router_biases_zeroed"] == moe_layers  # MoEGate's correction biases: dummy routing spreads
+    assert run["dummy_biases_zeroed"] == moe_layers  # its only biases, MoEGate's correction biases: dummy routing spreads
     expected = {
         "rope_deepseek_yarn_h4_kv1_d64_f4": layers * steps,
         "mla_kv_cache_write_ckv512_kpe64_ps1": layers * steps,

@@ -711,7 +711,7 @@ def test_deepseek_shaped_model_is_recorded_whole_mla_and_deepseek_moe_included(t
     run = result["record"]["run"]
     assert run["not_covered"] == {} and not run["hook_errors"] and "incomplete" not in run, run
     assert run["steps"]["engine"] == OUTPUT_LEN
-    assert run["router_biases_zeroed"] == 2  # each MoE layer's correction bias: dummy routing spreads
+    assert run["dummy_biases_zeroed"] == 2  # its only biases, the MoE layers' correction biases: dummy routing spreads
     layers, decode_steps = 3, OUTPUT_LEN - 1
     rope = "rope_deepseek_yarn_h4_kv1_d64_f4"
     mla = {

@@ -1,23 +1,20 @@
-"""The routing biases a dummy-weights capture zeroes (fi_profile.capture.dummy_routing): a router's
-bias beside or inside a MoE layer, one value per expert; nothing else."""
+"""The biases a dummy-weights capture zeroes (fi_profile.capture.dummy_routing): in a model with MoE
+layers every bias (a router's, a correction bias, the projections' and the experts'), in a dense
+model none; no other tensor."""
 
 import torch
 from torch import nn
 
-from fi_profile.capture.dummy_routing import ENV_ROUTING, after_dummy_weights, routing_biases, zero_routing_biases
+from fi_profile.capture.dummy_routing import ENV_ROUTING, after_dummy_weights, dummy_biases, zero_dummy_biases
 
 
 class Experts(nn.Module):
-    """A MoE layer: its experts' weights and biases (one row per expert), and a router inside some."""
+    """A MoE layer: its experts' weights and biases (one row per expert)."""
 
-    def __init__(self, experts: int, hidden: int, router_inside: bool = False) -> None:
+    def __init__(self, experts: int, hidden: int) -> None:
         super().__init__()
-        self.experts = experts
         self.w13_weight = nn.Parameter(torch.rand(experts, 2 * hidden, hidden))
         self.w13_bias = nn.Parameter(torch.rand(experts, 2 * hidden))
-        self.w2_bias = nn.Parameter(torch.rand(experts, hidden))
-        if router_inside:
-            self.gate = nn.Linear(hidden, experts, bias=True)
 
 
 class Block(nn.Module):
@@ -28,41 +25,38 @@ class Block(nn.Module):
         self.router = nn.Linear(hidden, experts, bias=not correction)
         if correction:
             self.router.e_score_correction_bias = nn.Parameter(torch.rand(experts))
-        self.shared_gate = nn.Linear(hidden, 1, bias=True)  # one output: no routing
         self.experts = Experts(experts, hidden)
 
 
 class Model(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, moe: bool = True) -> None:
         super().__init__()
-        # hidden 8 = experts 8: a norm of that size outside the MoE block is no routing bias
-        self.layers = nn.ModuleList([Block(8, 8), Block(8, 8, correction=True)])
-        self.norm = nn.LayerNorm(8)
         self.attn = nn.Linear(8, 8, bias=True)
+        self.norm = nn.LayerNorm(8)
+        self.layers = nn.ModuleList([Block(4, 8), Block(4, 8, correction=True)] if moe else [nn.Linear(8, 8)])
+        self.register_buffer("steps", torch.arange(4))  # an integer buffer: never a bias
 
 
-def experts_of(module):
-    return {module.experts} if isinstance(module, Experts) else None
+def is_moe(module):
+    return isinstance(module, Experts)
 
 
-def test_a_routers_bias_beside_the_experts_is_found_and_nothing_else():
-    model = Model()
-    found = routing_biases(model, experts_of)
-    assert sorted(found) == ["layers.0.router.bias", "layers.1.router.e_score_correction_bias"]
+def test_a_moe_models_biases_are_every_bias_it_has():
+    found = dummy_biases(Model(), is_moe)
+    assert sorted(found) == ["attn.bias", "layers.0.experts.w13_bias", "layers.0.router.bias",
+                             "layers.1.experts.w13_bias", "layers.1.router.e_score_correction_bias", "norm.bias"]
 
 
-def test_a_router_inside_the_moe_layer_is_found():
-    block = nn.Module()
-    block.experts = Experts(4, 8, router_inside=True)
-    assert sorted(routing_biases(block, experts_of)) == ["experts.gate.bias"]
+def test_a_dense_models_biases_are_left_as_drawn():
+    assert dummy_biases(Model(moe=False), is_moe) == {}
 
 
-def test_zeroing_leaves_the_experts_and_the_other_layers_as_drawn(monkeypatch):
+def test_zeroing_leaves_every_other_tensor_as_drawn(monkeypatch):
     model = Model()
     before = {name: t.detach().clone() for name, t in model.named_parameters()}
     monkeypatch.setattr("fi_profile.capture.dummy_routing.ZEROED", [])
-    zeroed = zero_routing_biases(model, experts_of)
-    assert len(zeroed) == 2
+    zeroed = zero_dummy_biases(model, is_moe)
+    assert len(zeroed) == 6
     for name, tensor in model.named_parameters():
         if name in zeroed:
             assert torch.count_nonzero(tensor) == 0
@@ -73,13 +67,13 @@ def test_zeroing_leaves_the_experts_and_the_other_layers_as_drawn(monkeypatch):
 def test_the_hook_zeroes_after_the_engine_drew_the_weights_unless_told_to_keep_them(monkeypatch):
     monkeypatch.setattr("fi_profile.capture.dummy_routing.ZEROED", [])
     model = Model()
-    with after_dummy_weights(experts_of)(model):
+    with after_dummy_weights(is_moe)(model):
         nn.init.uniform_(model.layers[0].router.bias, 0.5, 1.0)  # the engine's draw, inside the hooked call
-        assert torch.count_nonzero(model.layers[0].router.bias) == 8
+        assert torch.count_nonzero(model.layers[0].router.bias) == 4
     assert torch.count_nonzero(model.layers[0].router.bias) == 0
 
     monkeypatch.setenv(ENV_ROUTING, "engine")
     kept = Model()
-    with after_dummy_weights(experts_of)(kept):
+    with after_dummy_weights(is_moe)(kept):
         pass
-    assert torch.count_nonzero(kept.layers[0].router.bias) == 8
+    assert torch.count_nonzero(kept.layers[0].router.bias) == 4

@@ -233,7 +233,7 @@ def test_a_moe_row_off_under_dummy_weights_with_a_correction_bias_says_the_routi
     assert bias_routed_dummy(record, definitions) == {moe.name}
     real = record.model_copy(update={"run": RunInfo(weights="auto")})
     assert bias_routed_dummy(real, definitions) == frozenset()
-    zeroed = record.model_copy(update={"run": RunInfo(weights="dummy (random)", router_biases_zeroed=58)})
+    zeroed = record.model_copy(update={"run": RunInfo(weights="dummy (random)", dummy_biases_zeroed=58)})
     assert bias_routed_dummy(zeroed, definitions) == frozenset()  # the capture spread the routing
 
     measured = EngineKernels.model_validate({

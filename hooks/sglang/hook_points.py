@@ -178,9 +178,9 @@ POINTS = [
               _all_reduce_fused_add_rmsnorm, optional=True),
     HookPoint(f"{_LAYERS}.sampler", "Sampler", ("forward",), sampling.KEY, _sampler, outside_forward=True),
     HookPoint(f"{_EXECUTOR}.model_runner", "ModelRunner", ("forward",), "step", steps.model_step, around=True),
-    # dummy weights drawn (before SGLang turns them into its kernels' layout): the routers' biases zeroed
+    # dummy weights drawn (before SGLang turns them into its kernels' layout): a MoE model's biases zeroed
     HookPoint("sglang.srt.model_loader.loader", "", ("initialize_dummy_weights",), "dummy_routing",
-              after_dummy_weights(sglang_moe.expert_counts), around=True, optional=True),
+              after_dummy_weights(sglang_moe.is_moe_layer), around=True, optional=True),
     # graph mode: a graph runner runs a step; the calls each CUDA graph captured, and each replay of it
     *(
         HookPoint(f"{_EXECUTOR}.{module}", runner, ("execute",), "graph_step", steps.graph_runner_runs, boundary=True)

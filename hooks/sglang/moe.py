@@ -307,13 +307,9 @@ def layer_calls(self: Any, hidden_states: torch.Tensor) -> list:
                            mxfp4=microscaled)
 
 
-def expert_counts(module: Any) -> Optional[set[int]]:
-    """The expert counts a MoE layer's router scores (with and without the fused shared experts), or
-    None for a module that is no MoE layer (:mod:`fi_profile.capture.dummy_routing`)."""
+
+def is_moe_layer(module: Any) -> bool:
+    """Whether ``module`` is a MoE layer (:mod:`fi_profile.capture.dummy_routing`)."""
     from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
 
-    if not isinstance(module, FusedMoE):
-        return None
-    total = int(getattr(module, "num_experts", 0) or 0)
-    counts = {total, total - int(getattr(module, "num_fused_shared_experts", 0) or 0)}
-    return {n for n in counts if n > 0}
+    return isinstance(module, FusedMoE)

@@ -26,7 +26,7 @@ def fi_profile_start(self: Any, count_only: bool = False, out_dir: Optional[str]
         status.parent.mkdir(parents=True, exist_ok=True)
         lines = [f"missing {m}" for m in STATUS["missing"]]
         lines += [f"not_covered {count} {kind}" for kind, count in _not_covered(self).items()]
-        lines.append(f"router_biases_zeroed {len(ZEROED)}")
+        lines.append(f"dummy_biases_zeroed {len(ZEROED)}")
         status.write_text("\n".join(lines))
 
 

@@ -110,8 +110,8 @@ class SglangEngine:
                 elif line.startswith("not_covered "):
                     _, layers, kind = line.split(" ", 2)
                     rank.not_covered[kind] = int(layers)
-                elif line.startswith("router_biases_zeroed "):
-                    rank.router_biases_zeroed = int(line.split()[1])
+                elif line.startswith("dummy_biases_zeroed "):
+                    rank.dummy_biases_zeroed = int(line.split()[1])
             ranks.append(rank)
         return HookStatus.of_ranks(ranks)
 

@@ -354,14 +354,9 @@ def layer_calls(self: Any, hidden_states: torch.Tensor, router_logits: torch.Ten
     return [gemm.call(hidden_states, n, k, bias=bias), *calls]
 
 
-def expert_counts(module: Any) -> Optional[set[int]]:
-    """The expert counts a MoE layer's router scores (logical, and with redundant experts), or None
-    for a module that is no MoE layer (:mod:`fi_profile.capture.dummy_routing`)."""
+
+def is_moe_layer(module: Any) -> bool:
+    """Whether ``module`` is a MoE layer (:mod:`fi_profile.capture.dummy_routing`)."""
     from vllm.model_executor.layers.fused_moe.runner.moe_runner_interface import MoERunnerInterface
 
-    if not isinstance(module, MoERunnerInterface):
-        return None
-    router, config = getattr(module, "router", None), getattr(module, "moe_config", None)
-    counts = {getattr(router, "global_num_experts", None), getattr(config, "num_experts", None),
-              getattr(config, "num_logical_experts", None)}
-    return {int(n) for n in counts if isinstance(n, int) and n > 0}
+    return isinstance(module, MoERunnerInterface)

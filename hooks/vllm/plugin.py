@@ -122,7 +122,7 @@ class CaptureWorkerExtension:
         from fi_profile.capture.dummy_routing import ZEROED
 
         return {"pid": os.getpid(), **STATUS, "not_covered": _not_covered(self), "inexact": _inexact(self),
-                "router_biases_zeroed": len(ZEROED)}
+                "dummy_biases_zeroed": len(ZEROED)}
 
     def fi_profile_save(self, out_dir: str) -> Optional[str]:
         """A signal stopped the capture: stop recording and save this worker's whole steps."""

@@ -103,7 +103,7 @@ class VllmEngine:
             "fi_profile_start", args=(count_only, str(out_dir) if out_dir else None, autosave_s)
         )
         return HookStatus.of_ranks([HookStatus(r["missing"], r.get("not_covered", {}), r.get("inexact", {}),
-                                               r.get("router_biases_zeroed", 0)) for r in ranks])
+                                               r.get("dummy_biases_zeroed", 0)) for r in ranks])
 
     def generate(self, scenario: Scenario) -> list[list[int]]:
         prompts, params = self.requests(scenario)

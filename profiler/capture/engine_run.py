@@ -158,7 +158,7 @@ def run_info(engine: str, options: "CaptureOptions", attention_backend: str, sta
         hooks_missing=sorted(status.missing),
         not_covered=dict(sorted(status.not_covered.items())),
         inexact=dict(sorted(status.inexact.items())),
-        router_biases_zeroed=status.router_biases_zeroed or None,
+        dummy_biases_zeroed=status.dummy_biases_zeroed or None,
         engine_args=dict(built.engine_args or {}),
         count_only=options.count_only,
     )
@@ -192,14 +192,14 @@ class HookStatus:
     missing: list[str] = field(default_factory=list)
     not_covered: dict[str, int] = field(default_factory=dict)
     inexact: dict[str, int] = field(default_factory=dict)
-    #: the MoE routers' biases zeroed after the dummy weights were drawn (:mod:`~fi_profile.capture.dummy_routing`)
-    router_biases_zeroed: int = 0
+    #: a MoE model's biases zeroed after the dummy weights were drawn (:mod:`~fi_profile.capture.dummy_routing`)
+    dummy_biases_zeroed: int = 0
 
     @classmethod
     def of_ranks(cls, ranks: list["HookStatus"]) -> "HookStatus":
         """Every rank has the same layers (its shard of each): missing hooks joined, layers not summed."""
         merged = cls(sorted({m for r in ranks for m in r.missing}),
-                     router_biases_zeroed=max((r.router_biases_zeroed for r in ranks), default=0))
+                     dummy_biases_zeroed=max((r.dummy_biases_zeroed for r in ranks), default=0))
         for rank in ranks:
             for found, into in ((rank.not_covered, merged.not_covered), (rank.inexact, merged.inexact)):
                 for kind, layers in found.items():

@@ -18,8 +18,8 @@ def print_summary(console: Console, summary: CaptureSummary, out_dir: Path) -> N
              f"{100 * kernel.count / total:.1f}%"] for kernel in summary.record.kernels]
     print_table(console, f"{summary.record.model} on {summary.record.framework.value}: {total} kernel calls",
                 ["kernel", "op type", "count", "workloads kept", "share"], rows, left=("op type",))
-    zeroed = (f" (the MoE routers' {run.router_biases_zeroed} biases zeroed, so that tokens spread over the experts)"
-              if run.router_biases_zeroed else "")
+    zeroed = (f" ({run.dummy_biases_zeroed} biases zeroed, so that tokens spread over the experts)"
+              if run.dummy_biases_zeroed else "")
     console.print(f"engine {run.engine}, weights {run.weights}{zeroed}, {_mode(run)}", markup=False, highlight=False)
     if run.engine_kernels is not None:
         console.print(engine_kernel_line(run.engine_kernels), markup=False, highlight=False, soft_wrap=True)

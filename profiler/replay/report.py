@@ -179,8 +179,8 @@ def bias_routed_dummy(record: KernelCallingRecord, definitions: Mapping[str, Def
     the MoE's hidden size to its experts (gpt-oss's ``gemm_bias_*_n{experts}_k{hidden}``). There the
     bias alone picks the experts, the same for every token: activations scaled by norm weights within
     ±1e-3, times router weights within ±1e-3, score about √hidden · 1e-6, against a bias up to 1e-3.
-    None where the capture zeroed those biases (``run.router_biases_zeroed``)."""
-    if record.run is None or not (record.run.weights or "").startswith("dummy") or record.run.router_biases_zeroed:
+    None where the capture zeroed the model's biases (``run.dummy_biases_zeroed``)."""
+    if record.run is None or not (record.run.weights or "").startswith("dummy") or record.run.dummy_biases_zeroed:
         return frozenset()
     recorded = {kernel.id for kernel in record.kernels}
     routers = {(_const(d, "N"), _const(d, "K")) for name, d in definitions.items()

@@ -105,9 +105,9 @@ class RunInfo(StrictModel):
     not_covered: Optional[dict[str, NonNegativeInt]] = None
     #: layers recorded at other shapes than their kernels ran, by kind -> layers
     inexact: Optional[dict[str, NonNegativeInt]] = None
-    #: with dummy weights: the MoE routers' biases zeroed before the run, so that the routing spreads
-    #: over the experts as a trained model's does (fi_profile.capture.dummy_routing)
-    router_biases_zeroed: Optional[NonNegativeInt] = None
+    #: with dummy weights, in a MoE model: the biases zeroed before the run, so that the routing
+    #: spreads over the experts as a trained model's does (fi_profile.capture.dummy_routing)
+    dummy_biases_zeroed: Optional[NonNegativeInt] = None
     engine_args: Optional[dict[str, Any]] = None
     count_only: Optional[bool] = None
     # what the engine's processes recorded
