@@ -307,7 +307,6 @@ def layer_calls(self: Any, hidden_states: torch.Tensor) -> list:
                            mxfp4=microscaled)
 
 
-
 def is_moe_layer(module: Any) -> bool:
     """Whether ``module`` is a MoE layer (:mod:`fi_profile.capture.dummy_routing`)."""
     from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE

@@ -146,10 +146,10 @@ POINTS = [
               outside_forward=True),
     HookPoint("vllm.v1.worker.gpu.sample.sampler", "Sampler", ("sample",), sampling.KEY, _sampler_v2, optional=True,
               outside_forward=True),
-    # every engine step that schedules tokens runs a forward, which must be in the record
     # dummy weights drawn (before vLLM turns them into its kernels' layout): a MoE model's biases zeroed
     HookPoint("vllm.model_executor.model_loader.dummy_loader", "DummyModelLoader", ("load_weights",), "dummy_routing",
               after_dummy_weights(vllm_moe.is_moe_layer), around=True, optional=True),
+    # every engine step that schedules tokens runs a forward, which must be in the record
     HookPoint("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", ("execute_model",), "step", steps.engine_step, around=True),
     HookPoint("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", ("execute_model",), "step", steps.engine_step, around=True,
               optional=True),

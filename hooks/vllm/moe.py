@@ -354,7 +354,6 @@ def layer_calls(self: Any, hidden_states: torch.Tensor, router_logits: torch.Ten
     return [gemm.call(hidden_states, n, k, bias=bias), *calls]
 
 
-
 def is_moe_layer(module: Any) -> bool:
     """Whether ``module`` is a MoE layer (:mod:`fi_profile.capture.dummy_routing`)."""
     from vllm.model_executor.layers.fused_moe.runner.moe_runner_interface import MoERunnerInterface
