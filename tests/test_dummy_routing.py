@@ -77,3 +77,16 @@ def test_the_hook_zeroes_after_the_engine_drew_the_weights_unless_told_to_keep_t
     with after_dummy_weights(is_moe)(kept):
         pass
     assert torch.count_nonzero(kept.layers[0].router.bias) == 4
+
+
+def test_a_failure_to_zero_never_stops_the_engine(monkeypatch):
+    monkeypatch.setattr("fi_profile.capture.dummy_routing.ZEROED", [])
+
+    def broken(module):
+        raise ImportError("the engine moved its MoE layer")
+
+    import pytest
+
+    with pytest.warns(RuntimeWarning, match="not zeroed"):
+        with after_dummy_weights(broken)(Model()):
+            pass

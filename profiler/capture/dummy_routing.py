@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from typing import Any, Callable, Iterator
 
 import torch
@@ -37,12 +38,8 @@ def dummy_biases(model: torch.nn.Module, is_moe: Callable[[Any], bool]) -> dict[
     router's, a correction bias, the projections' and the experts' own)."""
     if not any(is_moe(module) for module in model.modules()):
         return {}
-    found: dict[str, torch.Tensor] = {}
-    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-        if name.rsplit(".", 1)[-1].endswith("bias") and tensor.is_floating_point() \
-                and all(tensor is not other for other in found.values()):
-            found[name] = tensor
-    return found
+    return {name: tensor for name, tensor in [*model.named_parameters(), *model.named_buffers()]
+            if name.rsplit(".", 1)[-1].endswith("bias") and tensor.is_floating_point()}
 
 
 def zero_dummy_biases(model: torch.nn.Module, is_moe: Callable[[Any], bool]) -> list[str]:
@@ -57,12 +54,19 @@ def zero_dummy_biases(model: torch.nn.Module, is_moe: Callable[[Any], bool]) -> 
 
 def after_dummy_weights(is_moe: Callable[[Any], bool]) -> Callable[..., Any]:
     """An ``around`` hook for the engine's function that draws dummy weights into ``model``: when it
-    returns, :func:`zero_dummy_biases` (unless ``FI_PROFILE_DUMMY_ROUTING=engine``)."""
+    returns, :func:`zero_dummy_biases` (unless ``FI_PROFILE_DUMMY_ROUTING=engine``). A failure never
+    stops the engine: it is warned of, and the record then has no ``run.dummy_biases_zeroed`` (the
+    replay flags a bias-routed MoE row as for the engine's draw)."""
 
     @contextlib.contextmanager
     def around(model: torch.nn.Module) -> Iterator[None]:
         yield
-        if os.environ.get(ENV_ROUTING) != "engine":
+        if os.environ.get(ENV_ROUTING) == "engine":
+            return
+        try:
             zero_dummy_biases(model, is_moe)
+        except Exception as exc:  # noqa: BLE001 - a hook must never break the engine
+            warnings.warn(f"fi-profile: the MoE model's dummy biases were not zeroed ({type(exc).__name__}: {exc}); "
+                          "its routing is the engine's draw", RuntimeWarning, stacklevel=2)
 
     return around
