@@ -11,18 +11,31 @@ off its AMX CPU path:
   built without the global layers' scaling) runs on the AMX path only, where its own hook records it.
 
 Which table a rotation used is the decoder layer's: its ``is_sliding``, set while it runs.
+
+Its decoder layer, where its ``forward`` takes no ``residual`` (SGLang 0.5.16; later versions pass
+the residual to fused norms), adds each residual in Python between two norms: ``norm → residual +
+h → norm``, the math of ``gemma_fused_add_rmsnorm_*``, as later versions run it. The add (a kernel
+of its own, which no Definition computed: 0.7% of Gemma-3-27B's time) and the norm that takes its
+sum are then one call of that Definition: the add feeds the norm's call (its kernels and graph
+nodes are the call's), and the record has the counts a version with the fused norms gives.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import threading
 from typing import Any, Iterator, Optional
 
 import torch
+from torch.overrides import TorchFunctionMode
 
+from fi_profile.capture.graph_capture import CAPTURING
 from fi_profile.capture.layers import judged_once, require, seen
-from fi_profile.families import embedding, rope
+from fi_profile.capture.patching import wrap
+from fi_profile.capture.recorder import RECORDER
+from fi_profile.families import embedding, rmsnorm, rope
 
 #: the model and the decoder layer that run now (the hooks below set them around their forwards)
 _CURRENT = threading.local()
@@ -43,15 +56,82 @@ def _current(**values: Any) -> Iterator[None]:
 
 
 def model_forward(self: Any) -> Any:
-    """``Gemma3TextModel.forward``: its two RoPE tables, the global one first, and its layers."""
+    """``Gemma3TextModel.forward``: its two RoPE tables, the global one first, and its layers (no
+    residual sum waiting for its norm yet)."""
     return _current(tables=(getattr(self, "rotary_emb", None), getattr(self, "rotary_emb_local", None)),
-                    layers=getattr(self, "layers", None))
+                    layers=getattr(self, "layers", None), residual_sum=None)
 
 
-def decoder_layer_forward(self: Any) -> Any:
-    """``Gemma3DecoderLayer.forward``: whether its attention is a sliding layer's, and its RoPE layer."""
+def decoder_layer_forward(self: Any, hidden_states: torch.Tensor) -> Any:
+    """``Gemma3DecoderLayer.forward``: whether its attention is a sliding layer's, and its RoPE
+    layer; where the layer adds its residuals in Python, those adds are watched while it runs."""
     attention = getattr(self, "self_attn", None)
-    return _current(sliding=getattr(self, "is_sliding", None), layer_rope=getattr(attention, "rotary_emb", None))
+    current = _current(sliding=getattr(self, "is_sliding", None), layer_rope=getattr(attention, "rotary_emb", None))
+    if not adds_residual_in_python(type(self)) or torch.compiler.is_compiling() \
+            or not (RECORDER.active or CAPTURING.trace is not None):
+        return current
+    stack = contextlib.ExitStack()
+    stack.enter_context(current)
+    stack.enter_context(ResidualAdds(hidden_states))
+    return stack
+
+
+@functools.lru_cache(maxsize=None)
+def adds_residual_in_python(layer_class: type) -> bool:
+    """Whether the decoder layer's ``forward`` takes no ``residual`` (SGLang 0.5.16's: it adds the
+    residuals itself; later versions pass the residual to their norms, which fuse the add)."""
+    try:
+        return "residual" not in inspect.signature(layer_class.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _add(func: Any, stream: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
+    return func(stream, branch)
+
+
+def _records_nothing() -> list:
+    return []
+
+
+#: a residual add: recording nothing of its own, its kernels (and graph nodes) the next norm call's
+_fed_add = wrap(_add, "gemma3_residual_add", _records_nothing, feeds=rmsnorm.KEY)
+#: how a residual add is called: ``residual + hidden_states``, or torch's add
+_ADDS = frozenset({torch.Tensor.__add__, torch.Tensor.add, torch.add})
+
+
+class ResidualAdds(TorchFunctionMode):
+    """While a decoder layer runs: each add of the residual stream (the layer's input, then each
+    sum) and a tensor of its shape is a residual add; its sum, the branch added and the residual
+    before it wait for the norm that takes the sum (:func:`norm_calls`), past the layer's end."""
+
+    def __init__(self, stream: torch.Tensor) -> None:
+        super().__init__()
+        self.stream = stream
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+        if func in _ADDS and not kwargs and len(args) == 2:
+            first, second = args
+            if isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor) and first.shape == second.shape \
+                    and (first is self.stream or second is self.stream):
+                branch = second if first is self.stream else first
+                total = _fed_add(func, first, second)
+                _CURRENT.residual_sum = (total, branch, self.stream)
+                self.stream = total
+                return total
+        return func(*args, **(kwargs or {}))
+
+
+def norm_calls(self: Any, x: torch.Tensor, residual: Optional[torch.Tensor] = None,
+               post_residual_addition: Optional[torch.Tensor] = None) -> list:
+    """SGLang's Gemma norms: as :func:`fi_profile.families.rmsnorm.gemma_layer_calls`, but a norm of
+    a residual sum its decoder layer made in Python (:class:`ResidualAdds`) is the fused add + norm
+    of the branch and the residual before it."""
+    waiting = getattr(_CURRENT, "residual_sum", None)
+    if residual is None and waiting is not None and x is waiting[0]:
+        _CURRENT.residual_sum = None
+        x, residual = waiting[1], waiting[2]
+    return rmsnorm.gemma_layer_calls(self, x, residual, post_residual_addition)
 
 
 def rotation_calls(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor) -> list:

@@ -108,10 +108,8 @@ _GEMMA3 = "sglang.srt.models.gemma3_causal"
 
 POINTS = [
     HookPoint(f"{_LAYERS}.layernorm", "RMSNorm", ("forward",), rmsnorm.KEY, rmsnorm.layer_calls),
-    HookPoint(f"{_LAYERS}.layernorm", "GemmaRMSNorm", ("forward",), rmsnorm.KEY, rmsnorm.gemma_layer_calls,
-              optional=True),
-    HookPoint(f"{_LAYERS}.layernorm", "Gemma3RMSNorm", ("forward",), rmsnorm.KEY, rmsnorm.gemma_layer_calls,
-              optional=True),
+    HookPoint(f"{_LAYERS}.layernorm", "GemmaRMSNorm", ("forward",), rmsnorm.KEY, gemma3.norm_calls, optional=True),
+    HookPoint(f"{_LAYERS}.layernorm", "Gemma3RMSNorm", ("forward",), rmsnorm.KEY, gemma3.norm_calls, optional=True),
     HookPoint(f"{_LAYERS}.activation", "SiluAndMul", ("forward",), silu_and_mul.KEY, silu_and_mul.layer_calls),
     HookPoint(f"{_LAYERS}.activation", "GeluAndMul", ("forward",), silu_and_mul.KEY, silu_and_mul.gelu_layer_calls),
     HookPoint(f"{_LAYERS}.activation", "ReLU2", ("forward",), silu_and_mul.KEY, silu_and_mul.relu2_layer_calls,
