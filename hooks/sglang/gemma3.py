@@ -96,8 +96,9 @@ def _records_nothing() -> list:
 
 #: a residual add: recording nothing of its own, its kernels (and graph nodes) the next norm call's
 _fed_add = wrap(_add, "gemma3_residual_add", _records_nothing, feeds=rmsnorm.KEY)
-#: how a residual add is called: ``residual + hidden_states``, or torch's add
-_ADDS = frozenset({torch.Tensor.__add__, torch.Tensor.add, torch.add})
+#: how a residual add is called: ``residual + hidden_states``, or torch's add (compared by identity:
+#: every torch call in the layer passes here, and nothing of it may raise)
+_ADDS = (torch.Tensor.__add__, torch.Tensor.add, torch.add)
 
 
 class ResidualAdds(TorchFunctionMode):
@@ -110,7 +111,7 @@ class ResidualAdds(TorchFunctionMode):
         self.stream = stream
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
-        if func in _ADDS and not kwargs and len(args) == 2:
+        if (func is _ADDS[0] or func is _ADDS[1] or func is _ADDS[2]) and not kwargs and len(args) == 2:
             first, second = args
             if isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor) and first.shape == second.shape \
                     and (first is self.stream or second is self.stream):
