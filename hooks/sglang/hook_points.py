@@ -26,7 +26,8 @@ from fi_profile.families import (
     sampling,
     silu_and_mul,
 )
-from fi_profile.hooks.sglang import attention, gemma3, steps
+from fi_profile.families import gdn as gdn_family
+from fi_profile.hooks.sglang import attention, gdn, gemma3, steps
 from fi_profile.hooks.sglang import fp8_linear as sglang_fp8
 from fi_profile.hooks.sglang import mla as sglang_mla
 from fi_profile.hooks.sglang import moe as sglang_moe
@@ -105,6 +106,7 @@ _LAYERS = "sglang.srt.layers"
 _EXECUTOR = "sglang.srt.model_executor"
 _MLA = "sglang.srt.models.deepseek_common.attention_forward_methods"
 _GEMMA3 = "sglang.srt.models.gemma3_causal"
+_FLA = "sglang.kernels.ops.attention.fla"
 
 POINTS = [
     HookPoint(f"{_LAYERS}.layernorm", "RMSNorm", ("forward",), rmsnorm.KEY, rmsnorm.layer_calls),
@@ -140,6 +142,12 @@ POINTS = [
               embedding.layer_calls),
     HookPoint(f"{_LAYERS}.radix_attention", "RadixAttention", ("forward",), attention_family.KEY, attention.layer_calls,
               live=True, traced=attention.captured_layer_calls),
+    # Gated DeltaNet (Qwen3-Next): a layer's conv1d and recurrence in each step, and its gated norm
+    HookPoint(f"{_LAYERS}.radix_linear_attention", "RadixLinearAttention", ("forward",), gdn_family.KEY,
+              gdn.layer_calls, live=True, traced=gdn.captured_layer_calls, optional=True),
+    HookPoint(f"{_FLA}.fused_norm_gate", "FusedRMSNormGated", ("forward",), rmsnorm.KEY, gdn.fused_norm_calls,
+              optional=True),
+    HookPoint(f"{_FLA}.layernorm_gated", "RMSNorm", ("forward",), rmsnorm.KEY, gdn.gated_norm_calls, optional=True),
     # DeepSeek's MLA: the absorbed form, the up-projected prefill and the latent write before it
     # (their RadixAttention layers run nested, recording nothing of their own)
     HookPoint(f"{_MLA}.forward_mla", "DeepseekMLAForwardMixin", ("forward_absorb_core",), mla.KEY,
@@ -222,6 +230,9 @@ LAYER_RULES = [
     LayerRule(f"{_GEMMA3}:Gemma3TextScaledWordEmbedding", gemma3.embedding_problem),
     sglang_mla.LAYER_RULE,
     LayerRule(f"{_LAYERS}.radix_attention:RadixAttention", attention.layer_problem),
+    LayerRule(f"{_LAYERS}.radix_linear_attention:RadixLinearAttention", gdn.layer_problem),
+    LayerRule(f"{_FLA}.fused_norm_gate:FusedRMSNormGated", gdn.fused_norm_problem),
+    LayerRule(f"{_FLA}.layernorm_gated:RMSNorm", gdn.gated_norm_problem),
     LayerRule(f"{_LAYERS}.moe.topk:TopK", sglang_moe.routing_problem),
     LayerRule("sglang.srt.models.deepseek_v2:MoEGate", sglang_moe.gate_problem),
     LayerRule(f"{_LAYERS}.logits_processor:LogitsProcessor", _logits_problem),
@@ -238,4 +249,8 @@ KERNEL_LAYERS = [
     "sglang.srt.layers.utils.multi_platform:MultiPlatformOp",
     "sglang.srt.custom_op:CustomOp",
     f"{_LAYERS}.radix_attention:RadixAttention",
+    # linear attention and the gated norms of FLA's kernels: plain modules, judged by their rules
+    f"{_LAYERS}.radix_linear_attention:RadixLinearAttention",
+    f"{_FLA}.fused_norm_gate:FusedRMSNormGated",
+    f"{_FLA}.layernorm_gated:RMSNorm",
 ]

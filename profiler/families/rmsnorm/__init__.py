@@ -122,9 +122,12 @@ def gated_layer_problem(layer: Any) -> Optional[str]:
     """Why a gated norm layer (vLLM's ``RMSNormGated``) is not what ``gated_rmsnorm_*`` computes:
     another class, a norm over groups of the row, a bias, the gate applied before the norm, or a
     gate other than SiLU; or None."""
-    problem = _GATED(layer)
-    if problem is not None:
-        return problem
+    return _GATED(layer) or gated_attributes_problem(layer)
+
+
+def gated_attributes_problem(layer: Any) -> Optional[str]:
+    """What a gated norm layer holds that ``gated_rmsnorm_*`` does not compute (groups, a bias, the
+    gate first, a gate other than SiLU), whatever its class; or None."""
     hidden = int(layer.weight.shape[-1])
     group = getattr(layer, "group_size", None)
     problems = {
