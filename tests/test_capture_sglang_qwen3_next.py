@@ -1,13 +1,14 @@
 """A hybrid model in SGLang 0.5.23 on CPU: the tiny Qwen3-Next of ``test_capture_qwen3_next`` (3
-Gated DeltaNet layers with heads of 128, then one gated full attention layer), without its shared
-expert: SGLang applies the shared expert's gate by a Triton kernel (``fused_gate_sigmoid_mul_add``)
-unless the CPU has AMX and a CPU build of sgl-kernel, and neither is here. Its Gated DeltaNet
-kernels are sgl-kernel's CPU ops, in PyTorch here (``tests/sglang_cpu/sgl_kernel_mamba.py``).
+Gated DeltaNet layers with heads of 128, then one gated full attention layer; 8 experts top-2 and a
+gated shared expert). Its Gated DeltaNet kernels are sgl-kernel's CPU ops and two Triton launches
+SGLang makes on CPU too (the gated norm, the shared expert's gate) are computed in PyTorch here
+(``tests/sglang_cpu/``): SGLang's calls to them are its own.
 
 Each Gated DeltaNet layer (``RadixLinearAttention`` on SGLang's ``GDNAttnBackend``) is one
 ``causal_conv1d_*`` and one ``gdn_*`` call per step, of the step's kind, and its gated norm
 (``FusedRMSNormGated``) one ``gated_rmsnorm_*`` call: the counts vLLM records for the same model.
-The shared expert's gate, built and never called, is the only layer listed."""
+The shared expert's gate, its sigmoid, product and add are one ``shared_expert_gate_*`` call per
+layer and step (SGLang's ``fused_gate_sigmoid_mul_add``). The record is complete."""
 
 from __future__ import annotations
 
@@ -16,24 +17,17 @@ import json
 from test_capture_qwen3_next import CONV_DECODE, CONV_PREFILL, GDN_DECODE, GDN_LAYERS, GDN_PREFILL
 from test_capture_sglang import SGLANG_PYTHON
 from test_capture_vllm import MODELS, OUTPUT_LEN, capture, counts
+from typer.testing import CliRunner
 
 ATTENTION_LAYERS = 1
 
 
-def _model(tmp_path):
-    config = json.loads((MODELS / "tiny-qwen3-next" / "config.json").read_text())
-    model = tmp_path / "tiny-qwen3-next-routed"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({**config, "shared_expert_intermediate_size": 0}))
-    return str(model)
-
-
 def test_sglangs_gated_deltanet_layers_are_a_conv1d_and_a_recurrence_per_layer_and_step(tmp_path):
-    result = capture(tmp_path, "qwen3-next", python=SGLANG_PYTHON, framework="sglang", model=_model(tmp_path))
+    result = capture(tmp_path, "qwen3-next", python=SGLANG_PYTHON, framework="sglang",
+                     model=str(MODELS / "tiny-qwen3-next"))
     run = result["record"]["run"]
-    assert run["hook_errors"] == {} and run["hooks_missing"] == [], run
-    # the shared expert's gate: SGLang builds it (an nn.Linear) with no shared expert to gate
-    assert run["not_covered"] == {"Linear (a torch nn.Linear no hook records)": GDN_LAYERS + ATTENTION_LAYERS}
+    assert run["hook_errors"] == {} and run["hooks_missing"] == [] and not run["not_covered"], run
+    assert not run.get("incomplete"), run
     found = counts(result)
     steps = found["embedding_v2048_h256"]
     decode_steps = OUTPUT_LEN - 1
@@ -42,6 +36,9 @@ def test_sglangs_gated_deltanet_layers_are_a_conv1d_and_a_recurrence_per_layer_a
     assert found[CONV_DECODE] == GDN_LAYERS * decode_steps
     assert found[CONV_PREFILL] == GDN_LAYERS * (steps - decode_steps)
     assert found["gated_rmsnorm_h128"] == GDN_LAYERS * steps
+    # every layer's experts, and its shared expert's gate in one kernel with the sigmoid, product and add
+    assert found["moe_bf16_renorm_topk2_e8_h256_i128"] == (GDN_LAYERS + ATTENTION_LAYERS) * steps
+    assert found["shared_expert_gate_sigmoid_mul_add_h256"] == (GDN_LAYERS + ATTENTION_LAYERS) * steps
     # the full attention layer beside them, and its zero-centred q/k norms
     assert found["gqa_paged_decode_h4_kv2_d64_ps1"] == ATTENTION_LAYERS * decode_steps
     assert found["gemma_rmsnorm_h64"] == 2 * ATTENTION_LAYERS * steps
@@ -57,3 +54,14 @@ def test_sglangs_gated_deltanet_layers_are_a_conv1d_and_a_recurrence_per_layer_a
                       .splitlines()[0])["workload"]
     assert {n for n, v in conv["inputs"].items() if v["type"] == "safetensors"} == {
         "cu_seqlens", "conv_state_indices", "has_initial_state"}
+
+    from fi_profile.cli import app
+
+    names = [GDN_DECODE, GDN_PREFILL, CONV_DECODE, CONV_PREFILL, "shared_expert_gate_sigmoid_mul_add_h256"]
+    replayed = CliRunner().invoke(app, ["replay", str(out), "--definitions", ",".join(names), "--device", "cpu",
+                                        "--min-time", "0.01", "--max-workloads", "2", "--out", str(tmp_path / "r")])
+    assert replayed.exit_code == 0, replayed.output
+    results = [json.loads(line) for line in (tmp_path / "r" / "results.jsonl").read_text().splitlines()]
+    assert {r["kernel_id"] for r in results} == set(names)
+    assert {r["source"].rsplit("__", 1)[-1] for r in results} >= {"reference", "torch"}
+    assert all(r["status"] == "passed" for r in results), [(r["source"], r["status"], r.get("error")) for r in results]

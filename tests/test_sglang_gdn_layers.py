@@ -104,3 +104,19 @@ def test_the_gated_norms_gate_and_weight_are_judged():
     assert gdn.fused_norm_problem(norm) is None
     assert "a sigmoid gate" in gdn.fused_norm_problem(SimpleNamespace(**{**vars(norm), "activation": "sigmoid"}))
     assert "no weight" in gdn.fused_norm_problem(SimpleNamespace(**{**vars(norm), "elementwise_affine": False}))
+
+
+def test_the_shared_experts_fused_gate_is_one_call_and_its_linear_layer_is_covered_by_its_weight():
+    from fi_profile.capture.layers import SEEN_WEIGHTS
+    from fi_profile.hooks.sglang import moe
+
+    gate = torch.nn.Linear(256, 1, bias=False)
+    x = torch.zeros(5, 256, dtype=torch.bfloat16)
+    (call,) = moe.shared_expert_gate_calls(x, gate.weight.squeeze(), x, x)
+    assert call.definition.name == "shared_expert_gate_sigmoid_mul_add_h256" and call.axes == {"num_tokens": 5}
+    assert id(gate.weight) in SEEN_WEIGHTS
+    with pytest.raises(NotImplementedError, match="gate weight of shape"):
+        moe.shared_expert_gate_calls(x, torch.zeros(2, 256), x, x)
+    assert moe.one_output_linear_problem(gate) is None
+    assert "no hook records" in moe.one_output_linear_problem(torch.nn.Linear(256, 1, bias=True))
+    assert "no hook records" in moe.one_output_linear_problem(torch.nn.Linear(256, 8, bias=False))

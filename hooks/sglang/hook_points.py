@@ -24,6 +24,7 @@ from fi_profile.families import (
     rmsnorm,
     rope,
     sampling,
+    shared_expert_gate,
     silu_and_mul,
 )
 from fi_profile.families import gdn as gdn_family
@@ -167,6 +168,9 @@ POINTS = [
     # the router's top-k: where it records nothing (the routing is part of the MoE Definition), its
     # kernels in a CUDA graph are the experts' call's after it
     HookPoint(f"{_LAYERS}.moe.topk", "TopK", ("forward",), "moe_routing", sglang_moe.routing_calls, feeds=moe.KEY),
+    # a kernel function Qwen2-MoE's block calls (looked up in its module) with its shared expert's output
+    HookPoint("sglang.srt.models.qwen2_moe", "", ("fused_gate_sigmoid_mul_add",), shared_expert_gate.KEY,
+              sglang_moe.shared_expert_gate_calls, optional=True),
     HookPoint(f"{_LAYERS}.moe.fused_moe_triton.layer", "FusedMoE", ("forward",), moe.KEY, sglang_moe.layer_calls,
               nested=(silu_and_mul.KEY, gemm.KEY)),
     # a kernel function the models call with the norm layers' weights (looked up in this module)
@@ -235,6 +239,7 @@ LAYER_RULES = [
     LayerRule(f"{_FLA}.layernorm_gated:RMSNorm", gdn.gated_norm_problem),
     LayerRule(f"{_LAYERS}.moe.topk:TopK", sglang_moe.routing_problem),
     LayerRule("sglang.srt.models.deepseek_v2:MoEGate", sglang_moe.gate_problem),
+    LayerRule("torch.nn.modules.linear:Linear", sglang_moe.one_output_linear_problem),
     LayerRule(f"{_LAYERS}.logits_processor:LogitsProcessor", _logits_problem),
     sglang_fp8.LAYER_RULE,
     sglang_fp8.COMPRESSED_TENSORS_RULE,

@@ -9,8 +9,8 @@ from typing import Any, Optional
 import torch
 
 from fi_profile.capture.kernel_call import rows
-from fi_profile.capture.layers import KnownAttributes, require, seen
-from fi_profile.families import gemm, moe
+from fi_profile.capture.layers import KnownAttributes, require, seen, seen_weights
+from fi_profile.families import gemm, moe, shared_expert_gate
 from fi_profile.hooks.sglang import fp8_linear as sglang_fp8
 from fi_profile.hooks.sglang.attention import STEP
 
@@ -312,3 +312,25 @@ def is_moe_layer(module: Any) -> bool:
     from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
 
     return isinstance(module, FusedMoE)
+
+
+def shared_expert_gate_calls(hidden_states: torch.Tensor, gate_weight: torch.Tensor, shared_output: torch.Tensor,
+                             final_hidden_states: torch.Tensor) -> list:
+    """``fused_gate_sigmoid_mul_add`` (Qwen2-MoE's and Qwen3-Next's shared-expert gate on CUDA, past
+    the gate's linear layer, whose weight it takes): the gate, its sigmoid, the product with the
+    shared expert's output and the add to the routed output, one kernel."""
+    require(None if gate_weight.dim() == 1 and gate_weight.shape[0] == hidden_states.shape[-1] else
+            f"fused_gate_sigmoid_mul_add with a gate weight of shape {tuple(gate_weight.shape)} for hidden states of "
+            f"{hidden_states.shape[-1]} (one logit per token is what shared_expert_gate_* computes)")
+    seen_weights(getattr(gate_weight, "_base", None), gate_weight)  # the gate layer's weight, squeezed
+    return [shared_expert_gate.call(hidden_states)]
+
+
+def one_output_linear_problem(layer: Any) -> Optional[str]:
+    """A torch ``nn.Linear`` with one output and no bias is SGLang's shared-expert gate (Qwen2-MoE,
+    Qwen3-Next), whose weight the block hands to ``fused_gate_sigmoid_mul_add``: covered where that
+    hook sees its weight (else listed at the end as never reaching a hook). Any other is a GEMM no
+    hook records."""
+    if int(getattr(layer, "out_features", 0)) == 1 and getattr(layer, "bias", None) is None:
+        return None
+    return f"{type(layer).__name__} (a torch nn.Linear no hook records)"

@@ -31,6 +31,7 @@ from fi_profile.families import (
     rmsnorm,
     rope,
     sampling,
+    shared_expert_gate,
     silu_and_mul,
 )
 from fi_profile.families.family import Family
@@ -53,6 +54,7 @@ FAMILIES: tuple[Family, ...] = (
     mamba.FAMILY,
     bmm.FAMILY,
     moe.FAMILY,
+    shared_expert_gate.FAMILY,
     sampling.FAMILY,
     collective.FAMILY,
 )

@@ -15,9 +15,9 @@ SP=$("$V/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'
 cp "$HERE/torchvision_op_shim.py" "$SP/"
 echo "import torchvision_op_shim" > "$SP/torchvision_op_shim.pth"
 mkdir -p "$SP/sgl_kernel" && cp "$HERE/sgl_kernel_stub.py" "$SP/sgl_kernel/__init__.py"
-# sgl-kernel's Gated DeltaNet CPU ops in PyTorch, and the gated norm's CPU path (Qwen3-Next)
+# sgl-kernel's Gated DeltaNet CPU ops in PyTorch, and CPU paths of two Triton launches (Qwen3-Next)
 cp "$HERE/sgl_kernel_mamba.py" "$SP/sgl_kernel/mamba.py"
-cp "$HERE/gated_norm_cpu_path.py" "$SP/"
-echo "import gated_norm_cpu_path" > "$SP/gated_norm_cpu_path.pth"
+cp "$HERE/cpu_paths.py" "$SP/sglang_cpu_paths.py"
+echo "import sglang_cpu_paths" > "$SP/sglang_cpu_paths.pth"
 "$V/bin/pip" install -q -e "$REPO"
 "$V/bin/python" -c "import sglang, torch; print('sglang', sglang.__version__, 'torch', torch.__version__)"

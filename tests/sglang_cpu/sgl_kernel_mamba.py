@@ -1,7 +1,7 @@
 # Test scaffolding for SGLang on CPU: sgl_kernel.mamba in PyTorch (no CPU build of sgl-kernel is on
 # PyPI). SGLang 0.5.23's Gated DeltaNet backend imports these on CPU, and looks up
 # torch.ops.sgl_kernel.{fused_gdn_gating,fused_sigmoid_gating_delta_rule_update,fused_rmsnorm_gated}_cpu
-# (the last: gated_norm_cpu_path.py); they are set here. They follow the recurrences as SGLang's Triton kernels compute them (states per
+# (the last: cpu_paths.py); they are set here. They follow the recurrences as SGLang's Triton kernels compute them (states per
 # slot: conv [dim, width - 1], recurrent [value heads, V, K] in float32), slowly; a form SGLang may
 # call that is not written here (speculative decoding's windows) raises.
 import torch
