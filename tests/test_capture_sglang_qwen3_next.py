@@ -65,3 +65,18 @@ def test_sglangs_gated_deltanet_layers_are_a_conv1d_and_a_recurrence_per_layer_a
     assert {r["kernel_id"] for r in results} == set(names)
     assert {r["source"].rsplit("__", 1)[-1] for r in results} >= {"reference", "torch"}
     assert all(r["status"] == "passed" for r in results), [(r["source"], r["status"], r.get("error")) for r in results]
+
+
+def test_under_tensor_parallelism_each_rank_records_its_heads_and_channels(tmp_path):
+    """TP=2: each rank's Gated DeltaNet has 1 key and 2 value heads (flashinfer-trace names the
+    dataset's calls by the heads per rank), its conv1d half the channels."""
+    result = capture(tmp_path, "qwen3-next-tp2", python=SGLANG_PYTHON, framework="sglang",
+                     model=str(MODELS / "tiny-qwen3-next"), tp=2)
+    run = result["record"]["run"]
+    assert run["hook_errors"] == {} and not run["not_covered"] and not run.get("incomplete"), run
+    found = counts(result)
+    ranks, decode_steps = 2, OUTPUT_LEN - 1
+    assert found["gdn_decode_qk1_v2_d128_k_last"] == ranks * GDN_LAYERS * decode_steps
+    assert found["causal_conv1d_decode_c512_w4_silu"] == ranks * GDN_LAYERS * decode_steps
+    assert found["gdn_prefill_qk1_v2_d128_k_last"] == found["causal_conv1d_prefill_c512_w4_silu"] > 0
+    assert not any(k.startswith(("gdn_decode_qk2", "causal_conv1d_decode_c1024")) for k in found)
