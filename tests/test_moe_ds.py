@@ -260,6 +260,12 @@ def test_sglang_fused_shared_expert_is_recorded_with_deepseek_routing_and_listed
     sglang_moe.routing_calls(topk(2), logits)
     with pytest.raises(NotImplementedError, match="fused shared experts"):
         sglang_moe.layer_calls(experts(18), hidden)
+    # one more expert than the router knows of: Qwen's sigmoid-gated shared expert, fused past the
+    # router (SGLang 0.5.16 on an H100, 2026-12-07), named with the argument that runs it apart
+    sglang_moe.routing_calls(topk(0), logits)
+    with pytest.raises(NotImplementedError, match="fused into the routed ones past the router.*"
+                                                  "disable_shared_experts_fusion=true"):
+        sglang_moe.layer_calls(experts(17), hidden)
     softmax = topk(1, scoring_func="softmax", use_grouped_topk=False, correction_bias=None)
     assert "fused shared experts" in sglang_moe.routing_problem(softmax)
     # SGLang 0.5.23 keeps the slots in its shared-experts layout: with waterfill balancing it gives

@@ -120,3 +120,14 @@ def test_the_shared_experts_fused_gate_is_one_call_and_its_linear_layer_is_cover
     assert moe.one_output_linear_problem(gate) is None
     assert "no hook records" in moe.one_output_linear_problem(torch.nn.Linear(256, 1, bias=True))
     assert "no hook records" in moe.one_output_linear_problem(torch.nn.Linear(256, 8, bias=False))
+
+
+def test_the_gated_norms_triton_kernel_is_the_norms():
+    """SGLang 0.5.16's gated norm on an H100 ran ``layer_norm_gated_fwd_kernel`` (0.9% of
+    Qwen3-Next's time, attributed to no Definition before)."""
+    from fi_profile.capture.kernel_accounting import words_fit
+    from fi_profile.families import gdn as gdn_family
+    from fi_profile.families import rmsnorm
+
+    assert words_fit("layer_norm_gated_fwd_kernel", rmsnorm.FAMILY.kernel_words)
+    assert not words_fit("layer_norm_gated_fwd_kernel", gdn_family.FAMILY.kernel_words)

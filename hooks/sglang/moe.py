@@ -293,7 +293,11 @@ def layer_calls(self: Any, hidden_states: torch.Tensor) -> list:
     fp8_problem = fp8_block_problem(self) if fp8_block else None
     if fp8_problem is not None:
         found.append(fp8_problem)
-    if self.num_experts != routed + shared:  # redundant experts, or shared slots per rank (expert parallelism)
+    if self.num_experts == routed + shared + 1 and not shared:  # the router does not know of it
+        found.append(f"{self.num_experts} experts' weights for {routed} routed: a shared expert SGLang fused into the "
+                     "routed ones past the router (Qwen2-MoE's and Qwen3-Next's, its slot weighted by the sigmoid of "
+                     "its gate; --engine-arg disable_shared_experts_fusion=true runs it apart, as its own calls)")
+    elif self.num_experts != routed + shared:  # redundant experts, or shared slots per rank (expert parallelism)
         found.append(f"{self.num_experts} experts' weights for {routed} routed and {shared} fused shared")
     deepseek = deepseek_routing(config)
     # SGLang's top-k counts the fused shared experts' slots; the Definition's counts the routed ones

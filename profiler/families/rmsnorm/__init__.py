@@ -235,6 +235,7 @@ FAMILY = Family(
     # Inductor names a kernel after the ops fused into it: a norm's variance is ``mean_mul_pow``, also
     # where it split the norm and its reduction is named after a gate's SiLU besides (vLLM's
     # compiled Mamba-2 gated norm: ``triton_red_fused__to_copy_mean_mul_pow_silu_view_0``)
-    kernel_words=("rms", "rmsnorm", "rms_norm", "rsqrt", "layer_norm_fwd", "mean_mul_pow"),
+    # FLA's gated norm (SGLang's FusedRMSNormGated) runs layer_norm_gated_fwd_kernel
+    kernel_words=("rms", "rmsnorm", "rms_norm", "rsqrt", "layer_norm_fwd", "norm_gated", "mean_mul_pow"),
     reduces=True,
 )
