@@ -30,6 +30,9 @@ TEMPLATES = {
     "ds_routing": "moe_bf16_ds_routing_topk8_ng8_kg4_e256_h7168_i2048",  # DeepSeek-V3's
     # DeepSeek-V3's with its shared expert fused in as one more expert (SGLang on CUDA)
     "ds_routing_shared": "moe_bf16_ds_routing_topk8_ng8_kg4_e256_h7168_i2048_shared1",
+    # softmax top-k with a shared expert fused in as one more expert, weighted by the sigmoid of its
+    # gate (SGLang's Qwen3-Next on CUDA)
+    "renorm_shared_gate": "moe_bf16_renorm_topk10_e512_h2048_i512_shared1_sigmoid_gate",
     # DeepSeek-V3's under expert parallelism: a rank's experts from local_expert_offset on (EP=8)
     "ds_routing_ep": "moe_bf16_ds_routing_topk8_ng8_kg4_e32_h7168_i2048_ep8",
     # gpt-oss-20b's: softmax top-k, renormalized; biased experts with its SwiGLU on interleaved rows
@@ -80,23 +83,32 @@ def call(hidden_states: torch.Tensor, routing_logits: torch.Tensor, num_experts:
          intermediate_size: int, renormalize: bool, deepseek: Optional[DeepSeekRouting] = None,
          routing_bias: Optional[torch.Tensor] = None, shared_experts: int = 0,
          local: Optional[LocalExperts] = None, swiglu_oai: Optional[SwigluOAI] = None,
-         llama4: bool = False, mxfp4: bool = False) -> KernelCall:
+         llama4: bool = False, mxfp4: bool = False, shared_gate: Optional[torch.Tensor] = None) -> KernelCall:
     """A fused MoE layer (routing + SwiGLU experts) with a softmax top-k router, or with DeepSeek's
     routing (``deepseek``, its correction bias ``routing_bias``; ``shared_experts`` fused after the
     ``num_experts`` routed ones, each token's extra slot beyond its ``top_k`` routed; ``local``: the
     rank's experts under expert parallelism, whose part of the sum the layer computes);
     ``swiglu_oai``: gpt-oss's biased experts (beside a softmax router only); ``llama4``: Llama-4's
     routing (sigmoid of the top-k logits, weighting the experts' input), ``renormalize`` off;
-    ``mxfp4``: gpt-oss's experts with MXFP4 weights, as it ships (:data:`MXFP4_BLOCK`)."""
+    ``mxfp4``: gpt-oss's experts with MXFP4 weights, as it ships (:data:`MXFP4_BLOCK`);
+    ``shared_gate``: beside a softmax router, the gate weight ([shared, hidden]) whose logits' sigmoid
+    weighs each token's fused ``shared_experts`` (Qwen2-MoE's and Qwen3-Next's, fused by SGLang)."""
     if mxfp4:
         found = mxfp4_problems(hidden_states.shape[-1], intermediate_size, hidden_states.dtype)
         if swiglu_oai is None:
             found.insert(0, "MXFP4 experts other than gpt-oss's (biased, swigluoai)")
         if found:
             raise NotImplementedError(f"MoE layer without a Definition: {', '.join(found)}")
-    if shared_experts and (deepseek is None or shared_experts != 1):
+    if shared_gate is not None and (deepseek is not None or llama4 or swiglu_oai is not None or mxfp4
+                                    or tuple(shared_gate.shape) != (shared_experts, hidden_states.shape[-1])):
+        raise NotImplementedError(f"MoE layer without a Definition: {shared_experts} fused shared experts with a gate "
+                                  f"weight of shape {tuple(shared_gate.shape)}, beside "
+                                  + ("DeepSeek's routing" if deepseek is not None else "Llama-4's routing" if llama4
+                                     else "swigluoai or MXFP4 experts" if swiglu_oai is not None or mxfp4
+                                     else f"hidden size {hidden_states.shape[-1]}"))
+    if shared_experts and (deepseek is None or shared_experts != 1) and shared_gate is None:
         raise NotImplementedError(f"MoE layer without a Definition: {shared_experts} fused shared experts"
-                                  + ("" if deepseek is not None else " beside a softmax router"))
+                                  + ("" if deepseek is not None else " beside a softmax router, without a gate"))
     if local is not None and (deepseek is None or shared_experts):
         raise NotImplementedError("MoE layer without a Definition: expert parallelism beside "
                                   + ("fused shared experts" if deepseek is not None else "a softmax router"))
@@ -138,6 +150,14 @@ def call(hidden_states: torch.Tensor, routing_logits: torch.Tensor, num_experts:
                                       consts, dtype, {"RENORMALIZE": renormalize, "ALPHA": float(swiglu_oai.alpha),
                                                       "LIMIT": float(swiglu_oai.limit)},
                                       input_dtypes=input_dtypes)
+            if shared_gate is not None:
+                consts.update(num_shared_experts=shared_experts, num_weight_experts=num_experts + shared_experts)
+                return definition_for(TEMPLATES["renorm_shared_gate"],
+                                      f"moe_{SHORT_DTYPES[dtype]}_{routing}_topk{top_k}_{shape}_shared{shared_experts}"
+                                      f"_sigmoid_gate{logits}",
+                                      consts, dtype, {"RENORMALIZE": renormalize},
+                                      input_dtypes={"routing_logits": logits_dtype,
+                                                    "shared_gate_weight": schema_dtype(shared_gate.dtype)})
             if llama4:
                 return definition_for(TEMPLATES[routing], f"moe_{SHORT_DTYPES[dtype]}_{routing}_topk{top_k}_{shape}{logits}",
                                       consts, dtype, {"WEIGHT_ON_INPUT": True}, input_dtypes={"routing_logits": logits_dtype})
@@ -147,7 +167,8 @@ def call(hidden_states: torch.Tensor, routing_logits: torch.Tensor, num_experts:
                                     shared_experts, None if local is None else local.count)
 
     key = ("moe", routing, num_experts, top_k, hidden, intermediate_size, hidden_states.dtype, routing_logits.dtype,
-           deepseek, bias_dtype, shared_experts, None if local is None else local.count, swiglu_oai, llama4, mxfp4)
+           deepseek, bias_dtype, shared_experts, None if local is None else local.count, swiglu_oai, llama4, mxfp4,
+           None if shared_gate is None else shared_gate.dtype)
     definition = cached_definition(key, build)
     scalars = {} if local is None else {"local_expert_offset": local.offset}
     return KernelCall(definition, {"seq_len": rows(hidden_states, hidden)}, scalars=scalars)
@@ -271,12 +292,14 @@ def layer_calls(hidden_states: torch.Tensor, router_logits: torch.Tensor, found:
                 routing_bias: Optional[torch.Tensor] = None, shared_experts: int = 0,
                 local: Optional[LocalExperts] = None, fp8_block_scale: bool = False,
                 power_of_two_scales: bool = False, swiglu_oai: Optional[SwigluOAI] = None, llama4: bool = False,
-                mxfp4: bool = False) -> list:
+                mxfp4: bool = False, shared_gate: Optional[torch.Tensor] = None) -> list:
     """A MoE layer (routing + SwiGLU experts) as one fused call, or with FP8 block-scale experts
     (``fp8_block_scale``) as its input's quantization (its scales rounded up to powers of two where
     ``power_of_two_scales``) and the MoE (:mod:`.fp8_block`), or with MXFP4 experts (``mxfp4``);
     raises where it has ``found``
-    :func:`problems` (so the hook error says which)."""
+    :func:`problems` (so the hook error says which). ``shared_gate``: :func:`call`'s."""
+    if fp8_block_scale and shared_gate is not None:
+        found = found + ["FP8 block-scale experts with a shared expert fused in, weighted by a sigmoid gate"]
     if fp8_block_scale:
         found = found + fp8_block.problems(hidden_states.shape[-1], intermediate_size, hidden_states.dtype,
                                            deepseek=deepseek is not None, renormalize=renormalize,
@@ -295,7 +318,7 @@ def layer_calls(hidden_states: torch.Tensor, router_logits: torch.Tensor, found:
     return [call(hidden_states, router_logits, num_experts=num_experts, top_k=top_k,
                  intermediate_size=intermediate_size, renormalize=renormalize, deepseek=deepseek,
                  routing_bias=routing_bias, shared_experts=shared_experts, local=local, swiglu_oai=swiglu_oai,
-                 llama4=llama4, mxfp4=mxfp4)]
+                 llama4=llama4, mxfp4=mxfp4, shared_gate=shared_gate)]
 
 
 CONSTANTS = ("top_k", "RENORMALIZE")
@@ -345,7 +368,8 @@ def _in_place(definition: Definition) -> dict[str, str]:
 def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
     """The engines' fused MoE (their router kernel, then their Triton experts), for the Definitions
     a baseline computes (softmax top-k, or DeepSeek's routing), where the engine has its MoE
-    kernels: vLLM's never with a fused shared expert (vLLM never fuses it), SGLang's everywhere.
+    kernels: vLLM's never with a fused shared expert (vLLM never fuses it, gated or not), SGLang's
+    everywhere.
     SGLang's unquantized experts work in place on the layer input."""
     shared = "num_shared_experts" in definition.const_axes
     natives = []
@@ -368,6 +392,9 @@ def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
     elif fitted == "torch_moe_llama4.py":
         natives = [Native("vllm", "vllm_moe_llama4.py", LLAMA4_CONSTANTS, requires=_VLLM_MOE_OPS),
                    Native("sglang", "sglang_moe_llama4.py", LLAMA4_CONSTANTS, siblings=_SGLANG_EXPERTS,
+                          requires=_SGLANG_OPS, overwrites=_in_place)]
+    elif fitted == "torch_moe_shared_gate.py":  # vLLM never fuses a shared expert
+        natives = [Native("sglang", "sglang_moe_shared_gate.py", CONSTANTS, siblings=_SGLANG_EXPERTS,
                           requires=_SGLANG_OPS, overwrites=_in_place)]
     elif fitted == "torch_moe.py":
         natives = [Native("vllm", "vllm_moe.py", CONSTANTS, requires=_VLLM_MOE_OPS),
@@ -425,6 +452,7 @@ FAMILY = Family(
     op_types=("moe",),
     templates=tuple(TEMPLATES.values()) + tuple(fp8_block.TEMPLATES.values()),
     baselines=(Baseline("torch_moe.py", CONSTANTS, compiled=False),
+               Baseline("torch_moe_shared_gate.py", CONSTANTS, compiled=False),
                Baseline("torch_moe_swigluoai.py", SWIGLUOAI_CONSTANTS, compiled=False),
                Baseline("torch_moe_mxfp4_swigluoai.py", SWIGLUOAI_CONSTANTS, compiled=False),
                Baseline("torch_moe_llama4.py", LLAMA4_CONSTANTS, compiled=False),
