@@ -80,3 +80,41 @@ def test_under_tensor_parallelism_each_rank_records_its_heads_and_channels(tmp_p
     assert found["causal_conv1d_decode_c512_w4_silu"] == ranks * GDN_LAYERS * decode_steps
     assert found["gdn_prefill_qk1_v2_d128_k_last"] == found["causal_conv1d_prefill_c512_w4_silu"] > 0
     assert not any(k.startswith(("gdn_decode_qk2", "causal_conv1d_decode_c1024")) for k in found)
+
+
+FUSED_MOE = "moe_bf16_renorm_topk2_e8_h256_i128_shared1_sigmoid_gate"
+
+
+def test_a_shared_expert_fused_into_the_experts_is_one_moe_call_with_its_gate(tmp_path):
+    """SGLang's default for Qwen3-Next on CUDA: the block appends its shared expert to each token's
+    top-k as a 9th expert, weighted by the sigmoid of its gate's logit (the gate's linear layer, the
+    sigmoid, the append kernel), and the experts run 9 experts' weights. Built so here (the block as
+    on CUDA, the append kernel in PyTorch: ``tests/sglang_cpu/cpu_paths.py``): each layer and step is
+    one ``..._shared1_sigmoid_gate`` MoE call taking the gate's weight, no separate shared expert or
+    gate, nothing listed; the MoE's reference and PyTorch baseline agree on its workloads."""
+    result = capture(tmp_path, "qwen3-next-fused", python=SGLANG_PYTHON, framework="sglang",
+                     model=str(MODELS / "tiny-qwen3-next"), env={"FI_PROFILE_TEST_FUSE_SHARED_EXPERT": "1"})
+    run = result["record"]["run"]
+    assert run["hook_errors"] == {} and run["hooks_missing"] == [] and not run["not_covered"], run
+    assert not run.get("incomplete"), run
+    found = counts(result)
+    steps = found["embedding_v2048_h256"]
+    assert found[FUSED_MOE] == (GDN_LAYERS + ATTENTION_LAYERS) * steps
+    assert "moe_bf16_renorm_topk2_e8_h256_i128" not in found
+    assert not any(k.startswith("shared_expert_gate") for k in found)
+    # the shared expert's own GEMMs are gone with it: what is left are the attention layers' and the router's
+    assert not any(k.startswith("gemm_bf16_n1_") for k in found)
+    assert run["engine_kernels"]["attributed_share"] >= 0.95, run["engine_kernels"]["unattributed"]
+
+    from fi_profile.cli import app
+
+    out = result["out_dir"]
+    definition = json.loads((out / "definitions" / "moe" / f"{FUSED_MOE}.json").read_text())
+    assert definition["inputs"]["shared_gate_weight"]["shape"] == ["num_shared_experts", "hidden_size"]
+    assert definition["axes"]["num_weight_experts"]["value"] == 9
+    replayed = CliRunner().invoke(app, ["replay", str(out), "--definitions", FUSED_MOE, "--device", "cpu",
+                                        "--min-time", "0.01", "--max-workloads", "2", "--out", str(tmp_path / "r")])
+    assert replayed.exit_code == 0, replayed.output
+    results = [json.loads(line) for line in (tmp_path / "r" / "results.jsonl").read_text().splitlines()]
+    assert {r["source"].rsplit("__", 1)[-1] for r in results} >= {"reference", "torch"}
+    assert all(r["status"] == "passed" for r in results), [(r["source"], r["status"], r.get("error")) for r in results]

@@ -137,6 +137,43 @@ def routing_calls(self: Any, router_logits: torch.Tensor) -> list:
     return _gate_gemm(router_logits)
 
 
+def _shared_gate_scale(block: Any) -> float:
+    """The factor SGLang puts on the fused shared expert's gate weight (1/EP size under expert
+    parallelism with one global shared slot; 1 else), read from the block where it says."""
+    scale = getattr(block, "_shared_expert_scale", None)
+    return float(scale()) if callable(scale) else 1.0
+
+
+def shared_gate_problem(block: Any) -> Optional[str]:
+    """Why a Qwen2-MoE block's fused shared expert is not what the ``_shared1_sigmoid_gate``
+    Definitions compute (the sigmoid of one gate logit per token weighing the shared expert's slot),
+    or None."""
+    gate = getattr(block, "shared_expert_gate", None)
+    found = [what for what, applies in {
+        f"a shared-expert gate {type(gate).__name__}": gate is not None and not isinstance(gate, torch.nn.Linear),
+        "a biased shared-expert gate": getattr(gate, "bias", None) is not None,
+        f"the shared expert's gate weight scaled by {_shared_gate_scale(block):g} (expert parallelism)":
+            _shared_gate_scale(block) != 1.0,
+        f"{getattr(block, 'num_fused_shared_experts', '?')} fused shared experts":
+            getattr(block, "num_fused_shared_experts", 1) != 1,
+    }.items() if applies]
+    return (f"{type(block).__name__} with {', '.join(found)} fused into its MoE (no MoE Definition computes it)"
+            if found else None)
+
+
+def fused_shared_gate_calls(self: Any) -> list:
+    """A Qwen2-MoE block (Qwen3-Next's, on CUDA) appending its shared expert to each token's top-k,
+    weighted by the sigmoid of its gate's logit (``_append_shared_to_topk_output``: the gate's
+    ``nn.Linear``, the sigmoid and the append kernel): recorded by the experts' MoE call right after
+    it, which is given the gate's weight; its kernels are that call's."""
+    if not getattr(self, "enable_shared_expert_fusion", False) or getattr(self, "shared_expert_gate", None) is None:
+        return []
+    seen(self.shared_expert_gate)
+    require(shared_gate_problem(self))
+    STEP.context["moe_shared_gate"] = self.shared_expert_gate.weight
+    return []
+
+
 def local_experts(layer: Any) -> Optional[moe.LocalExperts]:
     """The rank's routed experts under expert parallelism (SGLang keeps them in one contiguous run,
     its storage rank's), or None without it, or where this SGLang says not which (then listed)."""
@@ -280,6 +317,10 @@ def layer_calls(self: Any, hidden_states: torch.Tensor) -> list:
     runner = self.moe_runner_config
     shared = _fused_shared_experts(config)
     routed = int(router_logits.shape[-1])
+    # a shared expert the block appended past the router, weighted by its gate (Qwen3-Next on CUDA)
+    shared_gate = STEP.context.pop("moe_shared_gate", None)
+    if shared_gate is not None and not shared:
+        shared = int(shared_gate.shape[0])
     fp8_block = type(self.quant_method).__name__ == "Fp8MoEMethod"
     microscaled = mxfp4(self)
     found = _routing_found(
@@ -293,7 +334,7 @@ def layer_calls(self: Any, hidden_states: torch.Tensor) -> list:
     fp8_problem = fp8_block_problem(self) if fp8_block else None
     if fp8_problem is not None:
         found.append(fp8_problem)
-    if self.num_experts == routed + shared + 1 and not shared:  # the router does not know of it
+    if self.num_experts == routed + shared + 1 and not shared:  # the router does not know of it, nor did the block
         found.append(f"{self.num_experts} experts' weights for {routed} routed: a shared expert SGLang fused into the "
                      "routed ones past the router (Qwen2-MoE's and Qwen3-Next's, its slot weighted by the sigmoid of "
                      "its gate; --engine-arg disable_shared_experts_fusion=true runs it apart, as its own calls)")
@@ -308,7 +349,7 @@ def layer_calls(self: Any, hidden_states: torch.Tensor) -> list:
                            shared_experts=shared, local=local_experts(self), fp8_block_scale=fp8_block,
                            swiglu_oai=None if fp8_block else swiglu_oai(self),
                            llama4=llama4_routing(config) and bool(getattr(runner, "apply_router_weight_on_input", False)),
-                           mxfp4=microscaled)
+                           mxfp4=microscaled, shared_gate=shared_gate)
 
 
 def is_moe_layer(module: Any) -> bool:

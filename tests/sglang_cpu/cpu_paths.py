@@ -6,8 +6,14 @@
 # - the MoE block's shared-expert gate (fused_gate_sigmoid_mul_add), whose launcher computes the
 #   same in PyTorch here.
 # Each is set right after SGLang loads its module; the engine's calls to them are unchanged.
+#
+# With FI_PROFILE_TEST_FUSE_SHARED_EXPERT=1, Qwen2-MoE's block fuses its shared expert into the
+# experts as it does on CUDA (Qwen3-Next's default there): it is built as if on CUDA (the one place
+# its constructor reads that), and the Triton kernel that appends the shared slot to each token's
+# top-k is computed in PyTorch.
 import importlib.abc
 import importlib.util
+import os
 import sys
 
 
@@ -26,10 +32,40 @@ def _gate_sigmoid_mul(module):
     module._launch_fused_gate_sigmoid_mul = launch
 
 
+def _fused_on_cuda(module):
+    build = module.Qwen2MoeSparseMoeBlock.__init__
+
+    def __init__(self, *args, **kwargs):
+        was, module._is_cuda = module._is_cuda, True
+        try:
+            build(self, *args, **kwargs)
+        finally:
+            module._is_cuda = was
+
+    module.Qwen2MoeSparseMoeBlock.__init__ = __init__
+
+
+def _append_shared(module):
+    import torch
+
+    def append(topk_ids, topk_weights, shared_weights, num_fused_shared_experts, N=None, apply_sigmoid=False,
+               scale=1.0, **fused):
+        assert not apply_sigmoid and not fused, "only SGLang's CUDA path is written here"
+        m, s = topk_ids.shape[0], int(num_fused_shared_experts)
+        weights = shared_weights.to(topk_weights.dtype).reshape(m, -1).expand(m, s) * scale
+        ids = (N + torch.arange(s, device=topk_ids.device, dtype=topk_ids.dtype)).expand(m, s)
+        return torch.cat([topk_ids, ids], dim=1), torch.cat([topk_weights, weights], dim=1)
+
+    module.fused_append_shared_experts_with_weights = append
+
+
 _PATCHES = {
     "sglang.kernels.ops.attention.fla.fused_norm_gate": _gated_norm,
     "sglang.kernels.ops.elementwise.elementwise": _gate_sigmoid_mul,
 }
+if os.environ.get("FI_PROFILE_TEST_FUSE_SHARED_EXPERT") == "1":
+    _PATCHES["sglang.srt.models.qwen2_moe"] = _fused_on_cuda
+    _PATCHES["sglang.kernels.ops.moe.fused_moe_triton_kernels"] = _append_shared
 
 
 class _CpuPathFinder(importlib.abc.MetaPathFinder):
