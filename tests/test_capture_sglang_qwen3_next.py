@@ -90,8 +90,9 @@ def test_a_shared_expert_fused_into_the_experts_is_one_moe_call_with_its_gate(tm
     top-k as a 9th expert, weighted by the sigmoid of its gate's logit (the gate's linear layer, the
     sigmoid, the append kernel), and the experts run 9 experts' weights. Built so here (the block as
     on CUDA, the append kernel in PyTorch: ``tests/sglang_cpu/cpu_paths.py``): each layer and step is
-    one ``..._shared1_sigmoid_gate`` MoE call taking the gate's weight, no separate shared expert or
-    gate, nothing listed; the MoE's reference and PyTorch baseline agree on its workloads."""
+    one ``..._shared1_sigmoid_gate`` MoE call taking the gate's logits, after the gate's GEMM call,
+    no separate shared expert, nothing listed; the MoE's reference and PyTorch baseline agree on its
+    workloads."""
     result = capture(tmp_path, "qwen3-next-fused", python=SGLANG_PYTHON, framework="sglang",
                      model=str(MODELS / "tiny-qwen3-next"), env={"FI_PROFILE_TEST_FUSE_SHARED_EXPERT": "1"})
     run = result["record"]["run"]
@@ -102,15 +103,15 @@ def test_a_shared_expert_fused_into_the_experts_is_one_moe_call_with_its_gate(tm
     assert found[FUSED_MOE] == (GDN_LAYERS + ATTENTION_LAYERS) * steps
     assert "moe_bf16_renorm_topk2_e8_h256_i128" not in found
     assert not any(k.startswith("shared_expert_gate") for k in found)
-    # the shared expert's own GEMMs are gone with it: what is left are the attention layers' and the router's
-    assert not any(k.startswith("gemm_bf16_n1_") for k in found)
+    # the gate's linear layer is a GEMM call (its logits the MoE call's input), one per layer and step
+    assert found["gemm_bf16_n1_k256"] == (GDN_LAYERS + ATTENTION_LAYERS) * steps
     assert run["engine_kernels"]["attributed_share"] >= 0.95, run["engine_kernels"]["unattributed"]
 
     from fi_profile.cli import app
 
     out = result["out_dir"]
     definition = json.loads((out / "definitions" / "moe" / f"{FUSED_MOE}.json").read_text())
-    assert definition["inputs"]["shared_gate_weight"]["shape"] == ["num_shared_experts", "hidden_size"]
+    assert definition["inputs"]["shared_gate_logits"]["shape"] == ["seq_len", "num_shared_experts"]
     assert definition["axes"]["num_weight_experts"]["value"] == 9
     replayed = CliRunner().invoke(app, ["replay", str(out), "--definitions", FUSED_MOE, "--device", "cpu",
                                         "--min-time", "0.01", "--max-workloads", "2", "--out", str(tmp_path / "r")])

@@ -201,3 +201,34 @@ def test_a_prologue_captured_in_a_graph_is_a_template_of_its_nodes_that_records_
     RECORDER.flush(tmp_path)
     assert RECORDER.calls == {"gemm_bf16_n64_k32": 2} and not RECORDER.errors
     RECORDER.active = False
+
+
+def test_a_call_that_feeds_another_goes_after_the_hooked_calls_inside_it(monkeypatch):
+    """SGLang's block fusing its shared expert: the gate's GEMM (a hooked call of its own) runs
+    inside the hook that feeds the MoE call after it (the sigmoid and the append, the MoE's): the
+    feeding template goes after the GEMM's, its nodes those after the GEMM's, so that the order of
+    the graph's calls is the order of their kernels."""
+    launched = [0]  # the graph's nodes so far: each function below launches one kernel
+
+    def kernel(x):
+        launched[0] += 1
+        return x
+
+    monkeypatch.setattr(graph_capture, "captured_nodes", lambda: launched[0] if SIMULATED["capturing"] else None)
+    linear = wrap(kernel, "gemm", lambda x: [gemm.call(x, 64, 32)])
+    experts = wrap(kernel, "moe", lambda x: [gemm.call(x, 16, 32)])
+    feeder = wrap(lambda x: kernel(linear(x)), "moe_shared_gate", lambda x: [], feeds="moe")
+    buffer = torch.zeros(2, 32, dtype=torch.bfloat16, device=DEVICE)
+    backend = make_backend("FullCudaGraphBackend")()
+    RECORDER.reset()
+    backend.capture_one(ShapeKey(2), lambda: [feeder(buffer), experts(buffer)])
+    trace = graph_capture.CAPTURED[(backend, ShapeKey(2))]
+    assert [t.op for t in trace.templates] == ["gemm", "moe_shared_gate", "moe"]
+    gate, fed, _ = trace.templates
+    first = gate.nodes[0]  # after the warm-up runs' kernels
+    assert gate.nodes == (first, first + 1) and fed.feeds == "moe" and fed.nodes == (first + 1, first + 2)
+    # a feeding call with kernels of its own before the hooked call inside it: its nodes are not one run
+    feeder = wrap(lambda x: linear(kernel(x)), "moe_shared_gate", lambda x: [], feeds="moe")
+    backend.capture_one(ShapeKey(4), lambda: [feeder(buffer), experts(buffer)])
+    gate, fed, _ = graph_capture.CAPTURED[(backend, ShapeKey(4))].templates
+    assert gate.op == "gemm" and fed.op == "moe_shared_gate" and fed.nodes is None

@@ -31,10 +31,10 @@ def test_the_reference_adds_the_shared_expert_weighted_by_the_sigmoid_of_its_gat
     inputs = synthesize_inputs(made, {"seq_len": 12}, seed=3)
     without = {n: inputs[n] for n in ("hidden_states", "routing_logits")}
     without.update(gemm1_weights=inputs["gemm1_weights"][:EXPERTS], gemm2_weights=inputs["gemm2_weights"][:EXPERTS])
-    x, g, w1, w2 = (inputs[n].double() for n in ("hidden_states", "shared_gate_weight", "gemm1_weights",
-                                                  "gemm2_weights"))
+    x, w1, w2 = (inputs[n].double() for n in ("hidden_states", "gemm1_weights", "gemm2_weights"))
+    assert inputs["shared_gate_logits"].shape == (12, 1)
     gate, up = (x @ w1[EXPERTS].T).chunk(2, dim=-1)
-    weight = torch.sigmoid(x @ g.T)
+    weight = torch.sigmoid(inputs["shared_gate_logits"].double())
     assert 0.05 < float(weight.min()) and float(weight.max()) < 0.95  # the gate's values vary: not a constant 1/2
     shared = (torch.nn.functional.silu(gate) * up) @ w2[EXPERTS].T * weight
     expected = run_reference(routed, without)["output"].double() + shared
@@ -43,7 +43,7 @@ def test_the_reference_adds_the_shared_expert_weighted_by_the_sigmoid_of_its_gat
 
 def test_only_sglang_fuses_it_and_its_baseline_fits():
     made = gated_call().definition
-    assert "def run(hidden_states, routing_logits, shared_gate_weight" in torch_source(made)
+    assert "def run(hidden_states, routing_logits, shared_gate_logits" in torch_source(made)
     assert [n.library for _, n in native_candidates(made)] == ["sglang"]
 
 
@@ -73,7 +73,7 @@ def block(**extra):
     return made
 
 
-def test_sglangs_block_gives_the_next_moe_call_its_gate_and_marks_the_gate_layer():
+def test_sglangs_block_gives_the_next_moe_call_its_gate():
     """``_append_shared_to_topk_output`` records nothing: the experts' call after it is the gated MoE
     (its router knows 16 experts, the experts layer holds 17). Without the block's hook the same
     layer stays the hook error naming the fusion; a scaled or biased gate is named."""
@@ -91,7 +91,6 @@ def test_sglangs_block_gives_the_next_moe_call_its_gate_and_marks_the_gate_layer
     fusing = block()
     sglang_moe.routing_calls(router, logits)
     assert sglang_moe.fused_shared_gate_calls(fusing) == []
-    assert fusing.shared_expert_gate.__dict__.get("_fi_profile_seen")
     (call,) = sglang_moe.layer_calls(layer, hidden)
     assert call.definition.name == gated_call().definition.name and call.axes == {"seq_len": 3}
     sglang_moe.routing_calls(router, logits)
@@ -104,3 +103,17 @@ def test_sglangs_block_gives_the_next_moe_call_its_gate_and_marks_the_gate_layer
         sglang_moe.fused_shared_gate_calls(block(_shared_expert_scale=lambda: 0.5))
     with pytest.raises(NotImplementedError, match="a biased shared-expert gate"):
         sglang_moe.fused_shared_gate_calls(block(shared_expert_gate=torch.nn.Linear(HIDDEN, 1)))
+
+
+def test_the_gate_the_block_calls_is_a_gemm_and_another_torch_linear_is_named():
+    """The block calls its gate, a torch ``nn.Linear`` (one output, no bias), for the logits the MoE
+    call takes: a GEMM call of one column, and the layer covered. Any other ``nn.Linear`` a model
+    calls is named (no Definition is known to fit it), never recorded as a GEMM it may not be."""
+    from fi_profile.hooks.sglang import moe as sglang_moe
+
+    gate = torch.nn.Linear(HIDDEN, 1, bias=False).to(torch.bfloat16)
+    (call,) = sglang_moe.torch_linear_calls(gate, torch.zeros(5, HIDDEN, dtype=torch.bfloat16))
+    assert call.definition.name == f"gemm_bf16_n1_k{HIDDEN}" and call.axes == {"M": 5}
+    assert gate.__dict__.get("_fi_profile_seen") and sglang_moe.one_output_linear_problem(gate) is None
+    with pytest.raises(NotImplementedError, match="a torch nn.Linear no hook records"):
+        sglang_moe.torch_linear_calls(torch.nn.Linear(HIDDEN, 8), torch.zeros(5, HIDDEN))

@@ -168,10 +168,12 @@ POINTS = [
     # the router's top-k: where it records nothing (the routing is part of the MoE Definition), its
     # kernels in a CUDA graph are the experts' call's after it
     HookPoint(f"{_LAYERS}.moe.topk", "TopK", ("forward",), "moe_routing", sglang_moe.routing_calls, feeds=moe.KEY),
-    # Qwen2-MoE's block fusing its shared expert into the experts (Qwen3-Next's default on CUDA): the
-    # gate's weight is the MoE Definition's, its kernels (the gate's GEMM, sigmoid, append) the MoE call's
+    # Qwen2-MoE's block fusing its shared expert into the experts (Qwen3-Next's default on CUDA): its
+    # gate is a torch nn.Linear (a GEMM call), whose logits' sigmoid and the append to the top-k are
+    # the MoE call's (their kernels, after the GEMM's, too)
     HookPoint("sglang.srt.models.qwen2_moe", "Qwen2MoeSparseMoeBlock", ("_append_shared_to_topk_output",),
               "moe_shared_gate", sglang_moe.fused_shared_gate_calls, feeds=moe.KEY, optional=True),
+    HookPoint("torch.nn.modules.linear", "Linear", ("forward",), gemm.KEY, sglang_moe.torch_linear_calls),
     # a kernel function Qwen2-MoE's block calls (looked up in its module) with its shared expert's output
     HookPoint("sglang.srt.models.qwen2_moe", "", ("fused_gate_sigmoid_mul_add",), shared_expert_gate.KEY,
               sglang_moe.shared_expert_gate_calls, optional=True),

@@ -164,14 +164,24 @@ def shared_gate_problem(block: Any) -> Optional[str]:
 def fused_shared_gate_calls(self: Any) -> list:
     """A Qwen2-MoE block (Qwen3-Next's, on CUDA) appending its shared expert to each token's top-k,
     weighted by the sigmoid of its gate's logit (``_append_shared_to_topk_output``: the gate's
-    ``nn.Linear``, the sigmoid and the append kernel): recorded by the experts' MoE call right after
-    it, which is given the gate's weight; its kernels are that call's."""
+    ``nn.Linear``, a GEMM call of its own (:func:`torch_linear_calls`), then the sigmoid and the
+    append kernel): recorded by the experts' MoE call right after it, which is told of the gate;
+    its kernels but the gate's GEMM are that call's."""
     if not getattr(self, "enable_shared_expert_fusion", False) or getattr(self, "shared_expert_gate", None) is None:
         return []
-    seen(self.shared_expert_gate)
     require(shared_gate_problem(self))
     STEP.context["moe_shared_gate"] = self.shared_expert_gate.weight
     return []
+
+
+def torch_linear_calls(self: Any, input: torch.Tensor) -> list:  # noqa: A002 - nn.Linear.forward's name
+    """A torch ``nn.Linear`` SGLang calls in a model: the shared-expert gate of a Qwen2-MoE block
+    that fuses its shared expert into the experts (one output, no bias; its logits are the MoE call's
+    input), a GEMM. Any other is one no Definition is known to fit (:func:`one_output_linear_problem`)."""
+    require(one_output_linear_problem(self))
+    seen(self)
+    n, k = int(self.out_features), int(self.in_features)
+    return [gemm.sized_call(rows(input, k), n, k, input.dtype)]
 
 
 def local_experts(layer: Any) -> Optional[moe.LocalExperts]:
@@ -373,9 +383,9 @@ def shared_expert_gate_calls(hidden_states: torch.Tensor, gate_weight: torch.Ten
 
 def one_output_linear_problem(layer: Any) -> Optional[str]:
     """A torch ``nn.Linear`` with one output and no bias is SGLang's shared-expert gate (Qwen2-MoE,
-    Qwen3-Next), whose weight the block hands to ``fused_gate_sigmoid_mul_add``: covered where that
-    hook sees its weight (else listed at the end as never reaching a hook). Any other is a GEMM no
-    hook records."""
+    Qwen3-Next): a GEMM where the block calls it (fusing its shared expert into the experts), or
+    the weight the block hands to ``fused_gate_sigmoid_mul_add``; covered where either hook sees it
+    (else listed at the end as never reaching a hook). Any other is a GEMM no hook records."""
     if int(getattr(layer, "out_features", 0)) == 1 and getattr(layer, "bias", None) is None:
         return None
     return f"{type(layer).__name__} (a torch nn.Linear no hook records)"

@@ -71,10 +71,25 @@ def _captured(trace: Trace, made: Template) -> Template:
 
 def captured_call_ends(made: Optional[Template]) -> None:
     """The hooked call ``made`` a template of has run: the node after its last (its nodes are
-    those between; unknown where either end is)."""
-    if made is not None and made.nodes is not None:
-        last = captured_nodes()
+    those between; unknown where either end is). A call that feeds another (:attr:`Template.feeds`)
+    and made hooked calls inside it goes after them: its kernels are those after theirs (SGLang's
+    fused shared expert: the gate's GEMM, a call of its own, then the sigmoid and the append that
+    are the MoE's), its nodes those after theirs (unknown where it had some before them)."""
+    if made is None:
+        return
+    last = captured_nodes() if made.nodes is not None else None
+    if made.nodes is not None:
         made.nodes = (made.nodes[0], last) if last is not None and last >= made.nodes[0] else None
+    trace = CAPTURING.trace
+    at = next((i for i, t in enumerate(trace.templates) if t is made), None) if trace is not None else None
+    if not made.feeds or at is None or at == len(trace.templates) - 1:
+        return
+    nested = trace.templates[at + 1:]
+    del trace.templates[at]
+    trace.templates.append(made)
+    first, inner = nested[0].nodes, nested[-1].nodes
+    own_before = made.nodes is None or first is None or first[0] != made.nodes[0]
+    made.nodes = None if own_before or inner is None else (inner[1], made.nodes[1])
 
 
 def captured_nodes() -> Optional[int]:

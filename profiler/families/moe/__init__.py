@@ -91,8 +91,9 @@ def call(hidden_states: torch.Tensor, routing_logits: torch.Tensor, num_experts:
     ``swiglu_oai``: gpt-oss's biased experts (beside a softmax router only); ``llama4``: Llama-4's
     routing (sigmoid of the top-k logits, weighting the experts' input), ``renormalize`` off;
     ``mxfp4``: gpt-oss's experts with MXFP4 weights, as it ships (:data:`MXFP4_BLOCK`);
-    ``shared_gate``: beside a softmax router, the gate weight ([shared, hidden]) whose logits' sigmoid
-    weighs each token's fused ``shared_experts`` (Qwen2-MoE's and Qwen3-Next's, fused by SGLang)."""
+    ``shared_gate``: beside a softmax router, the weight ([shared, hidden]) of the gate whose logits'
+    sigmoid weighs each token's fused ``shared_experts`` (Qwen2-MoE's and Qwen3-Next's, fused by
+    SGLang); the logits are the Definition's input (the gate's linear layer is a GEMM call)."""
     if mxfp4:
         found = mxfp4_problems(hidden_states.shape[-1], intermediate_size, hidden_states.dtype)
         if swiglu_oai is None:
@@ -157,7 +158,7 @@ def call(hidden_states: torch.Tensor, routing_logits: torch.Tensor, num_experts:
                                       f"_sigmoid_gate{logits}",
                                       consts, dtype, {"RENORMALIZE": renormalize},
                                       input_dtypes={"routing_logits": logits_dtype,
-                                                    "shared_gate_weight": schema_dtype(shared_gate.dtype)})
+                                                    "shared_gate_logits": schema_dtype(shared_gate.dtype)})
             if llama4:
                 return definition_for(TEMPLATES[routing], f"moe_{SHORT_DTYPES[dtype]}_{routing}_topk{top_k}_{shape}{logits}",
                                       consts, dtype, {"WEIGHT_ON_INPUT": True}, input_dtypes={"routing_logits": logits_dtype})

@@ -5,9 +5,9 @@ top_k = 10
 RENORMALIZE = True
 
 
-def run(hidden_states, routing_logits, shared_gate_weight, gemm1_weights, gemm2_weights):
+def run(hidden_states, routing_logits, shared_gate_logits, gemm1_weights, gemm2_weights):
     """Route, then one pass per expert that got tokens: gathered GEMMs in the input dtype; the shared
-    experts after the routed ones take every token, weighted by the sigmoid of their gate."""
+    experts after the routed ones take every token, weighted by the sigmoid of their gate's logits."""
     weights, experts = routing_logits.float().softmax(-1).topk(top_k, dim=-1)
     if RENORMALIZE:
         weights = weights / weights.sum(-1, keepdim=True)
@@ -18,9 +18,9 @@ def run(hidden_states, routing_logits, shared_gate_weight, gemm1_weights, gemm2_
         gate_up = hidden_states[tokens] @ gemm1_weights[e].T
         act = F.silu(gate_up[:, :intermediate]) * gate_up[:, intermediate:]
         output.index_add_(0, tokens, (act @ gemm2_weights[e].T).float() * weights[tokens, slots, None])
-    shared_weights = (hidden_states @ shared_gate_weight.T).float().sigmoid()
+    shared_weights = shared_gate_logits.float().sigmoid()
     routed = routing_logits.shape[-1]
-    for s in range(shared_gate_weight.shape[0]):
+    for s in range(shared_gate_logits.shape[-1]):
         gate_up = hidden_states @ gemm1_weights[routed + s].T
         act = F.silu(gate_up[:, :intermediate]) * gate_up[:, intermediate:]
         output += (act @ gemm2_weights[routed + s].T).float() * shared_weights[:, s, None]
