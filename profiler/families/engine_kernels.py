@@ -62,17 +62,19 @@ def torch_call(run: EngineRun, definition: Definition) -> Optional[EngineKernel]
     return EngineKernel("torch", "F.linear / F.embedding (cuBLAS), as unquantized layers call them")
 
 
-def vllm_triton(what: str) -> Callable[[EngineRun, Definition], Optional[EngineKernel]]:
-    """For a family whose vLLM kernels are Triton (CUDA) and whose native is labelled ``vllm``: that
-    native where vLLM ran on a GPU, as the accounting's kernel names say (a CPU run's are operators,
-    ``aten::...``, ``_C::...``); its CPU path otherwise, which the replay has none of; unknown
-    where the accounting names nothing."""
+def vllm_triton(what: str, engines: tuple[str, ...] = ("vLLM",)) -> Callable[[EngineRun, Definition],
+                                                                            Optional[EngineKernel]]:
+    """For a family whose kernels in ``engines`` (vLLM's) are Triton (CUDA) and whose natives are
+    labelled by the engine's name in lower case (``vllm``): that native where the engine ran on a
+    GPU, as the accounting's kernel names say (a CPU run's are operators, ``aten::...``,
+    ``_C::...``); its CPU path otherwise, which the replay has none of; unknown where the
+    accounting names nothing."""
     def engine_kernel(run: EngineRun, definition: Definition) -> Optional[EngineKernel]:
-        if run.framework != "vLLM" or not run.kernels:
+        if run.framework not in engines or not run.kernels:
             return None
         if all("::" in name for name in run.kernels):
-            return EngineKernel(None, f"vLLM's CPU path for {definition.op_type} ({len(run.kernels)} kinds of "
-                                      "operators), which the replay has no solution of")
-        return EngineKernel("vllm", f"vLLM's Triton {what}")
+            return EngineKernel(None, f"{run.framework}'s CPU path for {definition.op_type} ({len(run.kernels)} "
+                                      "kinds of operators), which the replay has no solution of")
+        return EngineKernel(run.framework.lower(), f"{run.framework}'s Triton {what}")
 
     return engine_kernel

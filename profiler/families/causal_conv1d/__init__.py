@@ -81,14 +81,21 @@ def prefill_call(channels: int, width: int, activation: str, slots: int, cu_seql
 _VLLM_CONV1D = "vllm.model_executor.layers.mamba.ops.causal_conv1d"
 
 
+#: SGLang's copy of them (0.5.x)
+_SGLANG_CONV1D = "sglang.kernels.ops.mamba.causal_conv1d_triton"
+
+
 def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
-    """vLLM's Triton kernels, in place as the engine calls them (a bias where the Definition has
-    one): decode writes its output over ``x``; both update the requests' slots of ``conv_state``."""
+    """The engines' Triton kernels, in place as the engines call them (a bias where the Definition
+    has one): both update the requests' slots of ``conv_state``; vLLM's decode writes its output
+    over ``x``, SGLang's returns a new one."""
+    state = {"conv_state": "new_conv_state"}
     if definition.name.startswith("causal_conv1d_decode_"):
         return [Native("vllm", "vllm_causal_conv1d_decode.py", requires=_VLLM_CONV1D,
-                       overwrites=lambda d: {"x": "output", "conv_state": "new_conv_state"})]
-    return [Native("vllm", "vllm_causal_conv1d_prefill.py", requires=_VLLM_CONV1D,
-                   overwrites=lambda d: {"conv_state": "new_conv_state"})]
+                       overwrites=lambda d: {"x": "output", **state}),
+                Native("sglang", "sglang_causal_conv1d_decode.py", requires=_SGLANG_CONV1D, overwrites=lambda d: state)]
+    return [Native("vllm", "vllm_causal_conv1d_prefill.py", requires=_VLLM_CONV1D, overwrites=lambda d: state),
+            Native("sglang", "sglang_causal_conv1d_prefill.py", requires=_SGLANG_CONV1D, overwrites=lambda d: state)]
 
 
 FAMILY = Family(
@@ -100,7 +107,7 @@ FAMILY = Family(
                # one depthwise conv per sequence, as many as the step has: not compiled
                Baseline("torch_causal_conv1d_prefill.py", compiled=False)),
     natives=_natives,
-    engine_kernel=engine_kernels.vllm_triton("causal_conv1d_update / causal_conv1d_fn"),
+    engine_kernel=engine_kernels.vllm_triton("causal_conv1d_update / causal_conv1d_fn", engines=("vLLM", "SGLang")),
     # the engines' Triton (vLLM's, SGLang's) and CUDA (causal-conv1d's) kernels
     kernel_words=("causal_conv1d", "conv1d"),
     slot_inputs=("conv_state_indices",),

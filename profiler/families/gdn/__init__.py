@@ -124,12 +124,21 @@ def _rounds_through(definition: Definition) -> Optional[torch.dtype]:
 _VLLM_FLA = ("vllm.third_party.flash_linear_attention.ops", "vllm.model_executor.layers.fla.ops")
 
 
+#: SGLang's copy of them: its packed decode, and its gating kernel before its chunked prefill (0.5.16)
+_SGLANG_FLA = {"decode": "sglang.kernels.ops.attention.fla.fused_recurrent",
+               "prefill": "sglang.kernels.ops.attention.fla.fused_gdn_gating"}
+
+
 def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
-    """vLLM's Triton kernels: the fused gating + recurrence for decode, the chunked rule for prefill
-    (FlashInfer's GDN kernels are not offered: its prefill needs the CuTe DSL package)."""
+    """The engines' Triton kernels: vLLM's fused gating + recurrence for decode and its chunked rule
+    for prefill; SGLang's packed decode and its gating + chunked rule, updating the requests' states
+    in place as it does (FlashInfer's GDN kernels are not offered: its prefill needs the CuTe DSL
+    package)."""
     for kind in ("decode", "prefill"):  # not the dataset's multi-token gdn_mtp_* (no capture makes them yet)
         if definition.name.startswith(f"gdn_{kind}_"):
-            return [Native("vllm", f"vllm_gdn_{kind}.py", requires=_VLLM_FLA)]
+            return [Native("vllm", f"vllm_gdn_{kind}.py", requires=_VLLM_FLA),
+                    Native("sglang", f"sglang_gdn_{kind}.py", requires=_SGLANG_FLA[kind],
+                           overwrites=lambda d: {"state": "new_state"})]
     return []
 
 
@@ -152,7 +161,7 @@ FAMILY = Family(
     tail_words=("copy", "index_put"),
     natives=_natives,
     # decode-only steps run its packed decode kernel: the same recurrence on the packed projections
-    engine_kernel=engine_kernels.vllm_triton("flash-linear-attention kernels"),
+    engine_kernel=engine_kernels.vllm_triton("flash-linear-attention kernels", engines=("vLLM", "SGLang")),
     input_values=input_values,
     rounds_through=_rounds_through,
     atol_of_largest=_chunked,

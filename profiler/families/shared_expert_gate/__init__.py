@@ -5,11 +5,13 @@ runs the gate as a linear layer and the rest elementwise (vLLM), the gate is a G
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from fi_profile.capture.definition_factory import definition_for
 from fi_profile.capture.kernel_call import KernelCall, cached_definition, dtype_suffix, rows
-from fi_profile.families.family import Baseline, Family
+from fi_profile.families.family import Baseline, EngineKernel, EngineRun, Family, Native
 from fi_profile.schema.definition import Definition
 from fi_profile.schema.dtype import schema_dtype
 
@@ -30,12 +32,28 @@ def call(hidden_states: torch.Tensor) -> KernelCall:
     return KernelCall(definition, {"num_tokens": rows(hidden_states, hidden)})
 
 
+def _natives(definition: Definition, fitted: Optional[str]) -> list[Native]:
+    """SGLang's Triton kernel, in place on the routed output as its block calls it."""
+    return [Native("sglang", "sglang_shared_expert_gate.py", requires=("sglang.kernels.ops.elementwise.elementwise",
+                                                                       "sglang.kernels.ops.layernorm.elementwise"),
+                   overwrites=lambda d: {"routed_output": "output"})]
+
+
+def _engine_kernel(run: EngineRun, definition: Definition) -> Optional[EngineKernel]:
+    """SGLang's Triton kernel where it ran on a GPU (its kernel named so); else none known."""
+    if run.framework == "SGLang" and any("gate_sigmoid" in kernel for kernel in run.kernels):
+        return EngineKernel("sglang", "SGLang's Triton fused_gate_sigmoid_mul_add")
+    return None
+
+
 FAMILY = Family(
     key=KEY,
     package=__name__,
     op_types=(KEY,),
     templates=(_TEMPLATE,),
     baselines=(Baseline("torch_shared_expert_gate.py"),),
+    natives=_natives,
+    engine_kernel=_engine_kernel,
     kernel_words=("gate_sigmoid",),
     reduces=True,
 )
