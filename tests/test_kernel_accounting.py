@@ -431,11 +431,12 @@ def test_a_profiler_that_does_not_start_is_said_and_recording_goes_on(tmp_path, 
     RECORDER.reset()
 
 
-def _aligned_trace(file: str, more_layers: int = 0, top_k: bool = False):
+def _aligned_trace(file: str, more_layers: int = 0, top_k: bool = False, prologues: tuple[str, ...] = ()):
     """A graph's calls and kernels as ``FI_PROFILE_ACCOUNTING_TRACE`` wrote them on a GPU
     (``fixtures/kernel_traces``), aligned again: the trace, its units (name, ns), the result.
     ``more_layers``: the model's second layer repeated that many times after it (calls and kernels);
-    ``top_k``: a call of each MoE call's Definitions before it (SGLang's top-k feeding its experts)."""
+    ``top_k``: a call of each MoE call's Definitions before it (SGLang's top-k feeding its experts);
+    ``prologues``: the ops of the trace's calls that feed the call after them (recorded so)."""
     import json
     from pathlib import Path
 
@@ -454,8 +455,8 @@ def _aligned_trace(file: str, more_layers: int = 0, top_k: bool = False):
     profile.range(f"{GRAPH_RANGE}0", lambda: profile.launch(*kernels, graph=True))
     calls = tuple((op, tuple(definitions)) for op, definitions in trace["calls"])
     naming = {k: v for k, v in KERNEL_NAMING.items() if k != "kernel_words"}
-    prologues = frozenset(i for i, (op, _) in enumerate(calls) if top_k and op == "moe_routing")
-    return trace, units, attribute(profile.events, [GraphCalls(calls, prologues=prologues)], KERNEL_WORDS,
+    fed = frozenset(i for i, (op, _) in enumerate(calls) if (top_k and op == "moe_routing") or op in prologues)
+    return trace, units, attribute(profile.events, [GraphCalls(calls, prologues=fed)], KERNEL_WORDS,
                                    trace["op_types"], **naming)
 
 
@@ -1218,3 +1219,28 @@ def test_vllms_compiled_gdn_prefill_keeps_its_unnamed_output_kernel_and_its_stat
     assert by_definition(result) == {"gemm_in": 60, "conv_p": 15, "gdn_p": 3 * (3 + 1 + 4 + 6 + 4 + 7 + 5 + 1 + 1),
                                      "gated": 9, "gemm_o": 30}
     assert result.unattributed == {split: [3, 6]}
+
+
+def test_sglangs_qwen3_next_graph_is_aligned_from_the_stream_it_began_on():
+    """SGLang 0.5.16's Qwen3-Next decode graph on an H100 (``fixtures/kernel_traces``), its shared
+    expert fused into the experts: each layer's router GEMM, top-k, the shared gate's GEMM, its
+    sigmoid and the append, and the experts run on an alt stream, more kernels than the forward's
+    own stream holds. Aligned from the stream with the most kernels, every MoE layer's calls shifted
+    onto the next GEMMs (90.6% attributed, the norms beside them lost); from the stream the graph
+    began on, the gate's GEMM is its call's, its sigmoid, casts and append kernel the MoE's (fed by
+    the block's hook), and no kernel named after a family lands on another family's call."""
+    trace, units, result = _aligned_trace("sglang_qwen3_next_fused_shared_expert_decode_graph.json", prologues=(
+        "moe_routing", "moe_shared_gate"))
+    found = by_definition(result)
+    total = sum(ns for _, ns in units)
+    assert sum(found.values()) / total > 0.97, result.unattributed
+    moe = "moe_bf16_renorm_topk10_e512_h2048_i128_shared1_sigmoid_gate"
+    mine = ("_router_triton", "_fused_append", "fused_moe", "moe_align", "count_and_sort", "act_and_mul", "triton_per",
+            "void at::native::vectorized_elementwise_kernel<8, at::native::sigmoid")
+    assert found[moe] >= sum(ns for name, ns in units if name.startswith(mine))
+    # the gate's GEMM: the alt stream's GEMV right after each layer's top-k
+    side = [(name, round(us * 1000)) for name, us, stream in trace["units"] if stream == 436]
+    gates = [side[i + 1][1] for i, (name, _) in enumerate(side) if name == "_router_triton_kernel"]
+    assert found["gemm_bf16_n1_k2048"] == sum(gates) and len(gates) == 4
+    norms = [ns for name, ns in units if "FusedAddRMSNormKernel" in name]
+    assert found["gemma_fused_add_rmsnorm_inplace_h2048"] == sum(norms)

@@ -847,9 +847,12 @@ def _align(units: Sequence[tuple[int, str, int, int]], calls: Sequence[tuple[str
     Definitions, invocation; in order), stream by stream: a graph forks onto other streams for work
     that overlaps (vLLM's and SGLang's shared experts beside the routed experts, for small batches),
     and each stream's kernels are in their calls' order, but the streams' interleave by time. The
-    stream with the most units is aligned with all the calls, then each other one (the earliest
-    first: vLLM's graphs give each layer's shared experts a stream of their own) with the calls left
-    without units, in order, of the op types its kernels are named after.
+    stream the graph began on (the forward's own) is aligned with all the calls, then each other one
+    (the earliest first: vLLM's graphs give each layer's shared experts a stream of their own) with
+    the calls left without units, in order, of the op types its kernels are named after. The
+    stream with the most units was the main one before: SGLang's Qwen3-Next runs more on its alt
+    stream (each layer's router, shared-expert gate and experts) than on its own, and every MoE
+    layer's calls shifted onto the next GEMMs.
     Each unit's Definitions get its time; ``launched``: how many units one invocation of each
     Definitions launches, where known (:func:`_launches_per_call`); ``prologues``: the invocations
     that are prologues (:attr:`GraphCalls.prologues`)."""
@@ -858,7 +861,7 @@ def _align(units: Sequence[tuple[int, str, int, int]], calls: Sequence[tuple[str
     for i, unit in enumerate(units):
         by_stream[unit[3]].append(i)
     free = list(range(len(calls)))  # calls without units so far
-    main = max(by_stream.values(), key=lambda indices: (len(indices), -indices[0]), default=None)
+    main = by_stream[units[0][3]] if units else None  # the stream the graph began on: the forward's own
     claimed: set[int] = set()
     if main is not None:
         main_types = frozenset().union(*(fits(units[i][1]) for i in main))
