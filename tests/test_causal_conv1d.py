@@ -94,13 +94,17 @@ def test_a_conv1d_the_definitions_do_not_compute_is_named():
                                         (BIAS_PREFILL, {"conv_state": "new_conv_state"})])
 def test_vllms_triton_kernels_are_natives_that_work_in_place_as_the_engine_calls_them(name, held):
     """Offered where vLLM imports on CUDA: the decode kernel writes its output over ``x``, both
-    update the requests' slots of the cache."""
+    update the requests' slots of the cache. SGLang's copies (where SGLang imports) update the
+    cache alike; its decode returns a new output."""
     from fi_profile.families import family_of
     from fi_profile.replay.baseline_solutions import native_solution
 
     definition = shipped_definition(name)
     family = family_of("causal_conv1d")
-    (native,) = family.natives(definition, None)
-    solution = native_solution(definition, family, native)
+    vllm, sglang = family.natives(definition, None)
+    solution = native_solution(definition, family, vllm)
     assert solution.spec.model_dump()["overwrites"] == held
     assert "from vllm.model_executor.layers.mamba.ops.causal_conv1d import" in solution.sources[0].content
+    solution = native_solution(definition, family, sglang)
+    assert solution.spec.model_dump()["overwrites"] == {"conv_state": "new_conv_state"}
+    assert "from sglang.kernels.ops.mamba.causal_conv1d_triton import" in solution.sources[0].content
