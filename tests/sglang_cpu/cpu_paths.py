@@ -9,8 +9,8 @@
 #
 # With FI_PROFILE_TEST_FUSE_SHARED_EXPERT=1, Qwen2-MoE's block fuses its shared expert into the
 # experts as it does on CUDA (Qwen3-Next's default there): it is built as if on CUDA (the one place
-# its constructor reads that), and the Triton kernel that appends the shared slot to each token's
-# top-k is computed in PyTorch.
+# its constructor reads that; its gate a torch nn.Linear as on CUDA, also on a CPU with AMX), and
+# the Triton kernel that appends the shared slot to each token's top-k is computed in PyTorch.
 import importlib.abc
 import importlib.util
 import os
@@ -36,11 +36,13 @@ def _fused_on_cuda(module):
     build = module.Qwen2MoeSparseMoeBlock.__init__
 
     def __init__(self, *args, **kwargs):
-        was, module._is_cuda = module._is_cuda, True
+        # its gate too: a torch nn.Linear, not the ReplicatedLinear (packed for AMX) of CPUs with AMX
+        was = module._is_cuda, module._is_cpu_amx_available
+        module._is_cuda, module._is_cpu_amx_available = True, False
         try:
             build(self, *args, **kwargs)
         finally:
-            module._is_cuda = was
+            module._is_cuda, module._is_cpu_amx_available = was
 
     module.Qwen2MoeSparseMoeBlock.__init__ = __init__
 
