@@ -100,13 +100,15 @@ def call(hidden_states: torch.Tensor, routing_logits: torch.Tensor, num_experts:
             found.insert(0, "MXFP4 experts other than gpt-oss's (biased, swigluoai)")
         if found:
             raise NotImplementedError(f"MoE layer without a Definition: {', '.join(found)}")
-    if shared_gate is not None and (deepseek is not None or llama4 or swiglu_oai is not None or mxfp4
-                                    or tuple(shared_gate.shape) != (shared_experts, hidden_states.shape[-1])):
-        raise NotImplementedError(f"MoE layer without a Definition: {shared_experts} fused shared experts with a gate "
-                                  f"weight of shape {tuple(shared_gate.shape)}, beside "
-                                  + ("DeepSeek's routing" if deepseek is not None else "Llama-4's routing" if llama4
-                                     else "swigluoai or MXFP4 experts" if swiglu_oai is not None or mxfp4
-                                     else f"hidden size {hidden_states.shape[-1]}"))
+    if shared_gate is not None:
+        beside = [what for what, applies in {
+            "DeepSeek's routing": deepseek is not None, "Llama-4's routing": llama4,
+            "swigluoai or MXFP4 experts": swiglu_oai is not None or mxfp4,
+            f"hidden size {hidden_states.shape[-1]}":
+                tuple(shared_gate.shape) != (shared_experts, hidden_states.shape[-1])}.items() if applies]
+        if beside:
+            raise NotImplementedError(f"MoE layer without a Definition: {shared_experts} fused shared experts with a "
+                                      f"gate weight of shape {tuple(shared_gate.shape)}, beside {', '.join(beside)}")
     if shared_experts and (deepseek is None or shared_experts != 1) and shared_gate is None:
         raise NotImplementedError(f"MoE layer without a Definition: {shared_experts} fused shared experts"
                                   + ("" if deepseek is not None else " beside a softmax router, without a gate"))
