@@ -863,11 +863,13 @@ def _align(units: Sequence[tuple[int, str, int, int]], calls: Sequence[tuple[str
     free = list(range(len(calls)))  # calls without units so far
     main = by_stream[units[0][3]] if units else None  # the stream the graph began on: the forward's own
     claimed: set[int] = set()
+    side_types: frozenset[str] = frozenset()  # the op types other streams' kernels are named after
     if main is not None:
         main_types = frozenset().union(*(fits(units[i][1]) for i in main))
         for indices in by_stream.values():
             if indices is not main:
                 claimed |= _side_calls([units[i][1] for i in indices], calls, fits, main_types)
+                side_types |= frozenset().union(*(fits(units[i][1]) for i in indices))
     for n, indices in enumerate(sorted(by_stream.values(), key=lambda indices: (indices is not main, indices[0]))):
         names = [units[i][1] for i in indices]
         if n:  # another stream: the calls left of the types its kernels are named after, as if back to back
@@ -875,7 +877,11 @@ def _align(units: Sequence[tuple[int, str, int, int]], calls: Sequence[tuple[str
             free = [c for c in free if calls[c][0] in types]
         else:  # the main stream: all calls but those another stream's kernels claimed
             free = [c for c in free if c not in claimed]
-        found = _assign(names, [calls[c] for c in free], fits, launched, prologues)
+        # the main stream's kernels named after no family never go to a call another stream's
+        # kernels may be (SGLang's Qwen3-Next runs a GDN layer's small input projection on its alt
+        # stream: the main stream's split kernel after the large one is no GEMM's)
+        elsewhere = frozenset(k for k, c in enumerate(free) if calls[c][0] in side_types) if not n else frozenset()
+        found = _assign(names, [calls[c] for c in free], fits, launched, prologues, elsewhere)
         taken = {free[call] for call in found if call is not None}
         for i, call in zip(indices, found):
             assigned[i] = free[call] if call is not None else None
@@ -935,7 +941,7 @@ def _side_calls(names: Sequence[str], calls: Sequence[tuple[str, tuple[str, ...]
 
 def _assign(unit_names: Sequence[str], calls: Sequence[tuple[str, tuple[str, ...], int]],
             fits: _Fits, launched: Mapping[tuple[str, ...], int] = {},
-            prologues: frozenset[int] = frozenset()) -> list[Optional[int]]:
+            prologues: frozenset[int] = frozenset(), elsewhere: frozenset[int] = frozenset()) -> list[Optional[int]]:
     """One stream's units (their names, in launch order) to its calls: the index of each unit's call,
     or None. A unit right after one of the current call whose name fits only that call's op type
     goes to it (unless the next call is of that type too, and the unit does not only finish the one
@@ -947,7 +953,8 @@ def _assign(unit_names: Sequence[str], calls: Sequence[tuple[str, tuple[str, ...
     GEMM's memset), else each run between two placed units to the one call
     left without units between those units' calls (or to their call, when both are one call's; a
     norm's call left out for a run of Inductor's pointwise kernels, as a norm reduces), or among
-    several such calls by the units each launches (``launched``) where those add up to the run. What is left (a name
+    several such calls by the units each launches (``launched``) where those add up to the run; never to
+    a call ``elsewhere`` (whose kernels may be on another stream). What is left (a name
     of a family with no call of it left, a run of unknown names at an edge or where the calls
     between are not one) is not attributed."""
     units = unit_names
@@ -1093,6 +1100,8 @@ def _assign(unit_names: Sequence[str], calls: Sequence[tuple[str, tuple[str, ...
             hi -= 1
         if lo < hi and before is not None and after is not None:
             between = [before] if before == after else [c for c in range(before + 1, after) if c not in has_units]
+            if any(c in elsewhere for c in between) and {calls[c][2] for c in between} != {calls[after][2]}:
+                between = []  # a call whose kernel may be on another stream: the run's is not known
             if len(between) > 1 and all(name.startswith(POINTWISE) for name in units[lo:hi]):
                 # Inductor's pointwise kernels: not a norm's (which reduces) among calls without kernels
                 between = [c for c in between if calls[c][0] not in fits.reducing]
