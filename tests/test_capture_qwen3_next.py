@@ -40,6 +40,9 @@ def test_a_tiny_qwen3_next_is_complete_in_eager_and_compiled_runs_and_its_recurr
     # the full attention layer's RoPE over 16 of its 64 dimensions, and its q / k norms (x (1 + w))
     assert found["rope_neox_style_h4_kv2_d64_rd16_theta10000000"] == ATTENTION_LAYERS * steps
     assert found["gemma_rmsnorm_h64"] == 2 * ATTENTION_LAYERS * steps
+    # the gated attention's output gate: its sigmoid and product, one call per layer and step
+    assert found["sigmoid_gate_mul_h256"] == ATTENTION_LAYERS * steps
+    assert run["engine_kernels"]["by_definition"]["sigmoid_gate_mul_h256"]["ms"] > 0
     # every layer's experts, the gate of the shared expert (one output), and Gated DeltaNet's b/a
     # projection with the router (8 outputs each)
     assert found["moe_bf16_renorm_topk2_e8_h256_i128"] == layers * steps

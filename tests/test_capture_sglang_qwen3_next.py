@@ -42,10 +42,13 @@ def test_sglangs_gated_deltanet_layers_are_a_conv1d_and_a_recurrence_per_layer_a
     # the full attention layer beside them, and its zero-centred q/k norms
     assert found["gqa_paged_decode_h4_kv2_d64_ps1"] == ATTENTION_LAYERS * decode_steps
     assert found["gemma_rmsnorm_h64"] == 2 * ATTENTION_LAYERS * steps
+    # the gated attention's output gate: its sigmoid and product, one call per layer and step
+    assert found["sigmoid_gate_mul_h256"] == ATTENTION_LAYERS * steps
     # the layers' kernels (sgl-kernel's CPU ops here) are their calls'
     measured = run["engine_kernels"]
     assert measured["attributed_share"] >= 0.95, measured["unattributed"]
-    assert all(measured["by_definition"][d]["ms"] > 0 for d in (GDN_DECODE, GDN_PREFILL, CONV_DECODE, CONV_PREFILL))
+    assert all(measured["by_definition"][d]["ms"] > 0 for d in (GDN_DECODE, GDN_PREFILL, CONV_DECODE, CONV_PREFILL,
+                                                                 "sigmoid_gate_mul_h256"))
 
     out = result["out_dir"]
     prefill = json.loads((out / "workloads" / "gdn" / f"{GDN_PREFILL}.jsonl").read_text().splitlines()[0])["workload"]

@@ -109,6 +109,8 @@ def test_shipped_set_covers_llama_31_8b_and_the_moe_templates():
         "shared_expert_gate_sigmoid_mul_add_h2048",
         # and its MoE with the shared expert fused in, its slot weighted by the gate's sigmoid (SGLang on CUDA)
         "moe_bf16_renorm_topk10_e512_h2048_i512_shared1_sigmoid_gate",
+        # Qwen3-Next-80B's gated attention's output gate: the attention output times the gate's sigmoid
+        "sigmoid_gate_mul_h4096",
     } == names
     # templates are bfloat16 where their computation has a model dtype (instantiated per dtype); FP8 data is FP8
     assert all(d.inputs[next(iter(d.inputs))].dtype.value in ("bfloat16", "float32", "int32", "float8_e4m3fn")

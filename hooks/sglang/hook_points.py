@@ -25,6 +25,7 @@ from fi_profile.families import (
     rope,
     sampling,
     shared_expert_gate,
+    sigmoid_gate_mul,
     silu_and_mul,
 )
 from fi_profile.families import gdn as gdn_family
@@ -40,6 +41,11 @@ def _fused_qk_norm(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_w
     the RMSNorm layers' weights instead of the layers)."""
     seen_weights(q_weight, k_weight)
     return [qk_rmsnorm.call(q, k, float(eps))]
+
+
+def _output_gate(self: Any) -> Any:
+    """A gated attention layer's attention: its output gate watched while it runs."""
+    return sigmoid_gate_mul.watched(self, bool(getattr(self, "attn_output_gate", False)))
 
 
 def _fused_a_gemm(layer: Any, hidden_states: torch.Tensor) -> list:
@@ -125,6 +131,10 @@ POINTS = [
     HookPoint(_GEMMA3, "Gemma3DecoderLayer", ("forward",), "gemma3_layer", gemma3.decoder_layer_forward, around=True,
               optional=True),
     HookPoint(_GEMMA3, "", ("apply_rotary_pos_emb",), rope.KEY, gemma3.rotation_calls, optional=True),
+    # Qwen3-Next's full-attention layers: their output gate (sigmoid and product in PyTorch on CUDA
+    # and CPUs) watched while the layer's attention runs
+    HookPoint("sglang.srt.models.qwen3_next", "Qwen3HybridAttentionDecoderLayer", ("self_attention",),
+              "sigmoid_gate_mul_layer", _output_gate, around=True, optional=True),
     HookPoint(_GEMMA3, "Gemma3RotaryEmbedding", ("forward",), rope.KEY, gemma3.table_prologue_calls, prologue=True,
               optional=True),
     HookPoint(_GEMMA3, "Gemma3TextScaledWordEmbedding", ("forward",), embedding.KEY, gemma3.embedding_calls,

@@ -2,7 +2,11 @@
 runs its q/k norms, its RoPE and the split of the gate from the queries as one Triton kernel
 (``fused_qk_rmsnorm_rope_gate``), past the norm and RoPE layers' own hooks. That path is recorded
 as one ``qk_norm_rope`` call; elsewhere (``use_fused_qk_norm_rope_gate`` off) the layers' own hooks
-record their calls and this one records nothing."""
+record their calls and this one records nothing.
+
+Its output gate (``attn_output * sigmoid(gate)`` in its ``forward``) is one ``sigmoid_gate_mul`` call:
+watched while the layer runs eagerly (its sigmoid's and product's kernels the call's); in a compiled
+forward, recorded where the query and gate are split (its kernel, Inductor's, then unattributed)."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from typing import Any
 import torch
 
 from fi_profile.capture.layers import require, seen
-from fi_profile.families import qk_norm_rope
+from fi_profile.families import qk_norm_rope, sigmoid_gate_mul
 
 
 def layer_calls(self: Any, qkv: torch.Tensor, positions: torch.Tensor) -> list:
@@ -27,3 +31,18 @@ def layer_calls(self: Any, qkv: torch.Tensor, positions: torch.Tensor) -> list:
                                  multimodal))
     return [qk_norm_rope.call(qkv, int(self.num_heads), int(self.num_kv_heads), int(self.head_dim),
                               int(rope.rotary_dim), float(self.q_norm.variance_epsilon), rope.cos_sin_cache)]
+
+
+def traced_layer_calls(self: Any, qkv: torch.Tensor, positions: torch.Tensor) -> list:
+    """While torch.compile traces ``_project_qkv_gate``: its calls, and the output gate's (the
+    layer's heads on this rank times the head size, over the projection's tokens), which the
+    compiled forward runs past every Python hook."""
+    calls = layer_calls(self, qkv, positions)
+    if getattr(self, "attn_output_gate", False):
+        calls.append(sigmoid_gate_mul.call(qkv, int(self.num_heads) * int(self.head_dim)))
+    return calls
+
+
+def output_gate(self: Any) -> Any:
+    """``Qwen3NextAttention.forward``, eagerly: its output gate watched while it runs."""
+    return sigmoid_gate_mul.watched(self, bool(getattr(self, "attn_output_gate", False)))

@@ -97,7 +97,10 @@ POINTS = [
               rope.KEY, rope.layer_calls),
     # Qwen3-Next's and Qwen3.5's gated attention: on CUDA its q/k norms and RoPE in one fused kernel
     HookPoint("vllm.model_executor.models.qwen3_next", "Qwen3NextAttention", ("_project_qkv_gate",), qk_norm_rope.KEY,
-              gated_attention.layer_calls, optional=True),
+              gated_attention.layer_calls, optional=True, traced=gated_attention.traced_layer_calls),
+    # its output gate (sigmoid and product), watched while the layer runs eagerly
+    HookPoint("vllm.model_executor.models.qwen3_next", "Qwen3NextAttention", ("forward",), "sigmoid_gate_mul_layer",
+              gated_attention.output_gate, around=True, optional=True),
     HookPoint(f"{_LAYERS}.linear", "UnquantizedLinearMethod", ("apply",), gemm.KEY, gemm.linear_calls),
     # block-scale FP8 linear layers: the activations' quantization, then the GEMM
     HookPoint(f"{_LAYERS}.quantization.fp8", "Fp8LinearMethod", ("apply",), fp8_linear.KEY, vllm_fp8.linear_calls),

@@ -251,6 +251,8 @@ def wrap_around(fn: Callable[..., Any], op: str, context: Callable[..., Any], cl
 
     @functools.wraps(fn)
     def hooked(*args: Any, **kwargs: Any) -> Any:
+        if _is_compiling():  # Dynamo traces this: an engine phase or a watch is Python that runs eagerly
+            return fn(*args, **kwargs)
         try:
             manager = context(**read(args, kwargs))
         except Exception as exc:  # a hook must never break the engine

@@ -32,6 +32,7 @@ from fi_profile.families import (
     rope,
     sampling,
     shared_expert_gate,
+    sigmoid_gate_mul,
     silu_and_mul,
 )
 from fi_profile.families.family import Family
@@ -55,6 +56,7 @@ FAMILIES: tuple[Family, ...] = (
     bmm.FAMILY,
     moe.FAMILY,
     shared_expert_gate.FAMILY,
+    sigmoid_gate_mul.FAMILY,
     sampling.FAMILY,
     collective.FAMILY,
 )

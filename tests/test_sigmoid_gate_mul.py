@@ -1,0 +1,74 @@
+"""A gated attention layer's output gate (Qwen3-Next's, Qwen3.5's full-attention layers): the
+Definition made for a layer's heads, its reference and PyTorch baseline, and the watch a layer's hook
+runs it in: the layer's sigmoid and the product with its output are one call, and a gated layer whose
+gate the watch did not see loses a named call (never a record that looks complete)."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from fi_profile.capture.recorder import RECORDER
+from fi_profile.entry_points import load_function, run_reference
+from fi_profile.families import sigmoid_gate_mul
+from fi_profile.replay.baseline_solutions import baseline_solutions
+from fi_profile.replay.check import compare
+from fi_profile.synthesis import synthesize_inputs
+
+
+def test_a_layers_gate_is_its_heads_times_the_head_size_and_its_reference_and_baseline_agree():
+    x = torch.zeros(5, 1024, dtype=torch.bfloat16)
+    made = sigmoid_gate_mul.call(x)
+    assert made.definition.name == "sigmoid_gate_mul_h1024" and made.axes == {"num_tokens": 5}
+    # a compiled layer's hook sees its QKV projection: the gate's width given, its tokens the projection's
+    assert sigmoid_gate_mul.call(torch.zeros(7, 3 * 1024, dtype=torch.bfloat16), 1024).definition is made.definition
+    assert sigmoid_gate_mul.call(torch.zeros(7, 3072, dtype=torch.float16), 1024).definition.name == \
+        "sigmoid_gate_mul_h1024_float16"
+    inputs = synthesize_inputs(made.definition, {"num_tokens": 33}, seed=1)
+    expected = run_reference(made.definition, inputs)["output"]
+    assert torch.equal(expected, (inputs["x"].double() * torch.sigmoid(inputs["gate"].double())).to(torch.bfloat16))
+    (torch_baseline,) = [s for s in baseline_solutions(made.definition) if s.name.endswith("__torch")]
+    found = load_function(torch_baseline.sources[0].content, "run", label=made.definition.name)(**inputs)
+    assert compare(found, expected).ok
+    assert not compare(found * 1.05, expected).ok
+
+
+def test_a_gate_of_another_shape_is_named():
+    x = torch.zeros(4, 256, dtype=torch.bfloat16)
+    assert sigmoid_gate_mul.problem(x, torch.zeros(4, 256, dtype=torch.bfloat16)) is None
+    assert "(4, 1)" in sigmoid_gate_mul.problem(x, torch.zeros(4, 1, dtype=torch.bfloat16))
+
+
+@pytest.fixture
+def recording():
+    was = RECORDER.active
+    RECORDER.active = True
+    lost = dict(RECORDER.lost_calls)
+    try:
+        yield
+    finally:
+        RECORDER.active = was
+        RECORDER.lost_calls.clear()
+        RECORDER.lost_calls.update(lost)
+
+
+def test_the_watch_sees_the_sigmoid_and_its_product_and_leaves_other_products_alone(recording, monkeypatch):
+    seen = []
+    monkeypatch.setattr(sigmoid_gate_mul, "_gated_product", lambda compute, x, gate: seen.append((x, gate)) or compute())
+    layer = SimpleNamespace()
+    attention, gate = torch.randn(3, 8), torch.randn(3, 8)
+    with sigmoid_gate_mul.watched(layer, True):
+        other = attention * 2.0  # not the gate's
+        gated = attention * torch.sigmoid(gate)
+    assert torch.equal(gated, attention * torch.sigmoid(gate)) and torch.equal(other, attention * 2.0)
+    assert len(seen) == 1 and seen[0][0] is attention
+
+
+def test_a_gated_layer_whose_gate_was_not_seen_loses_a_named_call(recording):
+    before = RECORDER.lost_calls[sigmoid_gate_mul.KEY]
+    with sigmoid_gate_mul.watched(SimpleNamespace(), True):
+        torch.randn(3, 8) * 2.0  # a layer whose gate ran in a kernel of its own
+    assert RECORDER.lost_calls[sigmoid_gate_mul.KEY] == before + 1
+    with sigmoid_gate_mul.watched(SimpleNamespace(), False):  # no gate: nothing watched, nothing lost
+        torch.randn(3, 8) * 2.0
+    assert RECORDER.lost_calls[sigmoid_gate_mul.KEY] == before + 1
