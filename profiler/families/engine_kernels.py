@@ -62,9 +62,10 @@ def torch_call(run: EngineRun, definition: Definition) -> Optional[EngineKernel]
     return EngineKernel("torch", "F.linear / F.embedding (cuBLAS), as unquantized layers call them")
 
 
-def vllm_triton(what: str, engines: tuple[str, ...] = ("vLLM",)) -> Callable[[EngineRun, Definition],
-                                                                            Optional[EngineKernel]]:
-    """For a family whose kernels in ``engines`` (vLLM's) are Triton (CUDA) and whose natives are
+def engine_triton(what: str, engines: tuple[str, ...] = ("vLLM",)) -> Callable[[EngineRun, Definition],
+                                                                              Optional[EngineKernel]]:
+    """For a family whose kernels in ``engines`` (vLLM's by default; SGLang's too for the Gated
+    DeltaNet and conv1d kernels, its copies of them) are Triton (CUDA) and whose natives are
     labelled by the engine's name in lower case (``vllm``): that native where the engine ran on a
     GPU, as the accounting's kernel names say (a CPU run's are operators, ``aten::...``,
     ``_C::...``); its CPU path otherwise, which the replay has none of; unknown where the

@@ -107,7 +107,7 @@ FAMILY = Family(
                # one depthwise conv per sequence, as many as the step has: not compiled
                Baseline("torch_causal_conv1d_prefill.py", compiled=False)),
     natives=_natives,
-    engine_kernel=engine_kernels.vllm_triton("causal_conv1d_update / causal_conv1d_fn", engines=("vLLM", "SGLang")),
+    engine_kernel=engine_kernels.engine_triton("causal_conv1d_update / causal_conv1d_fn", engines=("vLLM", "SGLang")),
     # the engines' Triton (vLLM's, SGLang's) and CUDA (causal-conv1d's) kernels
     kernel_words=("causal_conv1d", "conv1d"),
     slot_inputs=("conv_state_indices",),

@@ -162,7 +162,7 @@ FAMILY = Family(
     tail_words=("copy", "index_put"),
     natives=_natives,
     # decode-only steps run its packed decode kernel: the same recurrence on the packed projections
-    engine_kernel=engine_kernels.vllm_triton("flash-linear-attention kernels", engines=("vLLM", "SGLang")),
+    engine_kernel=engine_kernels.engine_triton("flash-linear-attention kernels", engines=("vLLM", "SGLang")),
     input_values=input_values,
     rounds_through=_rounds_through,
     atol_of_largest=_chunked,

@@ -186,7 +186,7 @@ FAMILY = Family(
     atol_of_largest=_chunked,
     atol_scaled_by=_output_read_from_state,
     rounds_through=_rounds_through,
-    engine_kernel=engine_kernels.vllm_triton("selective state update / chunked scan kernels"),
+    engine_kernel=engine_kernels.engine_triton("selective state update / chunked scan kernels"),
     input_values=input_values,
     slot_inputs=("state_batch_indices", "state_indices"),
 )

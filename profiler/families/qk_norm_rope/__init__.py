@@ -76,7 +76,7 @@ FAMILY = Family(
     baselines=(Baseline("torch_qk_norm_rope.py", ("EPS",)),),
     natives=_natives,
     # eager and in its compiled forward alike (Inductor calls a Triton kernel as it is)
-    engine_kernel=engine_kernels.vllm_triton("kernel fused_qk_rmsnorm_rope_gate"),
+    engine_kernel=engine_kernels.engine_triton("kernel fused_qk_rmsnorm_rope_gate"),
     # vLLM's ``_fused_qk_rmsnorm_rope_gate_kernel``
     kernel_words=("qk_rmsnorm_rope", "rmsnorm_rope"),
     reduces=True,
