@@ -72,3 +72,44 @@ def test_a_gated_layer_whose_gate_was_not_seen_loses_a_named_call(recording):
     with sigmoid_gate_mul.watched(SimpleNamespace(), False):  # no gate: nothing watched, nothing lost
         torch.randn(3, 8) * 2.0
     assert RECORDER.lost_calls[sigmoid_gate_mul.KEY] == before + 1
+
+
+class GatedAttention(torch.nn.Module):
+    """A gated attention layer: projections of its own, its gate in its forward."""
+
+    def __init__(self, gated=True):
+        super().__init__()
+        self.attn_output_gate = gated
+        self.o_proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.o_proj(x * torch.sigmoid(x))
+
+
+class FusedGateAttention(GatedAttention):
+    """A subclass whose own forward runs the gate in a kernel of its own (as Qwen3.5's in SGLang)."""
+
+    def forward(self, x):
+        return self.o_proj(x)
+
+
+def test_a_gated_layer_no_rule_knows_is_listed_by_its_flag_and_a_watched_one_is_not(monkeypatch):
+    """Every layer with ``attn_output_gate`` set is listed unless a rule judges its class; the rule
+    for a watched class lists a subclass whose own forward the watch never sees."""
+    from fi_profile.capture.layers import LayerRule, uncovered_layers
+    from fi_profile.capture.patching import wrap_around
+
+    def linear_problem(layer):
+        return None
+
+    model = torch.nn.Sequential(GatedAttention(), GatedAttention(gated=False), FusedGateAttention())
+    linear = LayerRule("torch.nn.modules.linear:Linear", linear_problem)
+    listed = uncovered_layers(model, [linear])
+    assert listed == {"GatedAttention with attn_output_gate (computed in the layer's own code: no hook records it)": 1,
+                      "FusedGateAttention with attn_output_gate (computed in the layer's own code: no hook records it)": 1}
+    monkeypatch.setattr(GatedAttention, "forward", wrap_around(GatedAttention.forward, "watch",
+                                                               lambda self: sigmoid_gate_mul.watched(self, True)))
+    rule = LayerRule(f"{__name__}:GatedAttention", sigmoid_gate_mul.layer_problem("forward"), container=True)
+    assert uncovered_layers(model, [linear, rule]) == {
+        "FusedGateAttention with attn_output_gate in a forward of its own (its sigmoid and product: no hook records "
+        "them)": 1}

@@ -247,6 +247,9 @@ LAYER_RULES = [
     # Gemma-3's RoPE tables: judged, not marked (on SGLang's AMX CPU path its layers' RotaryEmbedding
     # runs instead, and the tables are unused)
     LayerRule(f"{_GEMMA3}:Gemma3RotaryEmbedding", gemma3.table_problem, container=True),
+    # Qwen3-Next's gated attention layer: its output gate watched in its self_attention
+    LayerRule("sglang.srt.models.qwen3_next:Qwen3HybridAttentionDecoderLayer",
+              sigmoid_gate_mul.layer_problem("self_attention"), container=True),
     LayerRule(f"{_GEMMA3}:Gemma3TextScaledWordEmbedding", gemma3.embedding_problem),
     sglang_mla.LAYER_RULE,
     LayerRule(f"{_LAYERS}.radix_attention:RadixAttention", attention.layer_problem),

@@ -30,6 +30,7 @@ from fi_profile.families import (
     rmsnorm,
     rope,
     sampling,
+    sigmoid_gate_mul,
     silu_and_mul,
 )
 from fi_profile.hooks.vllm import attention, gated_attention, steps
@@ -187,6 +188,9 @@ LAYER_RULES = [
     LayerRule(f"{_LAYERS}.rotary_embedding.deepseek_scaling_rope:DeepseekScalingRotaryEmbedding", rope.layer_problem),
     LayerRule(f"{_LAYERS}.attention.mla_attention:MLAAttention", vllm_mla.layer_problem),
     LayerRule(f"{_LAYERS}.mla:MultiHeadLatentAttentionWrapper", vllm_mla.wrapper_problem, container=True),
+    # Qwen3-Next's gated attention: its output gate watched in its forward, its layers judged one by one
+    LayerRule("vllm.model_executor.models.qwen3_next:Qwen3NextAttention", sigmoid_gate_mul.layer_problem("forward"),
+              container=True),
     LayerRule(f"{_GDN_MODULE}:QwenGatedDeltaNetAttention", vllm_gdn.layer_problem),
     LayerRule(f"{_MAMBA2_MODULE}:MambaMixer2", vllm_mamba2.layer_problem),
     LayerRule(f"{_MAMBA2_MODULE}:Mixer2RMSNormGated", rmsnorm.mixer2_gated_layer_problem),

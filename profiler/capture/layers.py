@@ -200,6 +200,11 @@ def _own_forward(module: Any, method: str) -> Optional[str]:
             "which no hook records")
 
 
+#: flags of a layer that runs its children's calls and, where set, computes something between them
+#: in its own code (Hugging Face's config names): such a layer is listed unless a rule judges its class
+#: (a gated attention's ``attn_output_gate``: the output times the sigmoid of a gate)
+CONTAINER_COMPUTES = ("attn_output_gate",)
+
 #: torch's own layers with weights, which a model may use past the engine's layer classes (SGLang's
 #: Gemma-3 embeds with a subclass of ``nn.Embedding``): each runs a kernel of its own
 TORCH_LAYERS = (torch.nn.Linear, torch.nn.Bilinear, torch.nn.Embedding, torch.nn.EmbeddingBag, torch.nn.LayerNorm,
@@ -280,6 +285,10 @@ def _judged_layers(model: Any, rules: Iterable[LayerRule],
             yield module, (f"{type(module).__name__} (a layer of the model's own code, {type(module).__module__}, "
                            "with weights of its own: no hook records it)"), False
         else:
+            computes = [name for name in CONTAINER_COMPUTES if getattr(module, name, None) is True]
+            if computes:
+                yield module, (f"{type(module).__name__} with {', '.join(computes)} (computed in the layer's own code: "
+                               "no hook records it)"), False
             pending.extend(reversed(list(module.children())))
 
 

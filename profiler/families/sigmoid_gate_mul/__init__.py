@@ -52,6 +52,22 @@ def call(x: torch.Tensor, hidden: Optional[int] = None) -> KernelCall:
     return KernelCall(definition, {"num_tokens": tokens})
 
 
+def layer_problem(method: str) -> Callable[[Any], Optional[str]]:
+    """A rule for a gated attention layer class whose ``method`` a hook watches (:func:`watched`):
+    a layer with an output gate whose class runs another ``method`` of its own (a subclass's, which
+    the watch never sees) is listed; None otherwise."""
+
+    def problem(layer: Any) -> Optional[str]:
+        if getattr(layer, "attn_output_gate", False) is not True:
+            return None
+        if getattr(getattr(type(layer), method, None), "__fi_profile_original__", None) is None:
+            return (f"{type(layer).__name__} with attn_output_gate in a {method} of its own (its sigmoid and "
+                    "product: no hook records them)")
+        return None
+
+    return problem
+
+
 def _engine_kernel(run: EngineRun, definition: Definition) -> Optional[EngineKernel]:
     """Inductor's kernel where the accounting saw one (vLLM's compiled forward), else PyTorch's."""
     if any(name.startswith(INDUCTOR_KERNELS) for name in run.kernels) or (
