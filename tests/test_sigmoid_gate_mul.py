@@ -55,9 +55,9 @@ def recording():
 def test_the_watch_sees_the_sigmoid_and_its_product_and_leaves_other_products_alone(recording, monkeypatch):
     seen = []
     monkeypatch.setattr(sigmoid_gate_mul, "_gated_product", lambda compute, x, gate: seen.append((x, gate)) or compute())
-    layer = SimpleNamespace()
+    layer = SimpleNamespace(attn_output_gate=True)
     attention, gate = torch.randn(3, 8), torch.randn(3, 8)
-    with sigmoid_gate_mul.watched(layer, True):
+    with sigmoid_gate_mul.watched(layer):
         other = attention * 2.0  # not the gate's
         gated = attention * torch.sigmoid(gate)
     assert torch.equal(gated, attention * torch.sigmoid(gate)) and torch.equal(other, attention * 2.0)
@@ -66,10 +66,10 @@ def test_the_watch_sees_the_sigmoid_and_its_product_and_leaves_other_products_al
 
 def test_a_gated_layer_whose_gate_was_not_seen_loses_a_named_call(recording):
     before = RECORDER.lost_calls[sigmoid_gate_mul.KEY]
-    with sigmoid_gate_mul.watched(SimpleNamespace(), True):
+    with sigmoid_gate_mul.watched(SimpleNamespace(attn_output_gate=True)):
         torch.randn(3, 8) * 2.0  # a layer whose gate ran in a kernel of its own
     assert RECORDER.lost_calls[sigmoid_gate_mul.KEY] == before + 1
-    with sigmoid_gate_mul.watched(SimpleNamespace(), False):  # no gate: nothing watched, nothing lost
+    with sigmoid_gate_mul.watched(SimpleNamespace(attn_output_gate=False)):  # no gate: nothing watched, nothing lost
         torch.randn(3, 8) * 2.0
     assert RECORDER.lost_calls[sigmoid_gate_mul.KEY] == before + 1
 
@@ -108,7 +108,7 @@ def test_a_gated_layer_no_rule_knows_is_listed_by_its_flag_and_a_watched_one_is_
     assert listed == {"GatedAttention with attn_output_gate (computed in the layer's own code: no hook records it)": 1,
                       "FusedGateAttention with attn_output_gate (computed in the layer's own code: no hook records it)": 1}
     monkeypatch.setattr(GatedAttention, "forward", wrap_around(GatedAttention.forward, "watch",
-                                                               lambda self: sigmoid_gate_mul.watched(self, True)))
+                                                               sigmoid_gate_mul.watched))
     rule = LayerRule(f"{__name__}:GatedAttention", sigmoid_gate_mul.layer_problem("forward"), container=True)
     assert uncovered_layers(model, [linear, rule]) == {
         "FusedGateAttention with attn_output_gate in a forward of its own (its sigmoid and product: no hook records "

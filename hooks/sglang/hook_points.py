@@ -43,11 +43,6 @@ def _fused_qk_norm(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_w
     return [qk_rmsnorm.call(q, k, float(eps))]
 
 
-def _output_gate(self: Any) -> Any:
-    """A gated attention layer's attention: its output gate watched while it runs."""
-    return sigmoid_gate_mul.watched(self, bool(getattr(self, "attn_output_gate", False)))
-
-
 def _fused_a_gemm(layer: Any, hidden_states: torch.Tensor) -> list:
     """DeepSeek's fused q/kv down-projection (and q_b of some shapes) on Hopper and newer: up to 16
     tokens SGLang runs its own GEMM (``dsv3_fused_a_gemm``) on the bf16 layer's weight, past its
@@ -134,7 +129,7 @@ POINTS = [
     # Qwen3-Next's full-attention layers: their output gate (sigmoid and product in PyTorch on CUDA
     # and CPUs) watched while the layer's attention runs
     HookPoint("sglang.srt.models.qwen3_next", "Qwen3HybridAttentionDecoderLayer", ("self_attention",),
-              "sigmoid_gate_mul_layer", _output_gate, around=True, optional=True),
+              "sigmoid_gate_mul_layer", sigmoid_gate_mul.watched, around=True, optional=True),
     HookPoint(_GEMMA3, "Gemma3RotaryEmbedding", ("forward",), rope.KEY, gemma3.table_prologue_calls, prologue=True,
               optional=True),
     HookPoint(_GEMMA3, "Gemma3TextScaledWordEmbedding", ("forward",), embedding.KEY, gemma3.embedding_calls,

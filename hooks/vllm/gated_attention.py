@@ -38,11 +38,6 @@ def traced_layer_calls(self: Any, qkv: torch.Tensor, positions: torch.Tensor) ->
     layer's heads on this rank times the head size, over the projection's tokens), which the
     compiled forward runs past every Python hook."""
     calls = layer_calls(self, qkv, positions)
-    if getattr(self, "attn_output_gate", False):
+    if getattr(self, "attn_output_gate", False) is True:
         calls.append(sigmoid_gate_mul.call(qkv, int(self.num_heads) * int(self.head_dim)))
     return calls
-
-
-def output_gate(self: Any) -> Any:
-    """``Qwen3NextAttention.forward``, eagerly: its output gate watched while it runs."""
-    return sigmoid_gate_mul.watched(self, bool(getattr(self, "attn_output_gate", False)))

@@ -101,7 +101,7 @@ POINTS = [
               gated_attention.layer_calls, optional=True, traced=gated_attention.traced_layer_calls),
     # its output gate (sigmoid and product), watched while the layer runs eagerly
     HookPoint("vllm.model_executor.models.qwen3_next", "Qwen3NextAttention", ("forward",), "sigmoid_gate_mul_layer",
-              gated_attention.output_gate, around=True, optional=True),
+              sigmoid_gate_mul.watched, around=True, optional=True),
     HookPoint(f"{_LAYERS}.linear", "UnquantizedLinearMethod", ("apply",), gemm.KEY, gemm.linear_calls),
     # block-scale FP8 linear layers: the activations' quantization, then the GEMM
     HookPoint(f"{_LAYERS}.quantization.fp8", "Fp8LinearMethod", ("apply",), fp8_linear.KEY, vllm_fp8.linear_calls),

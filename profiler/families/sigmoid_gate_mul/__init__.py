@@ -144,10 +144,11 @@ class OutputGate(TorchFunctionMode):
         return result
 
 
-def watched(layer: Any, gated: bool) -> Any:
-    """The context a gated attention layer's forward runs in: :class:`OutputGate` where the layer
-    has an output gate and the hooks record now (eagerly, or while a CUDA graph is captured: a
-    compiled forward runs no Python of this), else nothing."""
-    if not gated or torch.compiler.is_compiling() or not (RECORDER.active or CAPTURING.trace is not None):
+def watched(self: Any) -> Any:
+    """The context a gated attention layer's forward runs in (its hook, an around hook, which does
+    nothing while Dynamo traces): :class:`OutputGate` where the layer has an output gate
+    (``attn_output_gate``) and the hooks record now (eagerly, or while a CUDA graph is captured),
+    else nothing."""
+    if getattr(self, "attn_output_gate", False) is not True or not (RECORDER.active or CAPTURING.trace is not None):
         return contextlib.nullcontext()
-    return OutputGate(layer)
+    return OutputGate(self)
