@@ -47,6 +47,8 @@ def test_a_tiny_qwen3_next_is_complete_in_eager_and_compiled_runs_and_its_recurr
     # projection with the router (8 outputs each)
     assert found["moe_bf16_renorm_topk2_e8_h256_i128"] == layers * steps
     assert found["gemm_bf16_n1_k256"] == layers * steps
+    # the shared expert's output times the sigmoid of that gate (one value per token)
+    assert found["sigmoid_gate_mul_h256_g1"] == layers * steps
     assert found["gemm_bf16_n8_k256"] == (GDN_LAYERS + layers) * steps
     # Gated DeltaNet's own norm, each value head's 128 dimensions times SiLU of its gate
     assert found["gated_rmsnorm_h128"] == GDN_LAYERS * steps

@@ -637,13 +637,15 @@ def test_layer_classes_no_hook_knows_are_listed_never_recorded_as_another(tmp_pa
 def test_qwen2_moe_is_recorded_whole_its_shared_expert_and_sigmoid_gate_included(tmp_path):
     """Qwen2-MoE: softmax top-2 of 8 experts (weights not renormalized) beside a shared expert whose
     output a sigmoid gate of one output per token scales (``shared_expert_gate``): the routed
-    experts are one MoE call per layer and step, the shared expert's GEMMs, SwiGLU and its gate's
-    GEMM are each recorded once per layer and step, and nothing is missing."""
+    experts are one MoE call per layer and step, the shared expert's GEMMs, SwiGLU, its gate's GEMM
+    and the gate's sigmoid and product are each recorded once per layer and step, and nothing is
+    missing."""
     result = capture(tmp_path, "qwen2-moe", model=str(MODELS / "tiny-qwen2-moe"), single_process=True)
     run = result["record"]["run"]
     assert run["not_covered"] == {} and not run["hook_errors"] and "incomplete" not in run, run
     steps = run["steps"]["engine"]
     per_layer = {"moe_bf16_softmax_topk2_e8_h256_i128": 1, "gemm_bf16_n1_k256": 1,  # the shared expert's gate
+                 "sigmoid_gate_mul_h256_g1": 1,  # its sigmoid times the shared expert's output
                  "gemm_bf16_n8_k256": 1,  # the router
                  "gemm_bf16_n512_k256": 1, "silu_and_mul_i256": 1, "gemm_bf16_n256_k256": 2}  # shared expert, o_proj
     assert {k: counts(result)[k] for k in per_layer} == {k: LAYERS * steps * n for k, n in per_layer.items()}

@@ -97,12 +97,16 @@ def test_shared_experts_inside_vllms_opaque_moe_op_are_recorded_by_the_moe_hook(
     assert gemm.linear_calls(None, mlp.gate_up_proj, hidden) == []
     assert silu_and_mul.layer_calls(mlp.act_fn, torch.zeros(3, 4096, dtype=torch.bfloat16)) == []
     # Qwen2-MoE's and Qwen3-Next's shared expert scales its output by a sigmoid gate of one output
-    # per token: its GEMM runs in the opaque op too (it was missing from GPU records)
+    # per token: its GEMM (missing from GPU records once) and the sigmoid and product (silently
+    # missing once) run in the opaque op too
     gated = SimpleNamespace(**vars(mlp), expert_gate=linear(1, 7168))
     runner = SimpleNamespace(_forward_entry=OpOverload(), _shared_experts=SimpleNamespace(_layer=gated))
-    assert [(c.definition.name, c.axes) for c in vllm_moe._shared_expert_calls(runner, hidden)][-2:] == [
-        ("gemm_bf16_n7168_k2048", {"M": 3}), ("gemm_bf16_n1_k7168", {"M": 3})]
+    assert [(c.definition.name, c.axes) for c in vllm_moe._shared_expert_calls(runner, hidden)][-3:] == [
+        ("gemm_bf16_n7168_k2048", {"M": 3}), ("gemm_bf16_n1_k7168", {"M": 3}),
+        ("sigmoid_gate_mul_h7168_g1", {"num_tokens": 3})]
     assert gemm.linear_calls(None, gated.expert_gate, hidden) == []
+    # the MLP's own watch and its compiled template leave them to the MoE call
+    assert vllm_moe.shared_mlp_traced_calls(gated, hidden) == []
     # an MLP with a module beyond those: not recorded as one (the runner's problems list it)
     odd = torch.nn.Module()
     for name, part in vars(mlp).items():

@@ -102,6 +102,10 @@ POINTS = [
     # its output gate (sigmoid and product), watched while the layer runs eagerly
     HookPoint("vllm.model_executor.models.qwen3_next", "Qwen3NextAttention", ("forward",), "sigmoid_gate_mul_layer",
               sigmoid_gate_mul.watched, around=True, optional=True),
+    # Qwen2-MoE's and Qwen3-Next's shared expert: its output times the sigmoid of its gate's logit
+    # (watched eagerly, a template where compiled; recorded by the MoE call where an opaque op runs it)
+    HookPoint("vllm.model_executor.models.qwen2_moe", "Qwen2MoeMLP", ("forward",), "sigmoid_gate_mul_layer",
+              sigmoid_gate_mul.watched, around=True, optional=True, traced=vllm_moe.shared_mlp_traced_calls),
     HookPoint(f"{_LAYERS}.linear", "UnquantizedLinearMethod", ("apply",), gemm.KEY, gemm.linear_calls),
     # block-scale FP8 linear layers: the activations' quantization, then the GEMM
     HookPoint(f"{_LAYERS}.quantization.fp8", "Fp8LinearMethod", ("apply",), fp8_linear.KEY, vllm_fp8.linear_calls),
@@ -190,6 +194,8 @@ LAYER_RULES = [
     LayerRule(f"{_LAYERS}.mla:MultiHeadLatentAttentionWrapper", vllm_mla.wrapper_problem, container=True),
     # Qwen3-Next's gated attention: its output gate watched in its forward, its layers judged one by one
     LayerRule("vllm.model_executor.models.qwen3_next:Qwen3NextAttention", sigmoid_gate_mul.layer_problem("forward"),
+              container=True),
+    LayerRule("vllm.model_executor.models.qwen2_moe:Qwen2MoeMLP", sigmoid_gate_mul.layer_problem("forward"),
               container=True),
     LayerRule(f"{_GDN_MODULE}:QwenGatedDeltaNetAttention", vllm_gdn.layer_problem),
     LayerRule(f"{_MAMBA2_MODULE}:MambaMixer2", vllm_mamba2.layer_problem),

@@ -11,8 +11,8 @@ from typing import Any, Optional
 import torch
 
 from fi_profile.capture.kernel_call import rows
-from fi_profile.capture.layers import KnownAttributes, record_by, seen
-from fi_profile.families import gemm, moe, silu_and_mul
+from fi_profile.capture.layers import KnownAttributes, record_by, recorded_elsewhere, seen
+from fi_profile.families import gemm, moe, sigmoid_gate_mul, silu_and_mul
 from fi_profile.hooks.vllm import fp8_linear as vllm_fp8
 
 #: routers whose selection is softmax -> top-k (-> renormalize), as the MoE Definitions compute it
@@ -292,10 +292,23 @@ def _shared_expert_calls(runner: Any, hidden_states: torch.Tensor) -> list:
     n, k = gemm.layer_size(gate_up)
     tokens = rows(hidden_states, k)
     dtype = hidden_states.dtype
-    # Qwen2-MoE's and Qwen3-Next's MLP then scales its output by its sigmoid gate (elementwise)
-    gated = [] if gate is None else _projection_calls(gate, tokens, dtype)
+    # Qwen2-MoE's and Qwen3-Next's MLP then scales its output by the sigmoid of its gate's one logit
+    # per token (elementwise: the MLP's own hook leaves it to this one)
+    gated = [] if gate is None else [*_projection_calls(gate, tokens, dtype),
+                                     sigmoid_gate_mul.sized_call(tokens, gemm.layer_size(down)[0], dtype, gate_size=1)]
     return [*_projection_calls(gate_up, tokens, dtype), silu_and_mul.sized_call(tokens, n // 2, dtype),
             *_projection_calls(down, tokens, dtype), *gated]
+
+
+def shared_mlp_traced_calls(self: Any, x: torch.Tensor) -> list:
+    """While torch.compile traces a Qwen2-MoE MLP's ``forward`` (vLLM's shared expert where no opaque
+    op runs it: its projections' own hooks record them): its sigmoid gate over the output
+    (``sigmoid(expert_gate(x)) * out``, one gate value per token), which the compiled forward runs
+    past the eager watch (:func:`fi_profile.families.sigmoid_gate_mul.watched`)."""
+    gate = getattr(self, SHARED_EXPERT_GATE, None)
+    if gate is None or recorded_elsewhere(gate):
+        return []
+    return [sigmoid_gate_mul.call(x, gate_size=1)]
 
 
 def _projection_calls(layer: Any, tokens: int, dtype: torch.dtype) -> list:

@@ -200,10 +200,18 @@ def _own_forward(module: Any, method: str) -> Optional[str]:
             "which no hook records")
 
 
-#: flags of a layer that runs its children's calls and, where set, computes something between them
-#: in its own code (Hugging Face's config names): such a layer is listed unless a rule judges its class
-#: (a gated attention's ``attn_output_gate``: the output times the sigmoid of a gate)
-CONTAINER_COMPUTES = ("attn_output_gate",)
+#: what a layer holds that runs its children's calls and, where set, computes something between them
+#: in its own code: such a layer is listed unless a rule judges its class. A flag (Hugging Face's
+#: config name) set True: a gated attention's ``attn_output_gate`` (the output times the sigmoid of
+#: a gate); or a layer under that name: vLLM's Qwen2-MoE MLP's ``expert_gate`` (its output times the
+#: sigmoid of that layer's one logit per token)
+CONTAINER_COMPUTES = ("attn_output_gate", "expert_gate")
+
+
+def computes_in_own_code(module: Any) -> list[str]:
+    """The :data:`CONTAINER_COMPUTES` that ``module`` has set: a flag True, or a layer."""
+    held = {name: getattr(module, name, None) for name in CONTAINER_COMPUTES}
+    return [name for name, value in held.items() if value is True or isinstance(value, torch.nn.Module)]
 
 #: torch's own layers with weights, which a model may use past the engine's layer classes (SGLang's
 #: Gemma-3 embeds with a subclass of ``nn.Embedding``): each runs a kernel of its own
@@ -285,7 +293,7 @@ def _judged_layers(model: Any, rules: Iterable[LayerRule],
             yield module, (f"{type(module).__name__} (a layer of the model's own code, {type(module).__module__}, "
                            "with weights of its own: no hook records it)"), False
         else:
-            computes = [name for name in CONTAINER_COMPUTES if getattr(module, name, None) is True]
+            computes = computes_in_own_code(module)
             if computes:
                 yield module, (f"{type(module).__name__} with {', '.join(computes)} (computed in the layer's own code: "
                                "no hook records it)"), False

@@ -244,15 +244,25 @@ def wrap_boundary(
     return hooked
 
 
-def wrap_around(fn: Callable[..., Any], op: str, context: Callable[..., Any], cls: Optional[type] = None) -> Callable[..., Any]:
+def wrap_around(fn: Callable[..., Any], op: str, context: Callable[..., Any], cls: Optional[type] = None,
+                traced: Optional[ToCalls] = None) -> Callable[..., Any]:
     """``fn`` run inside the context manager that ``context`` makes from its arguments (by name);
-    a ``context`` that raises is counted, and ``fn`` runs without it."""
+    a ``context`` that raises is counted, and ``fn`` runs without it. While Dynamo traces ``fn``
+    the context is not made (it is Python that runs eagerly); ``traced``, where given, records the
+    calls the compiled ``fn`` runs past it as a template, after ``fn``'s inner calls."""
     read = argument_reader(fn, context, cls)
+    trace_read = None if traced is None else argument_reader(fn, traced, cls)
+
+    def at_trace(ctx: Any) -> None:
+        traced_calls.at_trace(ctx, op, traced, trace_read, "")
 
     @functools.wraps(fn)
     def hooked(*args: Any, **kwargs: Any) -> Any:
-        if _is_compiling():  # Dynamo traces this: an engine phase or a watch is Python that runs eagerly
-            return fn(*args, **kwargs)
+        if _is_compiling():
+            result = fn(*args, **kwargs)
+            if traced is not None:
+                comptime(at_trace)
+            return result
         try:
             manager = context(**read(args, kwargs))
         except Exception as exc:  # a hook must never break the engine
@@ -278,7 +288,7 @@ def _install_functions(module: Any, point: HookPoint, installed: list[str], miss
         if getattr(raw, "__fi_profile_original__", None) is not None:
             continue
         try:
-            hooked = wrap_around(raw, point.op, point.to_calls) if point.around else wrap(
+            hooked = wrap_around(raw, point.op, point.to_calls, None, point.traced) if point.around else wrap(
                 raw, point.op, point.to_calls, point.live, point.nested, None, point.traced, point.outside_forward,
                 point.feeds, point.traced_before)
         except SignatureMismatch as exc:
@@ -330,7 +340,7 @@ def install(points: Sequence[HookPoint]) -> tuple[list[str], list[str]]:
                 continue
             try:
                 if point.around:
-                    hooked = wrap_around(raw, point.op, point.to_calls, cls)
+                    hooked = wrap_around(raw, point.op, point.to_calls, cls, point.traced)
                 elif point.prologue:
                     hooked = wrap_prologue(raw, point.op, point.to_calls, cls)
                 elif point.boundary:

@@ -1,7 +1,9 @@
-"""A gated attention layer's output gate, op type ``sigmoid_gate_mul``: the attention output times
-the sigmoid of the gate its query projection also gave, per element, before the output projection
-(Qwen3-Next's and Qwen3.5's full-attention layers: ``attn_output * sigmoid(gate)``). vLLM and
-SGLang run it as PyTorch's two elementwise kernels, or Inductor's one where vLLM compiles the layer."""
+"""A sigmoid gate on an activation, op type ``sigmoid_gate_mul``: ``x * sigmoid(gate)`` computed in a
+model's own code, before its next projection. The gate is as wide as ``x`` (a gated attention layer's
+output gate, split from its query projection: Qwen3-Next's and Qwen3.5's full-attention layers) or
+one value per token (``gate_size`` 1: a shared expert's output times the sigmoid of its gate's logit,
+as vLLM's Qwen2-MoE MLP runs it). vLLM and SGLang run it as PyTorch's two elementwise kernels, or
+Inductor's one where vLLM compiles the layer."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from torch.overrides import TorchFunctionMode
 from fi_profile.capture.definition_factory import definition_for
 from fi_profile.capture.graph_capture import CAPTURING
 from fi_profile.capture.kernel_call import KernelCall, cached_definition, dtype_suffix, rows
-from fi_profile.capture.layers import require
+from fi_profile.capture.layers import computes_in_own_code, recorded_elsewhere, require
 from fi_profile.capture.patching import wrap
 from fi_profile.capture.recorder import RECORDER
 from fi_profile.families.engine_kernels import INDUCTOR_KERNELS
@@ -27,41 +29,49 @@ _TEMPLATE = "sigmoid_gate_mul_h4096"
 
 
 def problem(x: torch.Tensor, gate: torch.Tensor) -> Optional[str]:
-    """Why ``x * sigmoid(gate)`` is not what the Definition computes (other shapes or dtypes), or None."""
-    if tuple(x.shape) != tuple(gate.shape) or x.dtype != gate.dtype:
-        return (f"an output gate of shape {tuple(gate.shape)} ({gate.dtype}) on an attention output of shape "
+    """Why ``x * sigmoid(gate)`` is not what the Definitions compute (a gate as wide as ``x`` or one
+    value per row, both of ``x``'s dtype), or None."""
+    same_rows = tuple(x.shape[:-1]) == tuple(gate.shape[:-1])
+    if not same_rows or int(gate.shape[-1]) not in (int(x.shape[-1]), 1) or x.dtype != gate.dtype:
+        return (f"a sigmoid gate of shape {tuple(gate.shape)} ({gate.dtype}) on an activation of shape "
                 f"{tuple(x.shape)} ({x.dtype}): no Definition computes it")
     if not x.dtype.is_floating_point:
-        return f"an output gate on a {x.dtype} attention output: no Definition computes it"
+        return f"a sigmoid gate on a {x.dtype} activation: no Definition computes it"
     return None
 
 
-def call(x: torch.Tensor, hidden: Optional[int] = None) -> KernelCall:
-    """The gate over the attention output ``x`` ([tokens, heads x head size], or more leading dims);
-    or, with ``hidden`` (heads x head size), over the tokens of another activation ``x`` (one row
-    per token: where a compiled layer's hook sees its QKV projection, not the gate)."""
-    tokens = rows(x, int(x.shape[-1]))
-    hidden = int(hidden if hidden is not None else x.shape[-1])
+def call(x: torch.Tensor, hidden: Optional[int] = None, gate_size: Optional[int] = None) -> KernelCall:
+    """The gate over ``x`` ([tokens, hidden], or more leading dims); or, with ``hidden``, over the
+    tokens of another activation ``x`` (one row per token: where a compiled layer's hook sees its
+    QKV projection, not the gate). ``gate_size``: the gate's width (default ``hidden``; 1 for one
+    gate value per token)."""
+    return sized_call(rows(x, int(x.shape[-1])), int(hidden if hidden is not None else x.shape[-1]), x.dtype,
+                      gate_size)
+
+
+def sized_call(tokens: int, hidden: int, dtype: torch.dtype, gate_size: Optional[int] = None) -> KernelCall:
+    """The gate over ``tokens`` rows of ``hidden``; named ``..._g{gate_size}`` where the gate is narrower."""
+    gate_size = hidden if gate_size is None else int(gate_size)
 
     def build() -> Definition:
-        dtype = schema_dtype(x.dtype)
-        return definition_for(_TEMPLATE, f"sigmoid_gate_mul_h{hidden}{dtype_suffix(dtype)}", {"hidden_size": hidden},
-                              dtype)
+        schema = schema_dtype(dtype)
+        narrower = "" if gate_size == hidden else f"_g{gate_size}"
+        return definition_for(_TEMPLATE, f"sigmoid_gate_mul_h{hidden}{narrower}{dtype_suffix(schema)}",
+                              {"hidden_size": hidden, "gate_size": gate_size}, schema)
 
-    definition = cached_definition((KEY, hidden, x.dtype), build)
+    definition = cached_definition((KEY, hidden, gate_size, dtype), build)
     return KernelCall(definition, {"num_tokens": tokens})
 
 
 def layer_problem(method: str) -> Callable[[Any], Optional[str]]:
-    """A rule for a gated attention layer class whose ``method`` a hook watches (:func:`watched`):
-    a layer with an output gate whose class runs another ``method`` of its own (a subclass's, which
-    the watch never sees) is listed; None otherwise."""
+    """A rule for a gated layer class whose ``method`` a hook watches (:func:`watched`): a layer
+    with a gate (:func:`~fi_profile.capture.layers.computes_in_own_code`) whose class runs another
+    ``method`` of its own (a subclass's, which the watch never sees) is listed; None otherwise."""
 
     def problem(layer: Any) -> Optional[str]:
-        if getattr(layer, "attn_output_gate", False) is not True:
-            return None
-        if getattr(getattr(type(layer), method, None), "__fi_profile_original__", None) is None:
-            return (f"{type(layer).__name__} with attn_output_gate in a {method} of its own (its sigmoid and "
+        gates = computes_in_own_code(layer)
+        if gates and getattr(getattr(type(layer), method, None), "__fi_profile_original__", None) is None:
+            return (f"{type(layer).__name__} with {', '.join(gates)} in a {method} of its own (its sigmoid and "
                     "product: no hook records them)")
         return None
 
@@ -100,7 +110,7 @@ def _records_nothing() -> list:
 
 def _gate_calls(x: torch.Tensor, gate: torch.Tensor) -> list:
     require(problem(x, gate))
-    return [call(x)]
+    return [call(x, gate_size=int(gate.shape[-1]))]
 
 
 #: the gate's sigmoid: recording nothing of its own, its kernels (and graph nodes) the product's call
@@ -112,10 +122,10 @@ _PRODUCTS = (torch.Tensor.__mul__, torch.Tensor.__rmul__, torch.Tensor.mul, torc
 
 
 class OutputGate(TorchFunctionMode):
-    """While a gated attention layer runs (its hook enters this): its first sigmoid is its gate's,
-    and the product of that sigmoid's output with a tensor is the gate's call, whose kernels (and
-    graph nodes) are the sigmoid's and the product's. Leaving the layer with a gate it did not see
-    (an engine version that fuses it into a kernel of its own) loses a call, named: never silent."""
+    """While a gated layer runs (its hook enters this): its first sigmoid is its gate's, and the
+    product of that sigmoid's output with a tensor is the gate's call, whose kernels (and graph
+    nodes) are the sigmoid's and the product's. Leaving the layer with a gate it did not see (an
+    engine version that fuses it into a kernel of its own) loses a call, named: never silent."""
 
     def __init__(self, layer: Any) -> None:
         super().__init__()
@@ -139,16 +149,21 @@ class OutputGate(TorchFunctionMode):
         result = super().__exit__(*exc)
         if exc[0] is None and not self.done:
             RECORDER.lost(KEY, NotImplementedError(
-                f"{self.layer}'s output gate ran no sigmoid and product fi-profile knows (a kernel of its own?): "
+                f"{self.layer}'s sigmoid gate ran no sigmoid and product fi-profile knows (a kernel of its own?): "
                 "not recorded"))
         return result
 
 
 def watched(self: Any) -> Any:
-    """The context a gated attention layer's forward runs in (its hook, an around hook, which does
-    nothing while Dynamo traces): :class:`OutputGate` where the layer has an output gate
-    (``attn_output_gate``) and the hooks record now (eagerly, or while a CUDA graph is captured),
-    else nothing."""
-    if getattr(self, "attn_output_gate", False) is not True or not (RECORDER.active or CAPTURING.trace is not None):
+    """The context a gated layer's forward runs in (its hook, an around hook, which does nothing
+    while Dynamo traces): :class:`OutputGate` where the layer has a gate (an attention's
+    ``attn_output_gate``, an MLP's ``expert_gate``) that no other hook records (vLLM's MoE call
+    records the shared expert's where its opaque op runs it) and the hooks record now (eagerly, or
+    while a CUDA graph is captured), else nothing."""
+    gates = computes_in_own_code(self)
+    if not gates or not (RECORDER.active or CAPTURING.trace is not None):
+        return contextlib.nullcontext()
+    if any(isinstance(getattr(self, gate), torch.nn.Module) and recorded_elsewhere(getattr(self, gate))
+           for gate in gates):
         return contextlib.nullcontext()
     return OutputGate(self)
