@@ -184,3 +184,34 @@ def test_sglangs_gemma3_rope_tables_are_judged_by_their_own_frequencies():
     assert "rope_type 'dynamic'" in table_problem(_gemma3_table("dynamic", factor=2.0))
     assert "attention scaling 1.2" in table_problem(_gemma3_table("default", scaling=1.2))
     assert "inverse frequencies are not its constants'" in table_problem(_gemma3_table(off=1.01))
+
+
+def _model_layer(name, **held):
+    """A layer class of an engine's model code (by its module's name), holding ``held``."""
+    cls = type(name, (torch.nn.Module,), {"__module__": "vllm.model_executor.models.some_mup_model"})
+    layer = cls()
+    layer.__dict__.update(held)
+    layer.proj = torch.nn.Identity()
+    return layer
+
+
+def test_a_model_layer_multiplying_in_its_own_code_is_listed_by_each_multiplier():
+    """muP models (Granite, Falcon-H1) multiply by numbers their layers hold, in the layers' own
+    code, between the hooked calls (``residual + h * residual_multiplier``): no call records it,
+    so each such layer is listed by its multipliers, 1.0 too (the code multiplies all the same),
+    but those it passes on to a layer judged by its own rule (an attention's softmax scale)."""
+    from fi_profile.capture.layers import computes_in_own_code, uncovered_layers
+
+    decoder = _model_layer("MupDecoderLayer", residual_multiplier=0.22, attention_multiplier=0.0078125,
+                           mlp_multipliers=[0.88, 1.0], layer_idx=3, use_bias=True)
+    assert computes_in_own_code(decoder) == ["residual_multiplier", "mlp_multipliers"]
+    assert computes_in_own_code(_model_layer("PlainLayer", residual_multiplier=1.0)) == ["residual_multiplier"]
+    assert computes_in_own_code(_model_layer("Flagged", scale_multiplier=True, name_multiplier="x")) == []
+    # a layer of the engine's own layers (not model code) is judged by its rules, not by this
+    engine_layer = torch.nn.Module()
+    engine_layer.residual_multiplier = 0.5
+    assert computes_in_own_code(engine_layer) == []
+    model = torch.nn.Sequential(decoder, _model_layer("Quiet", attention_multiplier=0.1))
+    assert uncovered_layers(model) == {
+        "MupDecoderLayer with residual_multiplier, mlp_multipliers (computed in the layer's own code: no hook records "
+        "it)": 1}

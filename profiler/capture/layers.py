@@ -207,11 +207,36 @@ def _own_forward(module: Any, method: str) -> Optional[str]:
 #: sigmoid of that layer's one logit per token)
 CONTAINER_COMPUTES = ("attn_output_gate", "expert_gate")
 
+#: a number (or numbers) a layer of an engine's model code holds under a name ending so multiplies
+#: in that layer's own code (muP models: Granite's ``residual_multiplier`` and ``embedding_multiplier``,
+#: Falcon-H1's ``attention_in_multiplier``, ``ssm_out_multiplier``, its MLP's ``gate_multiplier``, ...)
+MULTIPLIER_SUFFIXES = ("_multiplier", "_multipliers")
+
+#: such multipliers that the layer hands to a layer beneath it as that layer's own argument, judged
+#: by that layer's rule: an attention's softmax scale (Granite), the logits' scale (Falcon-H1).
+#: (Falcon-H1's ``zxbcdt_multipliers`` reach its Mamba-2 mixer only at a call, as a muP vector:
+#: listed here, and the call is lost.)
+MULTIPLIERS_PASSED_ON = ("attention_multiplier", "lm_head_multiplier")
+
+
+def _numbers(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return bool(value) and all(_numbers(v) for v in value)
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
 
 def computes_in_own_code(module: Any) -> list[str]:
-    """The :data:`CONTAINER_COMPUTES` that ``module`` has set: a flag True, or a layer."""
+    """What ``module`` holds that it computes with in its own code: the :data:`CONTAINER_COMPUTES`
+    it has set (a flag True, or a layer) and, in an engine's model code, every multiplier it holds
+    (:data:`MULTIPLIER_SUFFIXES`; any value, 1.0 too: the code multiplies all the same) but those it
+    passes on (:data:`MULTIPLIERS_PASSED_ON`)."""
     held = {name: getattr(module, name, None) for name in CONTAINER_COMPUTES}
-    return [name for name, value in held.items() if value is True or isinstance(value, torch.nn.Module)]
+    found = [name for name, value in held.items() if value is True or isinstance(value, torch.nn.Module)]
+    if _model_code(type(module).__module__):
+        found += [name for name, value in vars(module).items() if name.endswith(MULTIPLIER_SUFFIXES)
+                  and name not in MULTIPLIERS_PASSED_ON and _numbers(value)]
+    return found
+
 
 #: torch's own layers with weights, which a model may use past the engine's layer classes (SGLang's
 #: Gemma-3 embeds with a subclass of ``nn.Embedding``): each runs a kernel of its own

@@ -25,6 +25,9 @@ from fi_profile.schema.definition import Definition
 from fi_profile.schema.dtype import schema_dtype
 
 KEY = "sigmoid_gate_mul"
+#: what a gated layer holds that the watch records (:func:`watched`): an attention's output gate
+#: flag, an MLP's gate layer
+WATCHED = ("attn_output_gate", "expert_gate")
 _TEMPLATE = "sigmoid_gate_mul_h4096"
 
 
@@ -69,7 +72,11 @@ def layer_problem(method: str) -> Callable[[Any], Optional[str]]:
     ``method`` of its own (a subclass's, which the watch never sees) is listed; None otherwise."""
 
     def problem(layer: Any) -> Optional[str]:
-        gates = computes_in_own_code(layer)
+        computes = computes_in_own_code(layer)
+        gates = [name for name in computes if name in WATCHED]
+        others = [name for name in computes if name not in WATCHED]
+        if others:
+            return f"{type(layer).__name__} with {', '.join(others)} (computed in the layer's own code: no hook records it)"
         if gates and getattr(getattr(type(layer), method, None), "__fi_profile_original__", None) is None:
             return (f"{type(layer).__name__} with {', '.join(gates)} in a {method} of its own (its sigmoid and "
                     "product: no hook records them)")
@@ -160,7 +167,7 @@ def watched(self: Any) -> Any:
     ``attn_output_gate``, an MLP's ``expert_gate``) that no other hook records (vLLM's MoE call
     records the shared expert's where its opaque op runs it) and the hooks record now (eagerly, or
     while a CUDA graph is captured), else nothing."""
-    gates = computes_in_own_code(self)
+    gates = [name for name in computes_in_own_code(self) if name in WATCHED]
     if not gates or not (RECORDER.active or CAPTURING.trace is not None):
         return contextlib.nullcontext()
     if any(isinstance(getattr(self, gate), torch.nn.Module) and recorded_elsewhere(getattr(self, gate))
