@@ -215,3 +215,27 @@ def test_a_model_layer_multiplying_in_its_own_code_is_listed_by_each_multiplier(
     assert uncovered_layers(model) == {
         "MupDecoderLayer with residual_multiplier, mlp_multipliers (computed in the layer's own code: no hook records "
         "it)": 1}
+
+
+def test_sglangs_mamba2_mixer_is_listed_by_name_where_it_runs():
+    """SGLang's Mamba-2 mixer (Nemotron-H, Granite-4.0-H, Falcon-H1) is a plain module whose conv1d
+    and scan run in its linear-attention backend, past every hook: its layer is listed by its class
+    (on CPU SGLang cannot run it at all: its Triton conv1d is missing), never left silent beside its
+    recorded projections (in the SGLang the tests run: its venv)."""
+    import subprocess
+
+    import pytest
+    from test_capture_sglang import SGLANG_PYTHON
+
+    if not SGLANG_PYTHON.is_file():
+        pytest.skip(f"no SGLang venv at {SGLANG_PYTHON}")  # CI makes one (test_capture_sglang says so)
+    probe = ("import torch\n"
+             "from sglang.srt.layers.attention.mamba.mamba import MambaMixer2\n"
+             "from fi_profile.capture.layers import uncovered_layers\n"
+             "from fi_profile.hooks.sglang.hook_points import KERNEL_LAYERS, LAYER_RULES\n"
+             "mixer = MambaMixer2.__new__(MambaMixer2)\n"
+             "torch.nn.Module.__init__(mixer)\n"
+             "print(uncovered_layers(torch.nn.Sequential(mixer), LAYER_RULES, KERNEL_LAYERS))\n")
+    found = subprocess.run([str(SGLANG_PYTHON), "-c", probe], capture_output=True, text=True, timeout=300)
+    assert found.returncode == 0, found.stderr[-2000:]
+    assert found.stdout.strip().splitlines()[-1] == "{'MambaMixer2 (a layer class no hook records)': 1}"

@@ -272,4 +272,7 @@ KERNEL_LAYERS = [
     f"{_LAYERS}.radix_linear_attention:RadixLinearAttention",
     f"{_FLA}.fused_norm_gate:FusedRMSNormGated",
     f"{_FLA}.layernorm_gated:RMSNorm",
+    # Mamba-2's mixer (Nemotron-H, Granite-4.0-H, Falcon-H1): a plain module whose conv1d and selective
+    # scan run in SGLang's linear-attention backend, which no hook records (vLLM's is recorded)
+    f"{_LAYERS}.attention.mamba.mamba:MambaMixer2",
 ]
