@@ -818,25 +818,17 @@ class _Fits:
 
     def split(self, calls: Sequence[tuple[str, tuple[str, ...]]],
               known: frozenset[str]) -> list[tuple[str, tuple[str, ...], int]]:
-        """A graph's calls, one per run of an op type, each with the hooked invocation it is of: an
-        invocation computing Definitions of several op types (an attention layer that also writes
-        the KV cache; MLA's decode between its two batched GEMMs; a MoE layer's router and shared
-        experts beside its routed experts) becomes one call per run of Definitions of one op type,
-        in its order."""
+        """A graph's calls, one per Definition, each with the hooked invocation it is of: an
+        invocation computing several (an attention layer that also writes the KV cache; MLA's
+        decode between its two batched GEMMs; a MoE layer's router and shared experts beside its
+        routed experts) becomes one call per Definition, in its order. Two of one op type back to
+        back stay two calls: vLLM's Qwen3-Next runs its router's GEMM on the forward's stream and
+        its shared expert's gate/up GEMM right after it on a stream of their own; made one call, the
+        router took it, and the shared expert's kernels moved onto the next layer's calls."""
         split: list[tuple[str, tuple[str, ...], int]] = []
         for invocation, (op, definitions) in enumerate(calls):
-            runs: list[tuple[str, list[str]]] = []
-            for d in definitions:
-                if d not in known:
-                    continue
-                op_type = self.op_types[d]
-                if runs and runs[-1][0] == op_type:
-                    runs[-1][1].append(d)
-                else:
-                    runs.append((op_type, [d]))
-            if not runs:  # a hook that failed: its kernels are nobody's
-                split.append((op, (), invocation))
-            split.extend((op_type, tuple(ds), invocation) for op_type, ds in runs)
+            mine = [(self.op_types[d], (d,), invocation) for d in definitions if d in known]
+            split.extend(mine or [(op, (), invocation)])  # none: a hook that failed, its kernels nobody's
         return split
 
 
