@@ -168,7 +168,8 @@ def test_capture_is_a_command_and_the_default():
 def test_an_engine_that_failed_to_start_is_said_by_the_first_exception_its_log_shows(tmp_path):
     """The exception raised in fi-profile's process often says only "see root cause above" (vLLM's
     engine core, SGLang's scheduler): the first exception a traceback in the engine's log ends
-    with is the cause a user reads beside it, whatever the engine's line prefix."""
+    with is the cause a user reads beside it, whatever the engine's line prefix (or, where its
+    chain goes on into a subprocess's traceback, that subprocess's exception)."""
     from fi_profile.capture.engine_failure import root_cause
 
     vllm_log = tmp_path / "vllm.log"
@@ -200,3 +201,25 @@ def test_an_engine_that_failed_to_start_is_said_by_the_first_exception_its_log_s
                   "kernel is unavailable\n")
     assert root_cause(vllm_log, after=began) == "NotImplementedError: SM90 GDN prefill DSL kernel is unavailable"
     assert root_cause(vllm_log).startswith("RuntimeError: _C::static_scaled_fp8_quant()")
+    # vLLM inspects a model's class in a subprocess: the chain's last exception says what that
+    # subprocess raised (seen 2026-12-07, Qwen3.5 without torchvision: the first said only
+    # "CalledProcessError: ... returned non-zero exit status 1")
+    prefix = "(MainProcess pid=2359) ERROR 12-07 13:18:32 [registry.py:1120] "
+    chained = tmp_path / "chained.log"
+    chained.write_text("".join(prefix + line + "\n" for line in (
+        "Error in inspecting model architecture 'Qwen3_5MoeForCausalLM'", "Traceback (most recent call last):",
+        "  File \"subprocess.py\", line 502, in check_returncode",
+        "subprocess.CalledProcessError: Command '['python3', '-m', 'vllm.model_executor.models.registry']' returned "
+        "non-zero exit status 1.", "", "The above exception was the direct cause of the following exception:", "",
+        "Traceback (most recent call last):", "  File \"registry.py\", line 1118, in _try_inspect_model_cls",
+        "RuntimeError: Error raised in subprocess:", "W1207 13:18:29.784000 2367 triton.py:53] Triton not available",
+        "Traceback (most recent call last):", "  File \"qwen3_vl.py\", line 38, in <module>",
+        "ModuleNotFoundError: No module named 'torchvision'", "", "INFO 12-07 13:18:33 later, unrelated",
+        "Traceback (most recent call last):", "ValueError: a later failure")))
+    assert root_cause(chained) == "ModuleNotFoundError: No module named 'torchvision'"
+    # a chain without such a message: its first exception is the cause the others came from
+    plain = tmp_path / "plain.log"
+    plain.write_text("Traceback (most recent call last):\nKeyError: 'layers.0'\n\nDuring handling of the above "
+                     "exception, another exception occurred:\n\nTraceback (most recent call last):\n"
+                     "RuntimeError: loading failed\n")
+    assert root_cause(plain) == "KeyError: 'layers.0'"

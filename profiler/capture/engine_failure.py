@@ -30,23 +30,51 @@ def known_cause(log: Optional[Path], error: str = "") -> Optional[str]:
 _EXCEPTION_LINE = re.compile(r"(?:^|\] |\) )((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit)): (.+)$")
 
 
+#: the lines that link one traceback to the next in a chain (Python's own words)
+_CHAINED = ("The above exception was the direct cause of the following exception",
+            "During handling of the above exception, another exception occurred")
+
+
+#: how many lines the message of an exception that ends with ``:`` may run before its traceback
+_MESSAGE_GOES_ON = 50
+
+
+def _blank(line: str) -> bool:
+    """A line with nothing but an engine's log prefix (or nothing)."""
+    stripped = line.strip()
+    return not stripped or stripped.endswith("]")
+
+
 def root_cause(log: Optional[Path], after: int = 0) -> Optional[str]:
     """The first exception a traceback in the engine's log ends with (``Type: message``), or None:
     where an engine process failed first, what the exception raised here names only as "above".
-    ``after``: the log's size in bytes when the part of the run in question began (a failure
-    mid-run is the first traceback after the generation began, not one its start-up logged)."""
+    Where that traceback's chain holds an exception whose message goes on with another traceback
+    (vLLM's ``RuntimeError: Error raised in subprocess:``, the subprocess's own after it), the last
+    exception of the chain is the cause: the subprocess's. ``after``: the log's size in bytes when
+    the part of the run in question began (a failure mid-run is the first traceback after the
+    generation began, not one its start-up logged)."""
     if log is None or not log.is_file():
         return None
     with log.open("rb") as f:
         f.seek(after)
         text = f.read().decode(errors="replace")
-    in_traceback = False
+    chain: list[tuple[str, str]] = []
+    in_traceback, going_on = False, 0  # going_on: lines left of a message that goes on (``...:``)
     for line in text.splitlines():
         if "Traceback (most recent call last)" in line:
             in_traceback = True
         elif in_traceback and (found := _EXCEPTION_LINE.search(line.rstrip())):
-            return f"{found.group(1)}: {found.group(2).strip()}"
-    return None
+            chain.append((found.group(1), found.group(2).strip()))
+            in_traceback, going_on = False, (_MESSAGE_GOES_ON if chain[-1][1].endswith(":") else 0)
+        elif chain and not in_traceback:
+            going_on -= 1
+            if going_on < 0 and not _blank(line) and not any(link in line for link in _CHAINED):
+                break  # past the chain of the first traceback
+    if not chain:
+        return None
+    nested = any(message.endswith(":") for _, message in chain[:-1])
+    kind, message = chain[-1] if nested else chain[0]
+    return f"{kind}: {message}"
 
 
 def said_of(exc: BaseException) -> str:
