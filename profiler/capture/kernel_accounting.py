@@ -880,6 +880,7 @@ def _align(units: Sequence[tuple[int, str, int, int]], calls: Sequence[tuple[str
         free = [c for c in free if c not in taken]
         if not n:  # the calls another stream's kernels claimed, for the other streams
             free = sorted({*free, *claimed})
+    _wordless_next(units, calls, fits, assigned)
     for (start, name, ns, stream), call in zip(units, assigned):
         definitions = calls[call][1] if call is not None else ()
         if trace is not None:
@@ -890,6 +891,28 @@ def _align(units: Sequence[tuple[int, str, int, int]], calls: Sequence[tuple[str
             result.add(definitions, name, ns, found_clock[0] if found_clock else None)
         else:
             result.miss(name, ns)
+
+
+def _wordless_next(units: Sequence[tuple[int, str, int, int]], calls: Sequence[tuple[str, tuple[str, ...], int]],
+                   fits: _Fits, assigned: list[Optional[int]]) -> None:
+    """Kernels named after no family, left without a call, right after a kernel of a call on their
+    stream: the next call, where it is the same hooked invocation's, its family names no kernels
+    (PyTorch's own elementwise kernels compute it) and no kernel took it yet. vLLM's shared expert
+    ends with its gate's GEMM, then the gate's sigmoid and product (``sigmoid_gate_mul``), all on
+    the shared experts' stream inside the MoE op: the two kernels after the GEMM are that call's."""
+    taken = {call for call in assigned if call is not None}
+    last: dict[int, int] = {}  # stream -> the call of its last kernel that has one
+    for i, (_, name, _, stream) in enumerate(units):
+        before = last.get(stream)
+        if assigned[i] is None and before is not None and not fits(name):
+            if not fits.kernel_words.get(calls[before][0]) and before not in taken:
+                assigned[i] = before  # more of the wordless call's kernels
+            elif before + 1 < len(calls) and calls[before + 1][2] == calls[before][2] \
+                    and not fits.kernel_words.get(calls[before + 1][0]) and before + 1 not in taken:
+                assigned[i] = before + 1
+        if assigned[i] is not None:
+            last[stream] = assigned[i]
+    return None
 
 
 def _side_calls(names: Sequence[str], calls: Sequence[tuple[str, tuple[str, ...], int]], fits: _Fits,

@@ -154,8 +154,9 @@ FAMILY = Family(
     # FLA's Triton kernels (vLLM's and SGLang's vendored copies) and FlashInfer's: never a GEMM's; vLLM
     # 0.3x's prefill prologue (gates, L2 norms: ``_fused_post_conv_kernel``) and FLA's ``l2norm_fwd_kernel``;
     # the chunked prefill's triangular inverse (``merge_16x16_to_64x64_inverse_kernel``) and output
-    # (``chunk_fwd_kernel_o``), named after no op
-    kernel_words=("gated_delta", "delta_rule", "gdn", "solve_tril", "kkt", "recompute_w_u", "chunk_local_cumsum",
+    # (``chunk_fwd_kernel_o``), named after no op; ``dot_kkt`` outweighs the attention families' ``fwd``
+    # in ``chunk_scaled_dot_kkt_fwd_kernel`` (``kkt`` tied with it, and the chunked kernels went unattributed)
+    kernel_words=("gated_delta", "delta_rule", "gdn", "solve_tril", "dot_kkt", "recompute_w_u", "chunk_local_cumsum",
                   "fused_post_conv", "l2norm_fwd", "merge_16x16", "chunk_fwd_kernel_o"),
     # a prefill's last states, cast to the cache's dtype and scattered into the engine's state cache
     # (``ssm_state[indices] = last_state.to(...)``): the call's ``new_state`` written where the engine keeps it
