@@ -912,7 +912,6 @@ def _wordless_next(units: Sequence[tuple[int, str, int, int]], calls: Sequence[t
                 assigned[i] = before + 1
         if assigned[i] is not None:
             last[stream] = assigned[i]
-    return None
 
 
 def _side_calls(names: Sequence[str], calls: Sequence[tuple[str, tuple[str, ...], int]], fits: _Fits,
