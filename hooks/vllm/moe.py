@@ -295,7 +295,7 @@ def _shared_expert_calls(runner: Any, hidden_states: torch.Tensor) -> list:
     # Qwen2-MoE's and Qwen3-Next's MLP then scales its output by the sigmoid of its gate's one logit
     # per token (elementwise: the MLP's own hook leaves it to this one)
     gated = [] if gate is None else [*_projection_calls(gate, tokens, dtype),
-                                     sigmoid_gate_mul.sized_call(tokens, gemm.layer_size(down)[0], dtype, gate_size=1)]
+                                     sigmoid_gate_mul.sized_call(tokens, k, dtype, gate_size=1)]
     return [*_projection_calls(gate_up, tokens, dtype), silu_and_mul.sized_call(tokens, n // 2, dtype),
             *_projection_calls(down, tokens, dtype), *gated]
 

@@ -230,12 +230,22 @@ def computes_in_own_code(module: Any) -> list[str]:
     it has set (a flag True, or a layer) and, in an engine's model code, every multiplier it holds
     (:data:`MULTIPLIER_SUFFIXES`; any value, 1.0 too: the code multiplies all the same) but those it
     passes on (:data:`MULTIPLIERS_PASSED_ON`)."""
-    held = {name: getattr(module, name, None) for name in CONTAINER_COMPUTES}
-    found = [name for name, value in held.items() if value is True or isinstance(value, torch.nn.Module)]
+    found = held_set(module, CONTAINER_COMPUTES)
     if _model_code(type(module).__module__):
         found += [name for name, value in vars(module).items() if name.endswith(MULTIPLIER_SUFFIXES)
                   and name not in MULTIPLIERS_PASSED_ON and _numbers(value)]
     return found
+
+
+def held_set(module: Any, names: Iterable[str]) -> list[str]:
+    """Of ``names``, those ``module`` has set: a flag True, or a layer (cheap: a hook's path)."""
+    held = {name: getattr(module, name, None) for name in names}
+    return [name for name, value in held.items() if value is True or isinstance(value, torch.nn.Module)]
+
+
+def own_code_problem(module: Any, computes: Iterable[str]) -> str:
+    """How a layer computing with ``computes`` in its own code is listed."""
+    return f"{type(module).__name__} with {', '.join(computes)} (computed in the layer's own code: no hook records it)"
 
 
 #: torch's own layers with weights, which a model may use past the engine's layer classes (SGLang's
@@ -320,8 +330,7 @@ def _judged_layers(model: Any, rules: Iterable[LayerRule],
         else:
             computes = computes_in_own_code(module)
             if computes:
-                yield module, (f"{type(module).__name__} with {', '.join(computes)} (computed in the layer's own code: "
-                               "no hook records it)"), False
+                yield module, own_code_problem(module, computes), False
             pending.extend(reversed(list(module.children())))
 
 

@@ -16,7 +16,7 @@ from torch.overrides import TorchFunctionMode
 from fi_profile.capture.definition_factory import definition_for
 from fi_profile.capture.graph_capture import CAPTURING
 from fi_profile.capture.kernel_call import KernelCall, cached_definition, dtype_suffix, rows
-from fi_profile.capture.layers import computes_in_own_code, recorded_elsewhere, require
+from fi_profile.capture.layers import computes_in_own_code, held_set, own_code_problem, recorded_elsewhere, require
 from fi_profile.capture.patching import wrap
 from fi_profile.capture.recorder import RECORDER
 from fi_profile.families.engine_kernels import INDUCTOR_KERNELS
@@ -76,7 +76,7 @@ def layer_problem(method: str) -> Callable[[Any], Optional[str]]:
         gates = [name for name in computes if name in WATCHED]
         others = [name for name in computes if name not in WATCHED]
         if others:
-            return f"{type(layer).__name__} with {', '.join(others)} (computed in the layer's own code: no hook records it)"
+            return own_code_problem(layer, others)
         if gates and getattr(getattr(type(layer), method, None), "__fi_profile_original__", None) is None:
             return (f"{type(layer).__name__} with {', '.join(gates)} in a {method} of its own (its sigmoid and "
                     "product: no hook records them)")
@@ -167,8 +167,10 @@ def watched(self: Any) -> Any:
     ``attn_output_gate``, an MLP's ``expert_gate``) that no other hook records (vLLM's MoE call
     records the shared expert's where its opaque op runs it) and the hooks record now (eagerly, or
     while a CUDA graph is captured), else nothing."""
-    gates = [name for name in computes_in_own_code(self) if name in WATCHED]
-    if not gates or not (RECORDER.active or CAPTURING.trace is not None):
+    if not (RECORDER.active or CAPTURING.trace is not None):
+        return contextlib.nullcontext()
+    gates = held_set(self, WATCHED)
+    if not gates:
         return contextlib.nullcontext()
     if any(isinstance(getattr(self, gate), torch.nn.Module) and recorded_elsewhere(getattr(self, gate))
            for gate in gates):
