@@ -58,8 +58,19 @@ def test_a_tiny_qwen3_next_is_complete_in_eager_and_compiled_runs_and_its_recurr
     # the conv1d before it: one call per layer and step, of the step's kind
     assert found[CONV_DECODE] == GDN_LAYERS * decode_steps
     assert found[CONV_PREFILL] == GDN_LAYERS * (steps - decode_steps)
-    compiled = capture(tmp_path, "qwen3-next-compiled", model=model, single_process=True, eager=False)
+    compiled = capture(tmp_path, "qwen3-next-compiled", model=model, single_process=True, eager=False,
+                       env={"FI_PROFILE_ACCOUNTING_TRACE": str(tmp_path / "accounting")})
     assert counts(compiled) == found
+    # each Gated DeltaNet layer's call spans the calls its forward makes (its two input projections,
+    # itself, its gated norm, its output projection): what its Python runs between them is its own,
+    # in compiled steps as in eager ones
+    traced = [graph for f in tmp_path.glob("accounting.*.json") for graph in json.loads(f.read_text()).values()]
+    assert traced
+    for graph in traced:
+        calls, spans = graph["calls"], {int(k): v for k, v in graph["spans"].items()}
+        layers = [i for i, (op, _) in enumerate(calls) if op == "gdn"]
+        assert len(layers) == GDN_LAYERS and set(layers) <= set(spans)
+        assert all([calls[c][0] for c in range(*spans[i])] == ["gemm", "gemm", "gdn", "rmsnorm", "gemm"] for i in layers)
     assert not compiled["record"]["run"]["not_covered"] and not compiled["record"]["run"].get("incomplete")
     # the layer's core op is placed between its input projections and its gated norm, as it runs
     # (after them all, its kernels were nobody's: 72% of this model's time)

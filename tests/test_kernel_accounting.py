@@ -456,7 +456,8 @@ def _aligned_trace(file: str, more_layers: int = 0, top_k: bool = False, prologu
     calls = tuple((op, tuple(definitions)) for op, definitions in trace["calls"])
     naming = {k: v for k, v in KERNEL_NAMING.items() if k != "kernel_words"}
     fed = frozenset(i for i, (op, _) in enumerate(calls) if (top_k and op == "moe_routing") or op in prologues)
-    return trace, units, attribute(profile.events, [GraphCalls(calls, prologues=fed)], KERNEL_WORDS,
+    spans = {int(call): tuple(inner) for call, inner in trace.get("spans", {}).items()}
+    return trace, units, attribute(profile.events, [GraphCalls(calls, prologues=fed, spans=spans)], KERNEL_WORDS,
                                    trace["op_types"], **naming)
 
 
@@ -1219,6 +1220,77 @@ def test_vllms_compiled_gdn_prefill_keeps_its_unnamed_output_kernel_and_its_stat
     assert by_definition(result) == {"gemm_in": 60, "conv_p": 15, "gdn_p": 3 * (3 + 1 + 4 + 6 + 4 + 7 + 5 + 1 + 1),
                                      "gated": 9, "gemm_o": 30}
     assert result.unattributed == {split: [3, 6]}
+
+
+def test_a_compiled_recurrent_layer_keeps_its_own_kernels_between_its_inner_calls_and_its_norm_its_reduction():
+    """vLLM 0.26's compiled Qwen3-Next decode on an H100, as Inductor wrote it (its output code read
+    back): a Gated DeltaNet layer's Python splits and concatenates its two input projections for the
+    conv1d (a combo kernel ``triton_poi_fused_5`` and ``..._split_with_sizes_view_6``) and zeroes the
+    next layer's core output (``triton_poi_fused_0``, hoisted to the piece's start). Eagerly the
+    layer's range encloses its inner calls', so those kernels are its call's; compiled they were
+    nobody's (4.5% of the step). The gated norm's whole computation is a persistent reduction named
+    after no op (``triton_per_fused_1``); the kernel named after the norm's ops only lays its output
+    out for the GEMM. That reduction is the norm's, and so is the graph's first one, fused with the
+    embedding, before the first GEMM."""
+    op_types = {**OP_TYPES, "emb": "embedding", "norm_in": "rmsnorm", "gemm_qkvz": "gemm", "gemm_ba": "gemm",
+                "conv_d": "causal_conv1d", "gdn_d": "gdn", "gated": "rmsnorm"}
+    layer = [("gemm", ("gemm_qkvz",)), ("gemm", ("gemm_ba",)), ("gdn", ("conv_d", "gdn_d")), ("rmsnorm", ("gated",)),
+             ("gemm", ("gemm_o",)), ("rmsnorm", ("fused_add_rmsnorm_inplace_h64",))]
+    calls = [("embedding", ("emb",)), ("rmsnorm", ("norm_in",)), *layer, *layer]
+    kernels = [("triton_poi_fused_0", 1), ("triton_red_fused_1", 3), ("nvjet_qkvz", 7), ("nvjet_ba", 5),
+               ("triton_poi_fused_2", 2), ("triton_poi_fused__unsafe_view_clone_split_with_sizes_view_3", 4),
+               ("_causal_conv1d_update_kernel", 20), ("fused_recurrent_gated_delta_rule_packed_decode_kernel", 40),
+               ("triton_poi_fused_0", 8), ("triton_per_fused_1", 16),
+               ("triton_poi_fused__to_copy_add_mean_mm_mul_pow_rsqrt_silu_t_view_2", 11), ("nvjet_o", 9),
+               ("triton_red_fused__to_copy_add_fused_add_rms_norm_3", 6), ("nvjet_qkvz", 7), ("nvjet_ba", 5),
+               ("triton_poi_fused_5", 2), ("triton_poi_fused__unsafe_view_clone_split_with_sizes_view_6", 4),
+               ("_causal_conv1d_update_kernel", 20), ("fused_recurrent_gated_delta_rule_packed_decode_kernel", 40),
+               ("triton_poi_fused_0", 8), ("triton_per_fused_1", 16),
+               ("triton_poi_fused__to_copy_add_mean_mm_mul_pow_rsqrt_silu_t_view_2", 11), ("nvjet_o", 9),
+               ("triton_red_fused__to_copy_add_fused_add_rms_norm_4", 6)]
+    naming = {k: v for k, v in KERNEL_NAMING.items() if k != "kernel_words"}
+
+    def attributed(spans):
+        profile = GpuProfile()
+        profile.range(f"{GRAPH_RANGE}0", lambda: profile.launch(*kernels, graph=True))
+        return attribute(profile.events, [GraphCalls(tuple(calls), spans=spans)], KERNEL_WORDS, op_types, **naming)
+
+    # each layer's gdn call spans its projections, itself, its gated norm and its output projection
+    result = attributed({4: (2, 7), 10: (8, 13)})
+    found = by_definition(result)
+    assert found["norm_in"] == 3 and found["gated"] == 2 * (16 + 11)
+    # the layer's own kernels, between its inner calls: both its Definitions', measured together, as eagerly
+    own = (2 + 4 + 8) + (2 + 4 + 8)
+    assert found["conv_d"] == 2 * 20 + own / 2 and found["gdn_d"] == 2 * 40 + own / 2
+    assert result.shared["conv_d"] == {"gdn_d"}
+    assert result.unattributed == {"triton_poi_fused_0": [1, 1]}  # the first layer's zeroing: before every call
+    # without the spans those kernels are nobody's, and nothing else changes
+    bare = attributed({})
+    assert {name for name in bare.unattributed} == {
+        "triton_poi_fused_0", "triton_poi_fused_2", "triton_poi_fused__unsafe_view_clone_split_with_sizes_view_3",
+        "triton_poi_fused_5", "triton_poi_fused__unsafe_view_clone_split_with_sizes_view_6"}
+    assert by_definition(bare)["gated"] == found["gated"] and by_definition(bare)["gdn_d"] == 2 * 40
+
+
+def test_vllms_qwen3_next_decode_graph_is_attributed_but_for_the_attention_gate_and_the_first_layers_zeroing():
+    """The same model's decode graph on an H100 (``fixtures/kernel_traces``; 95.6% attributed when it
+    ran): each Gated DeltaNet layer's split of its projections, its zeroed core output and the
+    graph's copy are now its call's (both its Definitions', as eagerly), and its gated norm's
+    persistent reduction the norm's. Left: the attention gate's Inductor kernel (its template sits
+    before the attention) and the first layer's zeroing, before any call's kernel."""
+    trace, units, result = _aligned_trace("vllm_qwen3_next_decode_graph_1207.json")
+    found = by_definition(result)
+    total = sum(ns for _, ns in units)
+    assert sum(found.values()) / total > 0.995, result.unattributed
+    assert set(result.unattributed) == {"triton_poi_fused_0", "triton_poi_fused_mul_sigmoid_view_0"}
+    assert result.unattributed["triton_poi_fused_0"][0] == 1
+    reductions = [ns for name, ns in units if name == "triton_per_fused_1"]
+    layouts = [ns for name, ns in units if name.startswith("triton_poi_fused__to_copy_add_mean_mm_mul_pow_rsqrt")]
+    assert len(reductions) == 3 and found["gated_rmsnorm_h128"] == sum(reductions) + sum(layouts)
+    splits = [ns for name, ns in units if "split_with_sizes" in name or name in ("triton_poi_fused_2", "triton_poi_fused_5")]
+    recurrence = [ns for name, ns in units if name.startswith(("_causal_conv1d", "fused_recurrent_gated_delta"))]
+    assert len(splits) == 6 and found["gdn_decode_qk4_v8_d128_k_last"] + found["causal_conv1d_decode_c2048_w4_silu"] \
+        >= sum(splits) + sum(recurrence) - 3
 
 
 def test_sglangs_qwen3_next_graph_is_aligned_from_the_stream_it_began_on():

@@ -64,7 +64,9 @@ def graph_calls(trace: Trace, live_labels: tuple[str, ...]) -> int:
             else:
                 names = tuple(dict.fromkeys(c.definition.name for c in template.calls))
             named.append(names)
+        first_found: list[int] = []  # per template: the index in ``found`` of its call, or of the next call
         for at, (template, names) in enumerate(zip(trace.templates, named)):
+            first_found.append(len(found))
             prologue = bool(template.prologue)
             if not names and template.feeds and template.error is None:  # its kernels are the next such call's
                 names = next((later for t, later in zip(trace.templates[at + 1:], named[at + 1:])
@@ -81,13 +83,27 @@ def graph_calls(trace: Trace, live_labels: tuple[str, ...]) -> int:
                 # its kernels another call records: no node order gives them to it
                 launched = "" if template.nodes is None else f" {template.nodes[1] - template.nodes[0]}"
                 unowned.append(f"{template.op}: records nothing but launched{launched} nodes")
+        first_found.append(len(found))
         nodes = tuple(n for _, _, n, _ in found)
         return GraphCalls(tuple((op, names) for op, names, _, _ in found),
                           None if unowned or not found else nodes,  # type: ignore[arg-type]
                           frozenset(i for i, c in enumerate(found) if c[3]),
-                          tuple(dict.fromkeys(unowned)))
+                          tuple(dict.fromkeys(unowned)), _spans(trace.templates, first_found))
 
     return ACCOUNTING.graph_index((id(trace), len(trace.templates), live_labels), calls)
+
+
+def _spans(templates: list[Template], first_found: list[int]) -> dict[int, tuple[int, int]]:
+    """The calls of hooked methods around their inner calls (:attr:`Template.span`): call index ->
+    its inner calls' [first, end), itself among them, as calls of the graph."""
+    spans = {}
+    for at, template in enumerate(templates):
+        if template.span is not None and first_found[at + 1] > first_found[at]:  # it is a call
+            before, after = template.span
+            inner = (first_found[at - before], first_found[at + 1 + after])
+            if inner != (first_found[at], first_found[at] + 1):  # its inner calls are calls
+                spans[first_found[at]] = inner
+    return spans
 
 
 def _live_key(live: object) -> object:

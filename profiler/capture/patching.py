@@ -131,13 +131,12 @@ def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls, live: bool = False,
     trace_read = read if traced is None else argument_reader(fn, traced, cls)
 
     def at_trace(ctx: Any) -> None:
-        traced_calls.at_trace(ctx, op, trace_calls, trace_read, traced_before)
+        traced_calls.at_trace(ctx, op, trace_calls, trace_read, traced_before, entered=True)
 
     @functools.wraps(fn)
     def hooked(*args: Any, **kwargs: Any) -> Any:
         if _is_compiling():  # Dynamo traces this: a template, recorded while it traces, after the
-            if traced_before:
-                comptime(traced_calls.at_entry)
+            comptime(traced_calls.at_entry)
             result = fn(*args, **kwargs)  # call (its inputs are graph inputs by then: their order kept)
             comptime(at_trace)
             return result
@@ -254,11 +253,13 @@ def wrap_around(fn: Callable[..., Any], op: str, context: Callable[..., Any], cl
     trace_read = None if traced is None else argument_reader(fn, traced, cls)
 
     def at_trace(ctx: Any) -> None:
-        traced_calls.at_trace(ctx, op, traced, trace_read, "")
+        traced_calls.at_trace(ctx, op, traced, trace_read, "", entered=True)
 
     @functools.wraps(fn)
     def hooked(*args: Any, **kwargs: Any) -> Any:
         if _is_compiling():
+            if traced is not None:
+                comptime(traced_calls.at_entry)
             result = fn(*args, **kwargs)
             if traced is not None:
                 comptime(at_trace)

@@ -47,6 +47,12 @@ class Template:
     #: where it records nothing itself, the op of the next call whose kernels its own are (SGLang's
     #: ``TopK`` before its experts: the routing is part of the MoE Definition)
     feeds: str = ""
+    #: a hooked method that made inner calls: how many templates of them are before it and after it
+    #: (after: where it goes before one of them, a recurrent layer's). Its Python's own kernels
+    #: between them (the input projection's split, the output's buffer) are its call's, as when it
+    #: runs eagerly (its range encloses its inner calls' ranges), and a compiled graph may run its
+    #: kernels and theirs in another order (Inductor's scheduling of independent ops)
+    span: Optional[tuple[int, int]] = None
 
     def realize(self, sizes: Mapping[str, int]) -> list[KernelCall]:
         if self.live is not None:
@@ -150,17 +156,19 @@ def _trace(ctx: Any) -> tuple[Trace, Any]:
 
 
 def at_entry(ctx: Any) -> None:
-    """The ``comptime`` callback as a hooked method whose template goes before one of its inner
-    calls (:func:`at_trace`'s ``before``) begins to be traced: where its inner calls' templates start."""
+    """The ``comptime`` callback as a hooked method begins to be traced: where its inner calls'
+    templates start (:attr:`Template.span`; :func:`at_trace`'s ``before``)."""
     trace, _ = _trace(ctx)
     trace.entries.append(len(trace.templates))
 
 
-def at_trace(ctx: Any, op: str, to_calls: Callable[..., Any], read: Callable[..., dict], before: str = "") -> None:
+def at_trace(ctx: Any, op: str, to_calls: Callable[..., Any], read: Callable[..., dict], before: str = "",
+             entered: bool = False) -> None:
     """The ``comptime`` callback of a hooked method being traced (``ctx``: Dynamo's context). Its
     template follows the templates of the calls it made, or, ``before`` an op, goes before its first
     inner call of that op (a recurrent layer's core runs between its input projections and its
-    gated norm; its hook is on the layer, whose other calls are hooked on their own)."""
+    gated norm; its hook is on the layer, whose other calls are hooked on their own). ``entered``:
+    :func:`at_entry` marked where its inner calls' templates began (its :attr:`Template.span`)."""
     trace, root = _trace(ctx)
     for symbol, where in _size_symbols(root).items():  # the forward's arguments used so far
         trace.symbols.setdefault(symbol, where)
@@ -171,9 +179,11 @@ def at_trace(ctx: Any, op: str, to_calls: Callable[..., Any], read: Callable[...
         return to_calls(**read(tuple(args), dict(kwargs)))
 
     made = template(op, make_calls, "traced")
-    start = trace.entries.pop() if before and trace.entries else len(trace.templates)
-    at = next((i for i in range(start, len(trace.templates)) if trace.templates[i].op == before),
+    start = trace.entries.pop() if entered and trace.entries else len(trace.templates)
+    at = next((i for i in range(start, len(trace.templates)) if before and trace.templates[i].op == before),
               len(trace.templates))
+    if len(trace.templates) > start:
+        made.span = (at - start, len(trace.templates) - at)
     trace.templates.insert(at, made)
 
 
