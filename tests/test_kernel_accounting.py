@@ -1273,11 +1273,12 @@ def test_a_compiled_recurrent_layer_keeps_its_own_kernels_between_its_inner_call
 
 
 def test_vllms_qwen3_next_decode_graph_is_attributed_but_for_the_attention_gate_and_the_first_layers_zeroing():
-    """The same model's decode graph on an H100 (``fixtures/kernel_traces``; 95.6% attributed when it
-    ran): each Gated DeltaNet layer's split of its projections, its zeroed core output and the
-    graph's copy are now its call's (both its Definitions', as eagerly), and its gated norm's
-    persistent reduction the norm's. Left: the attention gate's Inductor kernel (its template sits
-    before the attention) and the first layer's zeroing, before any call's kernel."""
+    """The same model's decode graph on an H100, with the spans the capture recorded
+    (``fixtures/kernel_traces``; a run of the same command before them attributed 95.6% of its
+    decode graph): each Gated DeltaNet layer's split of its projections and its zeroed core output
+    are now its call's (both its Definitions', as eagerly), and its gated norm's persistent
+    reduction the norm's. Left: the attention gate's Inductor kernel (its template sits before the
+    attention) and the first layer's zeroing, before any call's kernel."""
     trace, units, result = _aligned_trace("vllm_qwen3_next_decode_graph_1207.json")
     found = by_definition(result)
     total = sum(ns for _, ns in units)
