@@ -893,7 +893,8 @@ def _align(units: Sequence[tuple[int, str, int, int]], calls: Sequence[tuple[str
         label = f"{call}:{calls[call][0]}" if call is not None else None
         if i in enclosed:  # the method's own: all its Definitions', as its range gives them eagerly
             definitions = tuple(d for c in calls if c[2] == enclosed[i] for d in c[1])
-            label = f"{enclosed[i]}:around"
+            first = next(c for c, inner in enumerate(calls) if inner[2] == enclosed[i])
+            label = f"{first}:{calls[first][0]} (its method's own)"
         if trace is not None:
             trace.append([name[:100], round(ns / 1e3, 2), label, stream])
         if definitions:

@@ -131,7 +131,7 @@ def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls, live: bool = False,
     trace_read = read if traced is None else argument_reader(fn, traced, cls)
 
     def at_trace(ctx: Any) -> None:
-        traced_calls.at_trace(ctx, op, trace_calls, trace_read, traced_before, entered=True)
+        traced_calls.at_trace(ctx, op, trace_calls, trace_read, traced_before)
 
     @functools.wraps(fn)
     def hooked(*args: Any, **kwargs: Any) -> Any:
@@ -253,7 +253,7 @@ def wrap_around(fn: Callable[..., Any], op: str, context: Callable[..., Any], cl
     trace_read = None if traced is None else argument_reader(fn, traced, cls)
 
     def at_trace(ctx: Any) -> None:
-        traced_calls.at_trace(ctx, op, traced, trace_read, "", entered=True)
+        traced_calls.at_trace(ctx, op, traced, trace_read)
 
     @functools.wraps(fn)
     def hooked(*args: Any, **kwargs: Any) -> Any:
