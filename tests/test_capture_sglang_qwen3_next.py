@@ -44,9 +44,12 @@ def test_sglangs_gated_deltanet_layers_are_a_conv1d_and_a_recurrence_per_layer_a
     assert found["gemma_rmsnorm_h64"] == 2 * ATTENTION_LAYERS * steps
     # the gated attention's output gate: its sigmoid and product, one call per layer and step
     assert found["sigmoid_gate_mul_h256"] == ATTENTION_LAYERS * steps
-    # the layers' kernels (sgl-kernel's CPU ops here) are their calls'
+    # the layers' kernels (sgl-kernel's CPU ops here) are their calls', and each layer's own work
+    # between its hooked calls (a Gated DeltaNet layer's split and concatenation of its projections,
+    # the attention layer's query and gate split) its core call's: 97.2% attributed without that
     measured = run["engine_kernels"]
-    assert measured["attributed_share"] >= 0.95, measured["unattributed"]
+    assert measured["attributed_share"] >= 0.99, measured["unattributed"]
+    assert not {"aten::cat", "aten::split_with_sizes", "aten::chunk"} & {u["name"] for u in measured["unattributed"]}
     assert all(measured["by_definition"][d]["ms"] > 0 for d in (GDN_DECODE, GDN_PREFILL, CONV_DECODE, CONV_PREFILL,
                                                                  "sigmoid_gate_mul_h256"))
 

@@ -3,12 +3,15 @@ while the stream captures are the graph's, warm-up runs are not, and each replay
 graph's (padded) size. On a real CUDA graph where CUDA is; on CPU the stream's capture state is
 simulated (the captured run is the one marked capturing). The real engine ran on GPUs: BENCHMARKS.md."""
 
+import contextlib
 from dataclasses import dataclass
 
 import pytest
 import torch
 
 from fi_profile.capture import graph_capture
+from fi_profile.capture.graph_runs import graph_calls
+from fi_profile.capture.kernel_accounting import ACCOUNTING
 from fi_profile.capture.patching import wrap, wrap_around, wrap_boundary
 from fi_profile.capture.recorder import RECORDER
 from fi_profile.families import gemm
@@ -232,3 +235,39 @@ def test_a_call_that_feeds_another_goes_after_the_hooked_calls_inside_it(monkeyp
     backend.capture_one(ShapeKey(4), lambda: [feeder(buffer), experts(buffer)])
     gate, fed, _ = graph_capture.CAPTURED[(backend, ShapeKey(4))].templates
     assert gate.op == "gemm" and fed.op == "moe_shared_gate" and fed.nodes is None
+
+
+def test_a_layer_whose_own_kernels_are_its_core_calls_spans_the_calls_it_makes(monkeypatch):
+    """SGLang's Gated DeltaNet layer (its hook point a span of op ``gdn``): its recurrence is hooked
+    on an inner module, and its own kernels (its projections' split for the conv1d) run between its
+    hooked calls. Captured in a graph, the core call's template spans the calls the layer made (two
+    before it, two after), as a traced method's does: the accounting gives the layer's kernels named
+    after no family between them to it. Eagerly, while kernels are accounted for, the layer runs in
+    a range whose kernels are its next ``gdn`` call's; not while nothing is accounted for."""
+    projection = wrap(lambda x: x, "gemm", lambda x: [gemm.call(x, 64, 32)])
+    core = wrap(lambda x: x, "gdn", lambda x: [gemm.call(x, 16, 32)])
+    norm = wrap(lambda x: x, "rmsnorm", lambda x: [gemm.call(x, 8, 32)])
+    layer = wrap_around(lambda x: projection(norm(core(projection(projection(x))))), "gdn_layer",
+                        lambda: contextlib.nullcontext(), span="gdn")
+    buffer = torch.zeros(2, 32, dtype=torch.bfloat16, device=DEVICE)
+    backend = make_backend("FullCudaGraphBackend")()
+    RECORDER.reset()
+    backend.capture_one(ShapeKey(2), lambda: layer(buffer))
+    trace = graph_capture.CAPTURED[(backend, ShapeKey(2))]
+    assert [t.op for t in trace.templates] == ["gemm", "gemm", "gdn", "rmsnorm", "gemm"]
+    assert [t.span for t in trace.templates] == [None, None, (2, 2), None, None]
+    assert ACCOUNTING.graphs[graph_calls(trace, ())].spans == {2: (0, 5)}
+    # a span without its core call inside (an idle step) marks nothing
+    backend.capture_one(ShapeKey(4), lambda: wrap_around(lambda x: projection(x), "gdn_layer",
+                                                         lambda: contextlib.nullcontext(), span="gdn")(buffer))
+    assert [t.span for t in graph_capture.CAPTURED[(backend, ShapeKey(4))].templates] == [None]
+
+    opened = []
+    monkeypatch.setattr(graph_capture, "feeds_range", lambda family: opened.append(family) or contextlib.nullcontext())
+    monkeypatch.setattr(RECORDER, "active", True)
+    layer(buffer)
+    assert opened == []  # nothing accounted for
+    monkeypatch.setattr(ACCOUNTING, "active", True)
+    layer(buffer)
+    assert opened == ["gdn"]
+    RECORDER.reset()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import Optional
 
 import pytest
 
@@ -431,16 +432,20 @@ def test_a_profiler_that_does_not_start_is_said_and_recording_goes_on(tmp_path, 
     RECORDER.reset()
 
 
-def _aligned_trace(file: str, more_layers: int = 0, top_k: bool = False, prologues: tuple[str, ...] = ()):
+def _aligned_trace(file: str, more_layers: int = 0, top_k: bool = False, prologues: tuple[str, ...] = (),
+                   spans: Optional[dict[int, tuple[int, int]]] = None):
     """A graph's calls and kernels as ``FI_PROFILE_ACCOUNTING_TRACE`` wrote them on a GPU
     (``fixtures/kernel_traces``), aligned again: the trace, its units (name, ns), the result.
     ``more_layers``: the model's second layer repeated that many times after it (calls and kernels);
     ``top_k``: a call of each MoE call's Definitions before it (SGLang's top-k feeding its experts);
-    ``prologues``: the ops of the trace's calls that feed the call after them (recorded so)."""
+    ``prologues``: the ops of the trace's calls that feed the call after them (recorded so);
+    ``spans``: the hooked methods' spans (:attr:`GraphCalls.spans`) where the trace predates them."""
     import json
     from pathlib import Path
 
     trace = json.loads((Path(__file__).parent / "fixtures" / "kernel_traces" / file).read_text())
+    if spans is not None:
+        trace["spans"] = spans
     if top_k:
         trace["calls"] = [c for call in trace["calls"] for c in ([["moe_routing", call[1]], call] if call[0] == "moe"
                                                                   else [call])]
@@ -1326,6 +1331,35 @@ def test_sglangs_qwen3_next_graph_is_aligned_from_the_stream_it_began_on():
     assert found["gemm_bf16_n1_k2048"] == sum(gates) and len(gates) == 4
     norms = [ns for name, ns in units if "FusedAddRMSNormKernel" in name]
     assert found["gemma_fused_add_rmsnorm_inplace_h2048"] == sum(norms)
+
+
+def test_sglangs_qwen3_next_layers_own_kernels_are_their_core_calls_where_their_methods_span_them():
+    """The same graph with the spans SGLang's hooks record since (the graph predates them, and the
+    output gate's call): each ``Qwen3GatedDeltaNet.forward`` around its two input projections, its
+    recurrence, its gated norm and its output projection; the attention layer's ``self_attention``
+    around its QKV projection, q and k norms, RoPE, attention and output projection. Each Gated
+    DeltaNet layer's split of its projections (``fused_qkvzba_split_reshape_cat``) is then its
+    recurrence's call's, the attention layer's query and gate copies (and, here, its gate) its
+    attention's; the GDN backend's state tracking for the prefix cache
+    (``track_mamba_state_if_needed``, named after Mamba: the graph has no Mamba call) is its
+    recurrence's, as eagerly, where it runs in that call's range. Left: the logits' cast to float32
+    after the lm_head's GEMM. No GEMM's or norm's time changes."""
+    prologues = ("moe_routing", "moe_shared_gate")
+    file = "sglang_qwen3_next_fused_shared_expert_decode_graph.json"
+    _, _, before = _aligned_trace(file, prologues=prologues)
+    trace, units, result = _aligned_trace(file, prologues=prologues,
+                                          spans={4: (2, 7), 16: (14, 19), 28: (26, 31), 42: (38, 44)})
+    found, was = by_definition(result), by_definition(before)
+    assert [trace["calls"][c][0] for c in (4, 16, 28, 42)] == ["gdn", "gdn", "gdn", "attention"]
+    total = sum(ns for _, ns in units)
+    assert sum(found.values()) / total > 0.99 > sum(was.values()) / total
+    assert list(result.unattributed) == [units[-1][0]] and units[-2][0].startswith("nvjet")
+    splits = [ns for name, ns in units if name.startswith("fused_qkvzba")]
+    recurrence = ("gdn_decode_qk4_v8_d128_k_last", "causal_conv1d_decode_c2048_w4_silu")
+    assert len(splits) == 3 and sum(found[d] for d in recurrence) == sum(was[d] for d in recurrence) + sum(splits)
+    # the state tracking goes to the recurrence with or without the spans (right after its kernel)
+    assert not any(name.startswith("track_mamba") for name in before.unattributed)
+    assert all(found[d] == was[d] for d in found if d.startswith(("gemm", "gemma", "gated_rmsnorm", "moe")))
 
 
 def test_vllms_qwen3_next_shared_experts_on_their_own_stream_stay_in_their_layer():

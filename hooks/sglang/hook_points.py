@@ -128,8 +128,11 @@ POINTS = [
     HookPoint(_GEMMA3, "", ("apply_rotary_pos_emb",), rope.KEY, gemma3.rotation_calls, optional=True),
     # Qwen3-Next's full-attention layers: their output gate (sigmoid and product in PyTorch on CUDA
     # and CPUs) watched while the layer's attention runs
+    # (a span: the layer's own kernels, its query and gate split out of the QKV projection, are its
+    # attention call's)
     HookPoint("sglang.srt.models.qwen3_next", "Qwen3HybridAttentionDecoderLayer", ("self_attention",),
-              "sigmoid_gate_mul_layer", sigmoid_gate_mul.watched, around=True, optional=True),
+              "sigmoid_gate_mul_layer", sigmoid_gate_mul.watched, around=True, optional=True,
+              span=attention_family.KEY),
     HookPoint(_GEMMA3, "Gemma3RotaryEmbedding", ("forward",), rope.KEY, gemma3.table_prologue_calls, prologue=True,
               optional=True),
     HookPoint(_GEMMA3, "Gemma3TextScaledWordEmbedding", ("forward",), embedding.KEY, gemma3.embedding_calls,
@@ -151,6 +154,9 @@ POINTS = [
     # Gated DeltaNet (Qwen3-Next): a layer's conv1d and recurrence in each step, and its gated norm
     HookPoint(f"{_LAYERS}.radix_linear_attention", "RadixLinearAttention", ("forward",), gdn_family.KEY,
               gdn.layer_calls, live=True, traced=gdn.captured_layer_calls, optional=True),
+    # the Gated DeltaNet layer around it: its own kernels (its projections' split) are its recurrence's
+    HookPoint("sglang.srt.models.qwen3_next", "Qwen3GatedDeltaNet", ("forward",), "gdn_layer", gdn.layer_span,
+              around=True, optional=True, span=gdn_family.KEY),
     HookPoint(f"{_FLA}.fused_norm_gate", "FusedRMSNormGated", ("forward",), rmsnorm.KEY, gdn.fused_norm_calls,
               optional=True),
     HookPoint(f"{_FLA}.layernorm_gated", "RMSNorm", ("forward",), rmsnorm.KEY, gdn.gated_norm_calls, optional=True),

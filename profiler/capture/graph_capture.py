@@ -16,6 +16,8 @@ import contextlib
 import functools
 from typing import Any, Callable, Hashable, Iterator, Optional
 
+from fi_profile.capture.kernel_accounting import ACCOUNTING, feeds_range
+from fi_profile.capture.recorder import RECORDER
 from fi_profile.capture.traced import Template, Trace, template
 
 #: the captured graphs of this process: the engine's key (its graph backend and shape) -> calls
@@ -67,6 +69,31 @@ def _captured(trace: Trace, made: Template) -> Template:
     made.nodes = (first, first) if first is not None else None
     trace.templates.append(made)
     return made
+
+
+@contextlib.contextmanager
+def spanning(owner: str) -> Iterator[None]:
+    """While a layer's method runs whose own kernels (its splits and copies between its hooked inner
+    calls) are its inner call's of op ``owner``, the layer's core op: SGLang's Gated DeltaNet layer
+    splits its projections for the conv1d before its ``RadixLinearAttention``, which the hook
+    records. While a CUDA graph is captured, that call's template spans the templates the method
+    made (:attr:`Template.span`, as a traced method's: the accounting gives the method's kernels
+    named after no family between them to the call); eagerly, while the engine's kernels are
+    accounted for, the method runs in a range whose kernels outside its inner calls' ranges are the
+    next ``owner`` call's (:func:`~fi_profile.capture.kernel_accounting.feeds_range`), which it makes."""
+    trace = CAPTURING.trace
+    if trace is not None and stream_capturing():
+        start = len(trace.templates)
+        yield
+        end = len(trace.templates)
+        at = next((i for i in range(start, end) if trace.templates[i].op == owner), None)
+        if at is not None and end - start > 1:
+            trace.templates[at].span = (at - start, end - at - 1)
+    elif trace is None and ACCOUNTING.active and RECORDER.active:
+        with feeds_range(owner):
+            yield
+    else:
+        yield
 
 
 def captured_call_ends(made: Optional[Template]) -> None:

@@ -1081,6 +1081,7 @@ def _assign(unit_names: Sequence[str], calls: Sequence[tuple[str, tuple[str, ...
             j = next(named, None)
         return j is not None and (fits.only(names[j], op_type) or fits.only(fits.best(units[j]), op_type))
 
+    present = frozenset(call[0] for call in calls)  # the op types of the calls
     position, current = 0, None
     last = -1  # the last unit with a family's name
     for i, types in enumerate(names):
@@ -1090,13 +1091,17 @@ def _assign(unit_names: Sequence[str], calls: Sequence[tuple[str, tuple[str, ...
         # last named one: the unnamed ones between are placed afterwards
         previous = last if current is not None and len(invocation_calls[calls[current][2]]) > 1 else i - 1
         last = i
+        nxt = next_of(types, position)
         if (current is not None and previous >= 0 and assigned[previous] == current
-                and (fits.only(types, calls[current][0]) or fits.only(fits.best(units[i]), calls[current][0]))
+                and (fits.only(types, calls[current][0]) or fits.only(fits.best(units[i]), calls[current][0])
+                     or (not types & present and fits.launched_by(calls[current][0], types)))
                 and (not (position < len(calls) and calls[position][0] in types)
                      or fits.continues(calls[current][0], units[i]))):
             # more of the current call, right after it (split-K's reduction; a fused MoE's expert
             # GEMM after its unnamed fill), its family's name the best fit (a MoE's
-            # ``count_and_sort_expert_tokens``, named like sampling's sort too)
+            # ``count_and_sort_expert_tokens``, named like sampling's sort too), or of a family the
+            # current call's launches, with no call of its own here (SGLang's GDN backend's state
+            # tracking for its prefix cache, named after Mamba)
             assigned[i] = current
             interleaved = False
             continue
@@ -1104,7 +1109,6 @@ def _assign(unit_names: Sequence[str], calls: Sequence[tuple[str, tuple[str, ...
         # the KV-cache write began) unless the next call it fits would be left without units
         # otherwise (Inductor names a fused kernel after every op inlined into it: the norm after a
         # GEMM reads the GEMM's output and is named after it too)
-        nxt = next_of(types, position)
         if current is not None and calls[current][0] not in types \
                 and not (position < len(calls) and calls[position][0] in types):
             # a kernel not of the current call's family, nor of the next call's

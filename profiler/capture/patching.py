@@ -10,6 +10,7 @@ already-hooked call of the same op (``forward_cpu`` -> ``forward_native``) are n
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import os
@@ -21,7 +22,13 @@ from torch._dynamo.comptime import comptime
 
 from fi_profile.capture import traced as traced_calls
 from fi_profile.capture.arguments import SignatureMismatch, argument_reader
-from fi_profile.capture.graph_capture import CAPTURING, captured_call_ends, observe_captured, observe_captured_prologue
+from fi_profile.capture.graph_capture import (
+    CAPTURING,
+    captured_call_ends,
+    observe_captured,
+    observe_captured_prologue,
+    spanning,
+)
 from fi_profile.capture.kernel_accounting import ACCOUNTING, JOIN, call_range, feeds_range, graph_range
 from fi_profile.capture.kernel_call import KernelCall
 from fi_profile.capture.recorder import RECORDER
@@ -52,6 +59,7 @@ except ImportError:  # pragma: no cover
 
 ToCalls = Callable[..., Sequence[Optional[KernelCall]]]
 _depth = threading.local()
+_NO_SPAN = contextlib.nullcontext()
 
 
 @dataclass(frozen=True)
@@ -96,6 +104,10 @@ class HookPoint:
     #: them all: the order its kernels run in (a recurrent layer's core op runs before its gated
     #: norm, an inner call hooked on its own)
     traced_before: str = ""
+    #: an ``around`` hook on a layer's method whose own kernels (its splits and copies between its
+    #: inner hooked calls) are its inner call's of this op: the layer's core op (SGLang's Gated
+    #: DeltaNet layer, whose recurrence is hooked on its inner ``RadixLinearAttention``)
+    span: str = ""
 
 
 def observe(op: str, make_calls: Callable[[], Sequence[Optional[KernelCall]]], live: bool = False,
@@ -244,11 +256,13 @@ def wrap_boundary(
 
 
 def wrap_around(fn: Callable[..., Any], op: str, context: Callable[..., Any], cls: Optional[type] = None,
-                traced: Optional[ToCalls] = None) -> Callable[..., Any]:
+                traced: Optional[ToCalls] = None, span: str = "") -> Callable[..., Any]:
     """``fn`` run inside the context manager that ``context`` makes from its arguments (by name);
     a ``context`` that raises is counted, and ``fn`` runs without it. While Dynamo traces ``fn``
     the context is not made (it is Python that runs eagerly); ``traced``, where given, records the
-    calls the compiled ``fn`` runs past it as a template, after ``fn``'s inner calls."""
+    calls the compiled ``fn`` runs past it as a template, after ``fn``'s inner calls. ``span``: the
+    op of ``fn``'s inner call whose kernels ``fn``'s own are (:attr:`HookPoint.span`,
+    :func:`~fi_profile.capture.graph_capture.spanning`)."""
     read = argument_reader(fn, context, cls)
     trace_read = None if traced is None else argument_reader(fn, traced, cls)
 
@@ -264,13 +278,14 @@ def wrap_around(fn: Callable[..., Any], op: str, context: Callable[..., Any], cl
             if traced is not None:
                 comptime(at_trace)
             return result
-        try:
-            manager = context(**read(args, kwargs))
-        except Exception as exc:  # a hook must never break the engine
-            RECORDER.error(op, exc)
-            return fn(*args, **kwargs)
-        with manager:
-            return fn(*args, **kwargs)
+        with spanning(span) if span else _NO_SPAN:
+            try:
+                manager = context(**read(args, kwargs))
+            except Exception as exc:  # a hook must never break the engine
+                RECORDER.error(op, exc)
+                return fn(*args, **kwargs)
+            with manager:
+                return fn(*args, **kwargs)
 
     hooked.__fi_profile_original__ = fn  # type: ignore[attr-defined]
     return hooked
@@ -289,7 +304,7 @@ def _install_functions(module: Any, point: HookPoint, installed: list[str], miss
         if getattr(raw, "__fi_profile_original__", None) is not None:
             continue
         try:
-            hooked = wrap_around(raw, point.op, point.to_calls, None, point.traced) if point.around else wrap(
+            hooked = wrap_around(raw, point.op, point.to_calls, None, point.traced, point.span) if point.around else wrap(
                 raw, point.op, point.to_calls, point.live, point.nested, None, point.traced, point.outside_forward,
                 point.feeds, point.traced_before)
         except SignatureMismatch as exc:
@@ -341,7 +356,7 @@ def install(points: Sequence[HookPoint]) -> tuple[list[str], list[str]]:
                 continue
             try:
                 if point.around:
-                    hooked = wrap_around(raw, point.op, point.to_calls, cls, point.traced)
+                    hooked = wrap_around(raw, point.op, point.to_calls, cls, point.traced, point.span)
                 elif point.prologue:
                     hooked = wrap_prologue(raw, point.op, point.to_calls, cls)
                 elif point.boundary:

@@ -158,6 +158,9 @@ FAMILY = Family(
     # in ``chunk_scaled_dot_kkt_fwd_kernel`` (``kkt`` tied with it, and the chunked kernels went unattributed)
     kernel_words=("gated_delta", "delta_rule", "gdn", "solve_tril", "dot_kkt", "recompute_w_u", "chunk_local_cumsum",
                   "fused_post_conv", "l2norm_fwd", "merge_16x16", "chunk_fwd_kernel_o"),
+    # SGLang's GDN backend copies each request's states to its prefix cache's track slot, after the
+    # recurrence and inside the call (``track_mamba_state_if_needed_kernel``, named after Mamba)
+    launches=("mamba",),
     # a prefill's last states, cast to the cache's dtype and scattered into the engine's state cache
     # (``ssm_state[indices] = last_state.to(...)``): the call's ``new_state`` written where the engine keeps it
     tail_words=("copy", "index_put"),
