@@ -12,7 +12,7 @@ import torch
 from fi_profile.capture import graph_capture
 from fi_profile.capture.graph_runs import graph_calls
 from fi_profile.capture.kernel_accounting import ACCOUNTING
-from fi_profile.capture.patching import wrap, wrap_around, wrap_boundary
+from fi_profile.capture.patching import span_only, wrap, wrap_around, wrap_boundary
 from fi_profile.capture.recorder import RECORDER
 from fi_profile.families import gemm
 from fi_profile.hooks.sglang import steps
@@ -261,6 +261,22 @@ def test_a_layer_whose_own_kernels_are_its_core_calls_spans_the_calls_it_makes(m
     backend.capture_one(ShapeKey(4), lambda: wrap_around(lambda x: projection(x), "gdn_layer",
                                                          lambda: contextlib.nullcontext(), span="gdn")(buffer))
     assert [t.span for t in graph_capture.CAPTURED[(backend, ShapeKey(4))].templates] == [None]
+    # SGLang's logits processor: its lm_head GEMM, then a kernel of its own (the float32 cast), which
+    # the graph's node count shows (one node each here)
+    launched = [0]
+
+    def kernel(x):
+        launched[0] += 1
+        return x
+
+    monkeypatch.setattr(graph_capture, "captured_nodes", lambda: launched[0] if SIMULATED["capturing"] else None)
+    lm_head = wrap(kernel, "gemm", lambda x: [gemm.call(x, 128, 32)])
+    logits = wrap_around(lambda x: kernel(lm_head(kernel(x))), "lm_head_layer", span_only, span="gemm")
+    backend.capture_one(ShapeKey(8), lambda: logits(buffer))
+    trace = graph_capture.CAPTURED[(backend, ShapeKey(8))]
+    assert [(t.op, t.span, t.tail) for t in trace.templates] == [("gemm", None, 1)]
+    graph = ACCOUNTING.graphs[graph_calls(trace, ())]
+    assert graph.spans == {} and graph.tails == {0: 1}
 
     opened = []
     monkeypatch.setattr(graph_capture, "feeds_range", lambda family: opened.append(family) or contextlib.nullcontext())

@@ -433,19 +433,22 @@ def test_a_profiler_that_does_not_start_is_said_and_recording_goes_on(tmp_path, 
 
 
 def _aligned_trace(file: str, more_layers: int = 0, top_k: bool = False, prologues: tuple[str, ...] = (),
-                   spans: Optional[dict[int, tuple[int, int]]] = None):
+                   spans: Optional[dict[int, tuple[int, int]]] = None, tails: Optional[dict[int, int]] = None):
     """A graph's calls and kernels as ``FI_PROFILE_ACCOUNTING_TRACE`` wrote them on a GPU
     (``fixtures/kernel_traces``), aligned again: the trace, its units (name, ns), the result.
     ``more_layers``: the model's second layer repeated that many times after it (calls and kernels);
     ``top_k``: a call of each MoE call's Definitions before it (SGLang's top-k feeding its experts);
     ``prologues``: the ops of the trace's calls that feed the call after them (recorded so);
-    ``spans``: the hooked methods' spans (:attr:`GraphCalls.spans`) where the trace predates them."""
+    ``spans``, ``tails``: the hooked methods' spans and tails (:attr:`GraphCalls.spans`,
+    :attr:`GraphCalls.tails`) where the trace predates them."""
     import json
     from pathlib import Path
 
     trace = json.loads((Path(__file__).parent / "fixtures" / "kernel_traces" / file).read_text())
     if spans is not None:
         trace["spans"] = spans
+    if tails is not None:
+        trace["tails"] = tails
     if top_k:
         trace["calls"] = [c for call in trace["calls"] for c in ([["moe_routing", call[1]], call] if call[0] == "moe"
                                                                   else [call])]
@@ -462,7 +465,9 @@ def _aligned_trace(file: str, more_layers: int = 0, top_k: bool = False, prologu
     naming = {k: v for k, v in KERNEL_NAMING.items() if k != "kernel_words"}
     fed = frozenset(i for i, (op, _) in enumerate(calls) if (top_k and op == "moe_routing") or op in prologues)
     spans = {int(call): tuple(inner) for call, inner in trace.get("spans", {}).items()}
-    return trace, units, attribute(profile.events, [GraphCalls(calls, prologues=fed, spans=spans)], KERNEL_WORDS,
+    tails = {int(call): launched for call, launched in trace.get("tails", {}).items()}
+    return trace, units, attribute(profile.events, [GraphCalls(calls, prologues=fed, spans=spans, tails=tails)],
+                                   KERNEL_WORDS,
                                    trace["op_types"], **naming)
 
 
@@ -1003,6 +1008,10 @@ def test_a_cuda_graphs_kernels_go_to_the_calls_whose_nodes_they_are():
                                      "kv_cache_write_kv2": 2, "gqa_paged_decode_h4": 19 + 3}
     assert traced.unattributed == {"void at::native::CUDAFunctor_add<c10::BFloat16>": [1, 2]}
     assert [u[2] for u in traced.graph_traces[0]][:3] == ["0:gemm", "1:rmsnorm", "1:rmsnorm"]
+    # where the attention's hooked method launched that node itself after its inner call (its tail)
+    owned = attribute(profile.events, [GraphCalls(GEMMA_LAYER, GEMMA_NODES, tails={4: 1})], KERNEL_WORDS,
+                      Q_K_NORM_OP_TYPES)
+    assert owned.unattributed == {} and sum(by_definition(owned).values()) == sum(by_definition(traced).values()) + 2
 
 
 @pytest.mark.parametrize("change", ["a node not reported", "another stream", "nodes unknown"])
@@ -1343,7 +1352,8 @@ def test_sglangs_qwen3_next_layers_own_kernels_are_their_core_calls_where_their_
     attention's; the GDN backend's state tracking for the prefix cache
     (``track_mamba_state_if_needed``, named after Mamba: the graph has no Mamba call) is its
     recurrence's, as eagerly, where it runs in that call's range. Left: the logits' cast to float32
-    after the lm_head's GEMM. No GEMM's or norm's time changes."""
+    after the lm_head's GEMM, which is the lm_head's where the capture counted it as the logits
+    processor's node after that GEMM (its tail). No other GEMM's or norm's time changes."""
     prologues = ("moe_routing", "moe_shared_gate")
     file = "sglang_qwen3_next_fused_shared_expert_decode_graph.json"
     _, _, before = _aligned_trace(file, prologues=prologues)
@@ -1360,6 +1370,10 @@ def test_sglangs_qwen3_next_layers_own_kernels_are_their_core_calls_where_their_
     # the state tracking goes to the recurrence with or without the spans (right after its kernel)
     assert not any(name.startswith("track_mamba") for name in before.unattributed)
     assert all(found[d] == was[d] for d in found if d.startswith(("gemm", "gemma", "gated_rmsnorm", "moe")))
+    lm_head = "gemm_bf16_n151936_k2048"
+    assert trace["calls"][51] == ["gemm", [lm_head]]
+    _, _, cast = _aligned_trace(file, prologues=prologues, spans=trace["spans"], tails={51: 1})
+    assert cast.unattributed == {} and by_definition(cast)[lm_head] == found[lm_head] + units[-1][1]
 
 
 def test_vllms_qwen3_next_shared_experts_on_their_own_stream_stay_in_their_layer():

@@ -12,7 +12,6 @@ step's batch, as the attention layers' are."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from typing import Any, Callable, Optional
 
@@ -118,14 +117,6 @@ def layer_calls(self: Any, forward_batch: Any, mixed_qkv: torch.Tensor) -> list[
     _mark(self)
     require(judged_once(self, layer_problem))
     return _calls(self, forward_batch, mixed_qkv.dtype)
-
-
-def layer_span() -> Any:
-    """The context ``Qwen3GatedDeltaNet.forward`` runs in: none of its own, its hook point a span
-    (:attr:`~fi_profile.capture.patching.HookPoint.span`): the layer's split and concatenation of
-    its two input projections for the conv1d (``fused_qkvzba_split_reshape_cat`` on CUDA, PyTorch's
-    copies on CPUs), between its hooked calls, are its recurrence's call's, as vLLM's layer hook has them."""
-    return contextlib.nullcontext()
 
 
 def captured_layer_calls(self: Any, mixed_qkv: torch.Tensor) -> Callable[[], list[KernelCall]]:

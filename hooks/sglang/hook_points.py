@@ -11,7 +11,7 @@ import torch
 
 from fi_profile.capture.dummy_routing import after_dummy_weights
 from fi_profile.capture.layers import LayerRule, by_layer_class, recorded_elsewhere, require, seen, seen_weights
-from fi_profile.capture.patching import HookPoint
+from fi_profile.capture.patching import HookPoint, span_only
 from fi_profile.families import attention as attention_family
 from fi_profile.families import (
     collective,
@@ -146,6 +146,10 @@ POINTS = [
               ("apply",), fp8_linear.KEY, sglang_fp8.linear_calls, optional=True),
     # lm_head: the logits projection, and the method it may apply (nested calls count once)
     HookPoint(f"{_LAYERS}.logits_processor", "LogitsProcessor", ("_compute_lm_head",), gemm.KEY, gemm.lm_head_calls),
+    # the processor's own kernels around it (the logits cast to float32 into the sampler's buffer,
+    # inside the decode graphs) are the lm_head's: its cap and scale are judged with it (``_logits_problem``)
+    HookPoint(f"{_LAYERS}.logits_processor", "LogitsProcessor", ("_get_logits",), "lm_head_layer", span_only,
+              around=True, optional=True, span=gemm.KEY),
     HookPoint(f"{_LAYERS}.quantization.unquant", "UnquantizedEmbeddingMethod", ("apply",), gemm.KEY, gemm.linear_calls),
     HookPoint(f"{_LAYERS}.vocab_parallel_embedding", "VocabParallelEmbedding", ("forward",), embedding.KEY,
               embedding.layer_calls),
@@ -154,8 +158,10 @@ POINTS = [
     # Gated DeltaNet (Qwen3-Next): a layer's conv1d and recurrence in each step, and its gated norm
     HookPoint(f"{_LAYERS}.radix_linear_attention", "RadixLinearAttention", ("forward",), gdn_family.KEY,
               gdn.layer_calls, live=True, traced=gdn.captured_layer_calls, optional=True),
-    # the Gated DeltaNet layer around it: its own kernels (its projections' split) are its recurrence's
-    HookPoint("sglang.srt.models.qwen3_next", "Qwen3GatedDeltaNet", ("forward",), "gdn_layer", gdn.layer_span,
+    # the Gated DeltaNet layer around it: its own kernels (its projections' split and concatenation
+    # for the conv1d, ``fused_qkvzba_split_reshape_cat`` on CUDA, PyTorch's copies on CPUs) are its
+    # recurrence's, as vLLM's hook on the layer has them
+    HookPoint("sglang.srt.models.qwen3_next", "Qwen3GatedDeltaNet", ("forward",), "gdn_layer", span_only,
               around=True, optional=True, span=gdn_family.KEY),
     HookPoint(f"{_FLA}.fused_norm_gate", "FusedRMSNormGated", ("forward",), rmsnorm.KEY, gdn.fused_norm_calls,
               optional=True),

@@ -78,7 +78,8 @@ def spanning(owner: str) -> Iterator[None]:
     splits its projections for the conv1d before its ``RadixLinearAttention``, which the hook
     records. While a CUDA graph is captured, that call's template spans the templates the method
     made (:attr:`Template.span`, as a traced method's: the accounting gives the method's kernels
-    named after no family between them to the call); eagerly, while the engine's kernels are
+    named after no family between them to the call), and the nodes the method launched after them
+    are its too (:attr:`Template.tail`, where the graph's nodes can be read); eagerly, while the engine's kernels are
     accounted for, the method runs in a range whose kernels outside its inner calls' ranges are the
     next ``owner`` call's (:func:`~fi_profile.capture.kernel_accounting.feeds_range`), which it makes."""
     trace = CAPTURING.trace
@@ -87,8 +88,13 @@ def spanning(owner: str) -> Iterator[None]:
         yield
         end = len(trace.templates)
         at = next((i for i in range(start, end) if trace.templates[i].op == owner), None)
-        if at is not None and end - start > 1:
+        if at is None:
+            return
+        if end - start > 1:
             trace.templates[at].span = (at - start, end - at - 1)
+        last, now = trace.templates[end - 1].nodes, captured_nodes()
+        if last is not None and now is not None and now >= last[1]:
+            trace.templates[at].tail = now - last[1]
     elif trace is None and ACCOUNTING.active and RECORDER.active:
         with feeds_range(owner):
             yield

@@ -88,7 +88,9 @@ def graph_calls(trace: Trace, live_labels: tuple[str, ...]) -> int:
         return GraphCalls(tuple((op, names) for op, names, _, _ in found),
                           None if unowned or not found else nodes,  # type: ignore[arg-type]
                           frozenset(i for i, c in enumerate(found) if c[3]),
-                          tuple(dict.fromkeys(unowned)), _spans(trace.templates, first_found))
+                          tuple(dict.fromkeys(unowned)), _spans(trace.templates, first_found),
+                          {first_found[at]: t.tail for at, t in enumerate(trace.templates)
+                           if t.tail and first_found[at + 1] > first_found[at]})
 
     return ACCOUNTING.graph_index((id(trace), len(trace.templates), live_labels), calls)
 

@@ -97,6 +97,10 @@ class GraphCalls:
     #: the calls of hooked methods around inner calls of theirs (a recurrent layer's: its projections,
     #: its gated norm): call index -> the calls [first, end) inside the method, itself among them
     spans: Mapping[int, tuple[int, int]] = field(default_factory=dict)
+    #: the calls of hooked methods that launched kernels of their own after their last inner call
+    #: (SGLang's logits processor: the lm_head's output cast to float32): call index -> how many,
+    #: as the graph's capture counted its nodes
+    tails: Mapping[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -291,7 +295,8 @@ class Accounting:
                 runs = [(str(g), g, units) for g, units in (attributed.graph_traces or {}).items()]
                 runs += [(f"{g}:worst", g, units) for g, units in attributed.worst_traces.items()]
                 json.dump({key: {"calls": [list(c) for c in self.graphs[g].calls], "nodes": self.graphs[g].nodes,
-                                 "no_nodes": self.graphs[g].no_nodes, "spans": self.graphs[g].spans, "units": units}
+                                 "no_nodes": self.graphs[g].no_nodes, "spans": self.graphs[g].spans,
+                                 "tails": self.graphs[g].tails, "units": units}
                            for key, g, units in runs}, f, indent=0)
             print(f"fi-profile: the kernel accounting's alignment of {len(runs)} graph runs written to {path}",
                   file=sys.stderr, flush=True)
@@ -598,7 +603,7 @@ def attribute(events: Sequence[Any], graphs: Sequence[GraphCalls], kernel_words:
             if not _by_nodes(graph_run.units, graphs[graph_run.graph], fits, known, result, traced):
                 graph = graphs[graph_run.graph]
                 _align(graph_run.units, fits.split(graph.calls, known), fits, result, traced, launched, graph.prologues,
-                       graph.spans)
+                       graph.spans, graph.tails)
             if traced is not None:
                 _keep_trace(result, graph_run.graph, traced)
         else:
@@ -613,7 +618,8 @@ def _by_nodes(units: Sequence[tuple[int, str, int, int]], graph: GraphCalls, fit
     was captured (:attr:`GraphCalls.nodes`): a graph on one stream replays its nodes in the order
     they were captured, so its i-th unit is its i-th node, whatever the kernels are named (torch's
     own kernels of a norm, Hugging Face's rotation). Each unit's Definitions are then its call's
-    that its name fits best, as in an eager call's range; a unit of no call's nodes (a residual add
+    that its name fits best, as in an eager call's range; a hooked method's nodes after its last
+    inner call (:attr:`GraphCalls.tails`) are its call's; a unit of no call's nodes (a residual add
     between layers) is not attributed. Done only where every call's nodes are known, the run is on
     one stream, holds every node the calls added, and each unit named after a family (a GEMM, an
     attention kernel) lands on a call of that family or one that launches such kernels, or on a
@@ -628,6 +634,11 @@ def _by_nodes(units: Sequence[tuple[int, str, int, int]], graph: GraphCalls, fit
             return False  # a node CUPTI did not report, or calls that overlap: not one order
         for i in range(first, end):
             owner[i] = invocation
+    for invocation, launched in graph.tails.items():  # a hooked method's own nodes after its last inner call
+        last = nodes[graph.spans.get(invocation, (invocation, invocation + 1))[1] - 1][1]
+        for i in range(last, min(last + launched, len(units))):
+            if owner[i] is None:
+                owner[i] = invocation
     definitions = [tuple(d for d in definitions if d in known) for _, definitions in graph.calls]
     for (_, name, _, _), invocation in zip(units, owner):
         types = fits(name)
@@ -839,7 +850,7 @@ class _Fits:
 def _align(units: Sequence[tuple[int, str, int, int]], calls: Sequence[tuple[str, tuple[str, ...], int]],
            fits: _Fits, result: Attributed, trace: Optional[list[list[Any]]] = None,
            launched: Mapping[tuple[str, ...], int] = {}, prologues: frozenset[int] = frozenset(),
-           spans: Mapping[int, tuple[int, int]] = {}) -> None:
+           spans: Mapping[int, tuple[int, int]] = {}, tails: Mapping[int, int] = {}) -> None:
     """A graph run's units (in the order they began, each with its stream) to its calls (op type,
     Definitions, invocation; in order), stream by stream: a graph forks onto other streams for work
     that overlaps (vLLM's and SGLang's shared experts beside the routed experts, for small batches),
@@ -853,7 +864,8 @@ def _align(units: Sequence[tuple[int, str, int, int]], calls: Sequence[tuple[str
     Each unit's Definitions get its time; ``launched``: how many units one invocation of each
     Definitions launches, where known (:func:`_launches_per_call`); ``prologues``: the invocations
     that are prologues (:attr:`GraphCalls.prologues`); ``spans``: the invocations of hooked methods
-    around inner calls (:attr:`GraphCalls.spans`)."""
+    around inner calls (:attr:`GraphCalls.spans`); ``tails``: how many kernels such methods launched
+    after their last inner call (:attr:`GraphCalls.tails`)."""
     assigned: list[Optional[int]] = [None] * len(units)
     by_stream: dict[int, list[int]] = defaultdict(list)
     for i, unit in enumerate(units):
@@ -887,7 +899,7 @@ def _align(units: Sequence[tuple[int, str, int, int]], calls: Sequence[tuple[str
         if not n:  # the calls another stream's kernels claimed, for the other streams
             free = sorted({*free, *claimed})
     _wordless_next(units, calls, fits, assigned)
-    enclosed = _enclosed(units, calls, fits, assigned, spans)
+    enclosed = _enclosed(units, calls, fits, assigned, spans, tails)
     for i, ((start, name, ns, stream), call) in enumerate(zip(units, assigned)):
         definitions = calls[call][1] if call is not None else ()
         label = f"{call}:{calls[call][0]}" if call is not None else None
@@ -926,16 +938,28 @@ def _wordless_next(units: Sequence[tuple[int, str, int, int]], calls: Sequence[t
 
 
 def _enclosed(units: Sequence[tuple[int, str, int, int]], calls: Sequence[tuple[str, tuple[str, ...], int]],
-              fits: _Fits, assigned: Sequence[Optional[int]], spans: Mapping[int, tuple[int, int]]) -> dict[int, int]:
+              fits: _Fits, assigned: Sequence[Optional[int]], spans: Mapping[int, tuple[int, int]],
+              tails: Mapping[int, int] = {}) -> dict[int, int]:
     """Kernels named after no family, left without a call, between two kernels on their stream whose
     calls are both inside one hooked method's (``spans``: invocation -> its inner invocations
     [first, end)): unit index -> that method's invocation, the innermost. Eagerly its range encloses
     its inner calls' ranges, and what its own Python runs between them is its call's: vLLM's Gated
     DeltaNet layer splits and concatenates its input projections for the conv1d, and zeroes the core
-    op's output. Compiled, Inductor names those kernels after no op, or after views only."""
+    op's output. Compiled, Inductor names those kernels after no op, or after views only. A run of
+    them right after the kernels of such a method's last inner call: its first ``tails[invocation]``,
+    the kernels the method launched after that call (SGLang's logits processor, whose core call is
+    the lm_head's GEMM, casts the logits to float32 for the sampler)."""
     found: dict[int, int] = {}
-    if not spans:
+    if not spans and not tails:
         return found
+
+    def tail(run: list[int], before: int) -> None:
+        invocation = calls[before][2]
+        for owner, launched in tails.items():
+            if launched and spans.get(owner, (owner, owner + 1))[1] - 1 == invocation:
+                found.update((k, owner) for k in run[:launched])
+                return
+
     last: dict[int, int] = {}  # stream -> the call of its last placed unit
     run: dict[int, list[int]] = defaultdict(list)  # stream -> the wordless units left since it
     for i, (_, name, _, stream) in enumerate(units):
@@ -953,8 +977,13 @@ def _enclosed(units: Sequence[tuple[int, str, int, int]], calls: Sequence[tuple[
             if around:
                 innermost = min(around, key=lambda inv: spans[inv][1] - spans[inv][0])
                 found.update((k, innermost) for k in run[stream])
+            else:
+                tail(run[stream], last[stream])
         run[stream] = []
         last[stream] = call
+    for stream, left in run.items():  # the runs at the graph's end
+        if left and stream in last:
+            tail(left, last[stream])
     return found
 
 

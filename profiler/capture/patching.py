@@ -255,6 +255,11 @@ def wrap_boundary(
     return hooked
 
 
+def span_only() -> Any:
+    """The context of an ``around`` hook point that is only a span (:attr:`HookPoint.span`): none."""
+    return _NO_SPAN
+
+
 def wrap_around(fn: Callable[..., Any], op: str, context: Callable[..., Any], cls: Optional[type] = None,
                 traced: Optional[ToCalls] = None, span: str = "") -> Callable[..., Any]:
     """``fn`` run inside the context manager that ``context`` makes from its arguments (by name);

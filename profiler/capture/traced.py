@@ -53,6 +53,10 @@ class Template:
     #: runs eagerly (its range encloses its inner calls' ranges), and a compiled graph may run its
     #: kernels and theirs in another order (Inductor's scheduling of independent ops)
     span: Optional[tuple[int, int]] = None
+    #: where its method is a span (:func:`~fi_profile.capture.graph_capture.spanning`) captured in a
+    #: CUDA graph: the nodes the method launched after its last inner call (SGLang's logits
+    #: processor casts the lm_head's output to float32 for the sampler), None where not read
+    tail: Optional[int] = None
 
     def realize(self, sizes: Mapping[str, int]) -> list[KernelCall]:
         if self.live is not None:
