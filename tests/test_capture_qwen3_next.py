@@ -71,12 +71,18 @@ def test_a_tiny_qwen3_next_is_complete_in_eager_and_compiled_runs_and_its_recurr
         layers = [i for i, (op, _) in enumerate(calls) if op == "gdn"]
         assert len(layers) == GDN_LAYERS and set(layers) <= set(spans)
         assert all([calls[c][0] for c in range(*spans[i])] == ["gemm", "gemm", "gdn", "rmsnorm", "gemm"] for i in layers)
+        # the gated attention's output gate, between its attention and its output projection, as
+        # Inductor's kernel of it runs
+        gates = [i for i, (op, definitions) in enumerate(calls) if "sigmoid_gate_mul_h256" in definitions]
+        assert len(gates) == ATTENTION_LAYERS
+        assert all([calls[g - 1][0], calls[g + 1][0]] == ["attention", "gemm"] for g in gates)
     assert not compiled["record"]["run"]["not_covered"] and not compiled["record"]["run"].get("incomplete")
     # the layer's core op is placed between its input projections and its gated norm, as it runs
     # (after them all, its kernels were nobody's: 72% of this model's time)
     measured = compiled["record"]["run"]["engine_kernels"]
     assert measured["attributed_share"] >= 0.95, measured["unattributed"]
     assert measured["by_definition"][GDN_DECODE]["ms"] > 0 and measured["by_definition"][GDN_PREFILL]["ms"] > 0
+    assert any("sigmoid" in name for name in measured["by_definition"]["sigmoid_gate_mul_h256"]["kernels"])
 
     assert json.loads(next((eager["out_dir"] / "workloads" / "gdn").glob(f"{GDN_PREFILL}.jsonl")).read_text()
                       .splitlines()[0])["workload"]["inputs"]["cu_seqlens"]["type"] == "safetensors"

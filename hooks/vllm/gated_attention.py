@@ -6,7 +6,8 @@ record their calls and this one records nothing.
 
 Its output gate (``attn_output * sigmoid(gate)`` in its ``forward``) is one ``sigmoid_gate_mul`` call:
 watched while the layer runs eagerly (its sigmoid's and product's kernels the call's); in a compiled
-forward, recorded where the query and gate are split (its kernel, Inductor's, then unattributed)."""
+forward, a template of ``forward``'s, placed between its attention and its output projection, where
+Inductor's kernel of it runs."""
 
 from __future__ import annotations
 
@@ -33,11 +34,10 @@ def layer_calls(self: Any, qkv: torch.Tensor, positions: torch.Tensor) -> list:
                               int(rope.rotary_dim), float(self.q_norm.variance_epsilon), rope.cos_sin_cache)]
 
 
-def traced_layer_calls(self: Any, qkv: torch.Tensor, positions: torch.Tensor) -> list:
-    """While torch.compile traces ``_project_qkv_gate``: its calls, and the output gate's (the
-    layer's heads on this rank times the head size, over the projection's tokens), which the
-    compiled forward runs past every Python hook."""
-    calls = layer_calls(self, qkv, positions)
-    if getattr(self, "attn_output_gate", False) is True:
-        calls.append(sigmoid_gate_mul.call(qkv, int(self.num_heads) * int(self.head_dim)))
-    return calls
+def traced_gate_calls(self: Any, hidden_states: torch.Tensor) -> list:
+    """While torch.compile traces the layer's ``forward``: its output gate (the layer's heads on this
+    rank times the head size, over the step's tokens), which the compiled forward runs past the
+    eager watch (:func:`fi_profile.families.sigmoid_gate_mul.watched`)."""
+    if getattr(self, "attn_output_gate", False) is not True:
+        return []
+    return [sigmoid_gate_mul.call(hidden_states, int(self.num_heads) * int(self.head_dim))]

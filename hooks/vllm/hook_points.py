@@ -98,10 +98,12 @@ POINTS = [
               rope.KEY, rope.layer_calls),
     # Qwen3-Next's and Qwen3.5's gated attention: on CUDA its q/k norms and RoPE in one fused kernel
     HookPoint("vllm.model_executor.models.qwen3_next", "Qwen3NextAttention", ("_project_qkv_gate",), qk_norm_rope.KEY,
-              gated_attention.layer_calls, optional=True, traced=gated_attention.traced_layer_calls),
-    # its output gate (sigmoid and product), watched while the layer runs eagerly
+              gated_attention.layer_calls, optional=True),
+    # its output gate (sigmoid and product), watched while the layer runs eagerly; compiled, a
+    # template before the output projection's GEMM call
     HookPoint("vllm.model_executor.models.qwen3_next", "Qwen3NextAttention", ("forward",), "sigmoid_gate_mul_layer",
-              sigmoid_gate_mul.watched, around=True, optional=True),
+              sigmoid_gate_mul.watched, around=True, optional=True, traced=gated_attention.traced_gate_calls,
+              traced_before=gemm.KEY),
     # Qwen2-MoE's and Qwen3-Next's shared expert: its output times the sigmoid of its gate's logit
     # (watched eagerly, a template where compiled; recorded by the MoE call where an opaque op runs it)
     HookPoint("vllm.model_executor.models.qwen2_moe", "Qwen2MoeMLP", ("forward",), "sigmoid_gate_mul_layer",

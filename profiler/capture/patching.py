@@ -100,9 +100,10 @@ class HookPoint:
     #: where it records nothing itself, the op of the next call whose kernels its own are, in a CUDA
     #: graph (SGLang's ``TopK`` before its experts: the routing is part of the MoE Definition)
     feeds: str = ""
-    #: in a traced forward, its template goes before its first inner call of this op, not after
+    #: in a traced forward, its template goes before its last inner call of this op, not after
     #: them all: the order its kernels run in (a recurrent layer's core op runs before its gated
-    #: norm, an inner call hooked on its own)
+    #: norm, an inner call hooked on its own; a gated attention's output gate before its output
+    #: projection's GEMM)
     traced_before: str = ""
     #: an ``around`` hook on a layer's method whose own kernels (its splits and copies between its
     #: inner hooked calls) are its inner call's of this op: the layer's core op (SGLang's Gated
@@ -136,7 +137,7 @@ def wrap(fn: Callable[..., Any], op: str, to_calls: ToCalls, live: bool = False,
     (:mod:`fi_profile.capture.traced`); nothing is added to the traced graph. A call, unless
     ``outside_forward``, shows that the step's model forward ran where the hooks see it; one that
     records nothing in a CUDA graph being captured gives its nodes to the next call of op ``feeds``;
-    traced, its template goes before its first inner call of op ``traced_before``, where one is given."""
+    traced, its template goes before its last inner call of op ``traced_before``, where one is given."""
     read = argument_reader(fn, to_calls, cls)
     in_forward = not outside_forward
     trace_calls = traced or to_calls
@@ -261,18 +262,19 @@ def span_only() -> Any:
 
 
 def wrap_around(fn: Callable[..., Any], op: str, context: Callable[..., Any], cls: Optional[type] = None,
-                traced: Optional[ToCalls] = None, span: str = "") -> Callable[..., Any]:
+                traced: Optional[ToCalls] = None, span: str = "", traced_before: str = "") -> Callable[..., Any]:
     """``fn`` run inside the context manager that ``context`` makes from its arguments (by name);
     a ``context`` that raises is counted, and ``fn`` runs without it. While Dynamo traces ``fn``
     the context is not made (it is Python that runs eagerly); ``traced``, where given, records the
-    calls the compiled ``fn`` runs past it as a template, after ``fn``'s inner calls. ``span``: the
+    calls the compiled ``fn`` runs past it as a template, after ``fn``'s inner calls (before its
+    last inner call of op ``traced_before``, where given). ``span``: the
     op of ``fn``'s inner call whose kernels ``fn``'s own are (:attr:`HookPoint.span`,
     :func:`~fi_profile.capture.graph_capture.spanning`)."""
     read = argument_reader(fn, context, cls)
     trace_read = None if traced is None else argument_reader(fn, traced, cls)
 
     def at_trace(ctx: Any) -> None:
-        traced_calls.at_trace(ctx, op, traced, trace_read)
+        traced_calls.at_trace(ctx, op, traced, trace_read, traced_before)
 
     @functools.wraps(fn)
     def hooked(*args: Any, **kwargs: Any) -> Any:
@@ -309,7 +311,8 @@ def _install_functions(module: Any, point: HookPoint, installed: list[str], miss
         if getattr(raw, "__fi_profile_original__", None) is not None:
             continue
         try:
-            hooked = wrap_around(raw, point.op, point.to_calls, None, point.traced, point.span) if point.around else wrap(
+            hooked = wrap_around(raw, point.op, point.to_calls, None, point.traced, point.span,
+                                  point.traced_before) if point.around else wrap(
                 raw, point.op, point.to_calls, point.live, point.nested, None, point.traced, point.outside_forward,
                 point.feeds, point.traced_before)
         except SignatureMismatch as exc:
@@ -361,7 +364,7 @@ def install(points: Sequence[HookPoint]) -> tuple[list[str], list[str]]:
                 continue
             try:
                 if point.around:
-                    hooked = wrap_around(raw, point.op, point.to_calls, cls, point.traced, point.span)
+                    hooked = wrap_around(raw, point.op, point.to_calls, cls, point.traced, point.span, point.traced_before)
                 elif point.prologue:
                     hooked = wrap_prologue(raw, point.op, point.to_calls, cls)
                 elif point.boundary:

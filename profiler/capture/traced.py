@@ -168,9 +168,10 @@ def at_entry(ctx: Any) -> None:
 
 def at_trace(ctx: Any, op: str, to_calls: Callable[..., Any], read: Callable[..., dict], before: str = "") -> None:
     """The ``comptime`` callback of a hooked method being traced (``ctx``: Dynamo's context). Its
-    template follows the templates of the calls it made, or, ``before`` an op, goes before its first
+    template follows the templates of the calls it made, or, ``before`` an op, goes before its last
     inner call of that op (a recurrent layer's core runs between its input projections and its
-    gated norm; its hook is on the layer, whose other calls are hooked on their own). :func:`at_entry`
+    gated norm; its hook is on the layer, whose other calls are hooked on their own; a gated
+    attention's output gate runs between its attention and its output projection's GEMM). :func:`at_entry`
     marked where its inner calls' templates began (its :attr:`Template.span`)."""
     trace, root = _trace(ctx)
     for symbol, where in _size_symbols(root).items():  # the forward's arguments used so far
@@ -183,7 +184,7 @@ def at_trace(ctx: Any, op: str, to_calls: Callable[..., Any], read: Callable[...
 
     made = template(op, make_calls, "traced")
     start = trace.entries.pop() if trace.entries else len(trace.templates)
-    at = next((i for i in range(start, len(trace.templates)) if trace.templates[i].op == before),
+    at = next((i for i in reversed(range(start, len(trace.templates))) if trace.templates[i].op == before),
               len(trace.templates))
     if len(trace.templates) > start:
         made.span = (at - start, len(trace.templates) - at)
