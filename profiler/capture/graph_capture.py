@@ -20,6 +20,8 @@ from fi_profile.capture.kernel_accounting import ACCOUNTING, feeds_range
 from fi_profile.capture.recorder import RECORDER
 from fi_profile.capture.traced import Template, Trace, template
 
+_NOTHING = contextlib.nullcontext()
+
 #: the captured graphs of this process: the engine's key (its graph backend and shape) -> calls
 CAPTURED: dict[Hashable, Trace] = {}
 
@@ -71,35 +73,38 @@ def _captured(trace: Trace, made: Template) -> Template:
     return made
 
 
-@contextlib.contextmanager
-def spanning(owner: str) -> Iterator[None]:
-    """While a layer's method runs whose own kernels (its splits and copies between its hooked inner
-    calls) are its inner call's of op ``owner``, the layer's core op: SGLang's Gated DeltaNet layer
-    splits its projections for the conv1d before its ``RadixLinearAttention``, which the hook
-    records. While a CUDA graph is captured, that call's template spans the templates the method
-    made (:attr:`Template.span`, as a traced method's: the accounting gives the method's kernels
-    named after no family between them to the call), and the nodes the method launched after them
-    are its too (:attr:`Template.tail`, where the graph's nodes can be read); eagerly, while the engine's kernels are
-    accounted for, the method runs in a range whose kernels outside its inner calls' ranges are the
-    next ``owner`` call's (:func:`~fi_profile.capture.kernel_accounting.feeds_range`), which it makes."""
+def spanning(owner: str) -> Any:
+    """The context a layer's method runs in whose own kernels (its splits and copies between its
+    hooked inner calls) are its inner call's of op ``owner``, the layer's core op: SGLang's Gated
+    DeltaNet layer splits its projections for the conv1d before its ``RadixLinearAttention``, which
+    the hook records. While a CUDA graph is captured, that call's template spans the templates the
+    method made (:attr:`Template.span`, as a traced method's: the accounting gives the method's
+    kernels named after no family between them to the call), and the nodes the method launched
+    after them are its too (:attr:`Template.tail`, where the graph's nodes can be read). Eagerly,
+    while the engine's kernels are accounted for, the method runs in a range whose kernels outside
+    its inner calls' ranges are the next ``owner`` call's
+    (:func:`~fi_profile.capture.kernel_accounting.feeds_range`), which it makes. Else nothing."""
     trace = CAPTURING.trace
     if trace is not None and stream_capturing():
-        start = len(trace.templates)
-        yield
-        end = len(trace.templates)
-        at = next((i for i in range(start, end) if trace.templates[i].op == owner), None)
-        if at is None:
-            return
-        if end - start > 1:
-            trace.templates[at].span = (at - start, end - at - 1)
-        last, now = trace.templates[end - 1].nodes, captured_nodes()
-        if last is not None and now is not None and now >= last[1]:
-            trace.templates[at].tail = now - last[1]
-    elif trace is None and ACCOUNTING.active and RECORDER.active:
-        with feeds_range(owner):
-            yield
-    else:
-        yield
+        return _captured_span(trace, owner)
+    if trace is None and ACCOUNTING.active and RECORDER.active:
+        return feeds_range(owner)
+    return _NOTHING
+
+
+@contextlib.contextmanager
+def _captured_span(trace: Trace, owner: str) -> Iterator[None]:
+    start = len(trace.templates)
+    yield
+    end = len(trace.templates)
+    at = next((i for i in range(start, end) if trace.templates[i].op == owner), None)
+    if at is None:
+        return
+    if end - start > 1:
+        trace.templates[at].span = (at - start, end - at - 1)
+    last, now = trace.templates[end - 1].nodes, captured_nodes()
+    if last is not None and now is not None and now >= last[1]:
+        trace.templates[at].tail = now - last[1]
 
 
 def captured_call_ends(made: Optional[Template]) -> None:
