@@ -21,6 +21,7 @@ from fi_profile.capture.kernel_call import KernelCall
 from fi_profile.capture.layers import KnownAttributes, judged_once, require, seen, seen_weights
 from fi_profile.families import causal_conv1d, gdn, rmsnorm
 from fi_profile.hooks.sglang.attention import STEP
+from fi_profile.hooks.sglang.recurrent_state import linear_backend
 
 #: the linear-attention backends whose kernels the gdn and causal_conv1d Definitions compute
 GDN_BACKENDS = ("GDNAttnBackend",)
@@ -54,15 +55,6 @@ def _sizes(layer: Any) -> tuple[int, int, int, int]:
     return int(layer.num_k_heads), int(layer.num_v_heads), int(layer.head_k_dim), int(layer.head_v_dim)
 
 
-def _linear_backend() -> Any:
-    """The step's linear-attention backend (the hybrid backend's), None where no runner is known."""
-    runner = STEP.context.get("runner")
-    if runner is None:
-        return None
-    backend = getattr(runner, "attn_backend", None)
-    return getattr(backend, "linear_attn_backend", backend)
-
-
 def _backend_problem(backend: Any) -> Optional[str]:
     name = type(backend).__name__
     if name not in GDN_BACKENDS:
@@ -73,7 +65,7 @@ def _backend_problem(backend: Any) -> Optional[str]:
 
 
 def _calls(layer: Any, batch: Any, dtype: torch.dtype) -> list[KernelCall]:
-    backend = _linear_backend()
+    backend = linear_backend()
     if backend is None:
         raise RuntimeError("the step's model runner is unknown: its linear attention backend holds the state slots")
     require(_backend_problem(backend) or gdn.layer_problem(*_sizes(layer), dtype)

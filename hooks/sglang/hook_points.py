@@ -29,8 +29,10 @@ from fi_profile.families import (
     silu_and_mul,
 )
 from fi_profile.families import gdn as gdn_family
+from fi_profile.families import mamba as mamba_family
 from fi_profile.hooks.sglang import attention, gdn, gemma3, steps
 from fi_profile.hooks.sglang import fp8_linear as sglang_fp8
+from fi_profile.hooks.sglang import mamba2 as sglang_mamba2
 from fi_profile.hooks.sglang import mla as sglang_mla
 from fi_profile.hooks.sglang import moe as sglang_moe
 
@@ -109,6 +111,8 @@ _EXECUTOR = "sglang.srt.model_executor"
 _MLA = "sglang.srt.models.deepseek_common.attention_forward_methods"
 _GEMMA3 = "sglang.srt.models.gemma3_causal"
 _FLA = "sglang.kernels.ops.attention.fla"
+_MAMBA = f"{_LAYERS}.attention.mamba"
+_MAMBA2 = f"{_MAMBA}.mamba"
 
 POINTS = [
     HookPoint(f"{_LAYERS}.layernorm", "RMSNorm", ("forward",), rmsnorm.KEY, rmsnorm.layer_calls),
@@ -166,6 +170,16 @@ POINTS = [
     HookPoint(f"{_FLA}.fused_norm_gate", "FusedRMSNormGated", ("forward",), rmsnorm.KEY, gdn.fused_norm_calls,
               optional=True),
     HookPoint(f"{_FLA}.layernorm_gated", "RMSNorm", ("forward",), rmsnorm.KEY, gdn.gated_norm_calls, optional=True),
+    # Mamba-2's mixer (Nemotron-H, Granite-4.0-H, Falcon-H1): its conv1d and recurrence in each step,
+    # and its gated norm (the gate first, a norm per group)
+    HookPoint(_MAMBA2, "MambaMixer2", ("forward",), mamba_family.KEY, sglang_mamba2.layer_calls, live=True,
+              traced=sglang_mamba2.captured_layer_calls, optional=True, traced_before=rmsnorm.KEY),
+    # the backend's call around it: its tracking of the states for the prefix cache after the mixer
+    # (``track_mamba_states_if_needed`` on CUDA) is the recurrence's, as the Gated DeltaNet backend's is
+    HookPoint(f"{_LAYERS}.attention.hybrid_linear_attn_backend", "Mamba2AttnBackend", ("forward",), "mamba_layer",
+              span_only, around=True, optional=True, span=mamba_family.KEY),
+    HookPoint(f"{_MAMBA}.mixer2_rms_norm_gated", "Mixer2RMSNormGated", ("forward",), rmsnorm.KEY,
+              rmsnorm.mixer2_gated_layer_calls, optional=True),
     # DeepSeek's MLA: the absorbed form, the up-projected prefill and the latent write before it
     # (their RadixAttention layers run nested, recording nothing of their own)
     HookPoint(f"{_MLA}.forward_mla", "DeepseekMLAForwardMixin", ("forward_absorb_core",), mla.KEY,
@@ -263,6 +277,8 @@ LAYER_RULES = [
     LayerRule(f"{_LAYERS}.radix_linear_attention:RadixLinearAttention", gdn.layer_problem),
     LayerRule(f"{_FLA}.fused_norm_gate:FusedRMSNormGated", gdn.fused_norm_problem),
     LayerRule(f"{_FLA}.layernorm_gated:RMSNorm", gdn.gated_norm_problem),
+    LayerRule(f"{_MAMBA2}:MambaMixer2", sglang_mamba2.layer_problem),
+    LayerRule(f"{_MAMBA}.mixer2_rms_norm_gated:Mixer2RMSNormGated", rmsnorm.mixer2_gated_layer_problem),
     LayerRule(f"{_LAYERS}.moe.topk:TopK", sglang_moe.routing_problem),
     LayerRule("sglang.srt.models.deepseek_v2:MoEGate", sglang_moe.gate_problem),
     LayerRule("torch.nn.modules.linear:Linear", sglang_moe.one_output_linear_problem),
@@ -284,7 +300,6 @@ KERNEL_LAYERS = [
     f"{_LAYERS}.radix_linear_attention:RadixLinearAttention",
     f"{_FLA}.fused_norm_gate:FusedRMSNormGated",
     f"{_FLA}.layernorm_gated:RMSNorm",
-    # Mamba-2's mixer (Nemotron-H, Granite-4.0-H, Falcon-H1): a plain module whose conv1d and selective
-    # scan run in SGLang's linear-attention backend, which no hook records (vLLM's is recorded)
-    f"{_LAYERS}.attention.mamba.mamba:MambaMixer2",
+    # Mamba-2's mixer (Nemotron-H, Granite-4.0-H, Falcon-H1): a plain module, judged by its rule
+    f"{_MAMBA2}:MambaMixer2",
 ]

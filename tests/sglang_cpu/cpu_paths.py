@@ -5,6 +5,9 @@
 #   sgl_kernel.mamba's PyTorch op;
 # - the MoE block's shared-expert gate (fused_gate_sigmoid_mul_add), whose launcher computes the
 #   same in PyTorch here.
+# - Mamba-2's mixer (Nemotron-H), which binds no conv1d on CPU (its module imports one on CUDA, NPU
+#   and XPU) and launches Triton for its chunked scan and state update: sgl_kernel.mamba's PyTorch
+#   ops are bound in their place, under the names the mixer calls.
 # Each is set right after SGLang loads its module; the engine's calls to them are unchanged.
 #
 # With FI_PROFILE_TEST_FUSE_SHARED_EXPERT=1, Qwen2-MoE's block fuses its shared expert into the
@@ -21,6 +24,15 @@ def _gated_norm(module):
     import sgl_kernel.mamba  # noqa: F401  (sets torch.ops.sgl_kernel.fused_rmsnorm_gated_cpu)
 
     module._use_cpu = True
+
+
+def _mamba2_mixer(module):
+    from sgl_kernel import mamba
+
+    module.causal_conv1d_fn = module.causal_conv1d_fn_triton = mamba.causal_conv1d_fn_cpu
+    module.causal_conv1d_update = module.causal_conv1d_update_triton = mamba.causal_conv1d_update_cpu
+    module.mamba_chunk_scan_combined = mamba.mamba_chunk_scan_combined_cpu
+    module.selective_state_update = mamba.selective_state_update_cpu
 
 
 def _gate_sigmoid_mul(module):
@@ -64,6 +76,7 @@ def _append_shared(module):
 _PATCHES = {
     "sglang.kernels.ops.attention.fla.fused_norm_gate": _gated_norm,
     "sglang.kernels.ops.elementwise.elementwise": _gate_sigmoid_mul,
+    "sglang.srt.layers.attention.mamba.mamba": _mamba2_mixer,
 }
 if os.environ.get("FI_PROFILE_TEST_FUSE_SHARED_EXPERT") == "1":
     _PATCHES["sglang.srt.models.qwen2_moe"] = _fused_on_cuda

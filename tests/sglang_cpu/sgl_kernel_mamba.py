@@ -4,10 +4,15 @@
 # (the last: cpu_paths.py); they are set here. They follow the recurrences as SGLang's Triton kernels compute them (states per
 # slot: conv [dim, width - 1], recurrent [value heads, V, K] in float32), slowly; a form SGLang may
 # call that is not written here (speculative decoding's windows) raises.
+#
+# Mamba-2's mixer (Nemotron-H) binds no conv1d on CPU and launches Triton for its scan and state
+# update: cpu_paths.py binds the conv1d above and the two recurrences below in its module, written as
+# the state space recurrence (a float32 state [heads, head size, state size] per slot).
 import torch
 import torch.nn.functional as F
 
-__all__ = ["causal_conv1d_fn_cpu", "causal_conv1d_update_cpu", "chunk_gated_delta_rule_cpu"]
+__all__ = ["causal_conv1d_fn_cpu", "causal_conv1d_update_cpu", "chunk_gated_delta_rule_cpu",
+           "mamba_chunk_scan_combined_cpu", "selective_state_update_cpu"]
 
 
 def _activate(x, activation):
@@ -124,6 +129,69 @@ def _fused_rmsnorm_gated(x, weight, g, eps):
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
     return (y * F.silu(g.float())).to(x.dtype)
 
+
+
+def _ssm_step(state, x, dt, A, B, C, D):
+    """One token of Mamba-2's recurrence: state [H, P, N] (float32, updated in place), x and dt
+    [H, P] (dt already softplus'd), A [H, P, N], B and C [H, N], D [H, P]; returns y [H, P]."""
+    state.mul_(torch.exp(dt[:, :, None] * A)).add_((dt * x)[:, :, None] * B[:, None, :])
+    y = (state * C[:, None, :]).sum(-1)
+    return y if D is None else y + D * x
+
+
+def _dt(dt, dt_bias, softplus, limit=(0.0, float("inf"))):
+    dt = dt.float() + (0.0 if dt_bias is None else dt_bias.float())
+    return (F.softplus(dt) if softplus else dt).clamp(*limit)
+
+
+def mamba_chunk_scan_combined_cpu(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                                  seq_idx=None, chunk_indices=None, chunk_offsets=None, cu_seqlens=None,
+                                  dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False,
+                                  return_varlen_states=False, return_intermediate_states=False,
+                                  return_track_states=False, track_seq_idx=None, track_end_locs=None, out=None,
+                                  state_dtype=None):
+    """The chunked scan's result over the sequences of ``cu_seqlens``, token by token: x [1, T, H,
+    P], dt [1, T, H], A [H], B and C [1, T, G, N]; writes ``out`` and returns (None, the sequences'
+    final states [R, H, P, N], None) as SGLang's mixer asks for them (no chunk states, no tracking)."""
+    if (z is not None or not return_varlen_states or return_final_states or return_intermediate_states
+            or (track_end_locs is not None and track_end_locs.numel())):
+        raise NotImplementedError("sgl_kernel.mamba test scaffolding: mamba_chunk_scan_combined in another form")
+    heads, groups = x.shape[2], B.shape[2]
+    starts = cu_seqlens.tolist()
+    A = A.float()[:, None, None].expand(heads, x.shape[3], B.shape[3])
+    finals = []
+    for i in range(len(starts) - 1):
+        state = (initial_states[i].float().clone() if initial_states is not None
+                 else x.new_zeros(heads, x.shape[3], B.shape[3], dtype=torch.float32))
+        for t in range(starts[i], starts[i + 1]):
+            step_dt = _dt(dt[0, t][:, None].expand(heads, x.shape[3]), None if dt_bias is None else dt_bias[:, None],
+                          dt_softplus, dt_limit)
+            y = _ssm_step(state, x[0, t].float(), step_dt, A, B[0, t].float().repeat_interleave(heads // groups, 0),
+                          C[0, t].float().repeat_interleave(heads // groups, 0), None if D is None else D.float()[:, None])
+            out[0, t] = y.to(out.dtype)
+        finals.append(state.to(state_dtype or x.dtype))
+    varlen = torch.stack(finals)
+    return (None, varlen, None) if return_track_states else varlen
+
+
+def selective_state_update_cpu(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                               state_batch_indices=None, pad_slot_id=-1, out=None, disable_state_update=False,
+                               **unsupported):
+    """One decode token per sequence against its slot's state: x and dt [batch, H, P], A [H, P, N],
+    B and C [batch, G, N], D and dt_bias [H, P]; the state updated in place, ``out`` written."""
+    if z is not None or disable_state_update or x.dim() != 3 or any(v not in (None, 0) for v in unsupported.values()):
+        raise NotImplementedError("sgl_kernel.mamba test scaffolding: selective_state_update in another form")
+    heads, groups = x.shape[1], B.shape[1]
+    for i in range(x.shape[0]):
+        slot = int(state_batch_indices[i]) if state_batch_indices is not None else i
+        if slot == pad_slot_id:
+            continue
+        h = state[slot].float()
+        y = _ssm_step(h, x[i].float(), _dt(dt[i], dt_bias, dt_softplus), A.float(),
+                      B[i].float().repeat_interleave(heads // groups, 0), C[i].float().repeat_interleave(heads // groups, 0),
+                      None if D is None else D.float())
+        state[slot] = h.to(state.dtype)
+        out[i] = y.to(out.dtype)
 
 # Python functions under torch.ops' names (SGLang calls them through torch.ops.sgl_kernel)
 for _name, _fn in (("fused_gdn_gating_cpu", _fused_gdn_gating),
