@@ -1402,6 +1402,29 @@ def test_sglangs_qwen3_next_layers_own_kernels_are_their_core_calls_where_their_
     assert cast.unattributed == {} and by_definition(cast)[lm_head] == found[lm_head] + units[-1][1]
 
 
+def test_sglangs_qwen3_next_decode_graph_as_todays_hooks_record_it_is_attributed_whole():
+    """SGLang 0.5.16's Qwen3-Next decode graph captured on an H100 with the hooks of 2026-12-08:
+    the calls as they record them now (the gated attention's output gate between its attention and
+    its output projection), the layers' spans and the logits processor's tail as they counted them.
+    Every kernel was placed there (100.0% of each of its three decode graphs), and aligned again
+    here every kernel is placed (by the kernels' names): the state tracking and the split of each GDN layer's projections its recurrence's, the
+    logits' float32 cast the lm_head's."""
+    trace, units, result = _aligned_trace("sglang_qwen3_next_decode_graph_1208.json",
+                                          prologues=("moe_routing", "moe_shared_gate"))
+    assert all(trace["placed"]) and result.unattributed == {}
+    found = by_definition(result)
+    assert sum(found.values()) == sum(ns for _, ns in units)
+    lm_head = "gemm_bf16_n151936_k2048"
+    assert trace["calls"][-1] == ["gemm", [lm_head]] and trace["tails"] == {"53": 1}
+    # its output's memset, its GEMM, the logits' cast after it (counted as the lm_head's there)
+    assert [p.split(":", 1)[1] for p in trace["placed"][-3:]] == ["gemm", "gemm", "gemm (its method's own)"]
+    assert found[lm_head] == sum(ns for _, ns in units[-3:])
+    recurrence = ("gdn_decode_qk4_v8_d128_k_last", "causal_conv1d_decode_c2048_w4_silu")
+    mine = [ns for name, ns in units if name.startswith(("fused_qkvzba", "track_mamba", "fused_sigmoid_gating",
+                                                         "_causal_conv1d_update"))]
+    assert sum(found[d] for d in recurrence) >= sum(mine) and len(mine) >= 9
+
+
 def test_vllms_qwen3_next_shared_experts_on_their_own_stream_stay_in_their_layer():
     """vLLM 0.26's Qwen3-Next decode graph on an H100 (``fixtures/kernel_traces``): each MoE layer's
     router GEMM runs on the forward's stream inside the opaque MoE op, its shared expert (gate/up
