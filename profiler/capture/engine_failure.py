@@ -6,6 +6,7 @@ should read which feature, not a traceback. Otherwise the first exception its pr
 from __future__ import annotations
 
 import re
+import traceback
 from pathlib import Path
 from typing import Optional
 
@@ -93,3 +94,13 @@ def with_root_cause(said: str, log: Optional[Path], after: int = 0) -> str:
 def log_size(log: Optional[Path]) -> int:
     """The log's size now (0 where there is none): where a later :func:`root_cause` starts."""
     return log.stat().st_size if log is not None and log.is_file() else 0
+
+
+def keep_traceback(exc: BaseException, log: Optional[Path]) -> None:
+    """Where an engine that runs in this process raised: its traceback, at the end of the engine's
+    log (the one line said of it names no place)."""
+    if log is None or not log.parent.is_dir():
+        return
+    with log.open("a") as out:
+        out.write("fi-profile: the engine raised while generating:\n")
+        out.write("".join(traceback.format_exception(exc)))

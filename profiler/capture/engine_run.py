@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
 from fi_profile.capture.completeness import judged
-from fi_profile.capture.engine_failure import log_size, said_of, with_root_cause
+from fi_profile.capture.engine_failure import keep_traceback, log_size, said_of, with_root_cause
 from fi_profile.capture.engine_output import ENGINE_LOG
 from fi_profile.capture.interruption import Interrupted
 from fi_profile.capture.kernel_accounting import prepare as prepare_accounting
@@ -251,6 +251,7 @@ def run_capture(engine_class: Callable[..., Engine],
                 if not options.capture:
                     raise
                 tokens, failure = [], with_root_cause(said_of(exc), log, generation_began)
+                keep_traceback(exc, log)
             run = run_info(engine.version, options, engine.attention_backend, status)
             if failure is not None:
                 fail_with_saved_parts(out_dir, options.model, engine.framework, options.max_workloads, run, failure)
