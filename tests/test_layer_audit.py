@@ -217,11 +217,10 @@ def test_a_model_layer_multiplying_in_its_own_code_is_listed_by_each_multiplier(
         "it)": 1}
 
 
-def test_sglangs_mamba2_mixer_is_listed_by_name_where_it_runs():
-    """SGLang's Mamba-2 mixer (Nemotron-H, Granite-4.0-H, Falcon-H1) is a plain module whose conv1d
-    and scan run in its linear-attention backend, past every hook: its layer is listed by its class
-    (on CPU SGLang cannot run it at all: its Triton conv1d is missing), never left silent beside its
-    recorded projections (in the SGLang the tests run: its venv)."""
+def test_sglangs_mamba2_mixer_no_definition_computes_is_listed_by_what_it_is():
+    """SGLang's Mamba-2 mixer (Nemotron-H, Granite-4.0-H, Falcon-H1) is judged by its rule, on the
+    class SGLang builds (in the SGLang the tests run: its venv): one whose heads are no whole number
+    per group, or whose activation no conv1d Definition takes, is listed by that, never recorded."""
     import subprocess
 
     import pytest
@@ -230,12 +229,20 @@ def test_sglangs_mamba2_mixer_is_listed_by_name_where_it_runs():
     if not SGLANG_PYTHON.is_file():
         pytest.skip(f"no SGLang venv at {SGLANG_PYTHON}")  # CI makes one (test_capture_sglang says so)
     probe = ("import torch\n"
+             "from types import SimpleNamespace\n"
              "from sglang.srt.layers.attention.mamba.mamba import MambaMixer2\n"
              "from fi_profile.capture.layers import uncovered_layers\n"
              "from fi_profile.hooks.sglang.hook_points import KERNEL_LAYERS, LAYER_RULES\n"
-             "mixer = MambaMixer2.__new__(MambaMixer2)\n"
-             "torch.nn.Module.__init__(mixer)\n"
-             "print(uncovered_layers(torch.nn.Sequential(mixer), LAYER_RULES, KERNEL_LAYERS))\n")
+             "def mixer(groups, activation):\n"
+             "    m = MambaMixer2.__new__(MambaMixer2)\n"
+             "    torch.nn.Module.__init__(m)\n"
+             "    m.__dict__.update(num_heads=8, head_dim=64, ssm_state_size=128, n_groups=groups, tp_size=1,\n"
+             "                      activation=activation, A=torch.zeros(8), D=torch.ones(8, dtype=torch.bfloat16),\n"
+             "                      dt_bias=torch.ones(8, dtype=torch.bfloat16))\n"
+             "    return m\n"
+             "print(uncovered_layers(torch.nn.Sequential(mixer(3, 'silu'), mixer(2, 'gelu')), LAYER_RULES, KERNEL_LAYERS))\n")
     found = subprocess.run([str(SGLANG_PYTHON), "-c", probe], capture_output=True, text=True, timeout=300)
     assert found.returncode == 0, found.stderr[-2000:]
-    assert found.stdout.strip().splitlines()[-1] == "{'MambaMixer2 (a layer class no hook records)': 1}"
+    listed = found.stdout.strip().splitlines()[-1]
+    assert "MambaMixer2: Mamba-2 with 8 heads over 3 groups per rank" in listed
+    assert "MambaMixer2's causal_conv1d with activation 'gelu'" in listed or "'gelu'" in listed, listed

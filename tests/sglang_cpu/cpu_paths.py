@@ -14,6 +14,7 @@
 # experts as it does on CUDA (Qwen3-Next's default there): it is built as if on CUDA (the one place
 # its constructor reads that; its gate a torch nn.Linear as on CUDA, also on a CPU with AMX), and
 # the Triton kernel that appends the shared slot to each token's top-k is computed in PyTorch.
+import importlib
 import importlib.abc
 import importlib.util
 import os
@@ -27,7 +28,7 @@ def _gated_norm(module):
 
 
 def _mamba2_mixer(module):
-    from sgl_kernel import mamba
+    mamba = importlib.import_module("sgl_kernel.mamba")  # the submodule (the stub's attributes raise)
 
     module.causal_conv1d_fn = module.causal_conv1d_fn_triton = mamba.causal_conv1d_fn_cpu
     module.causal_conv1d_update = module.causal_conv1d_update_triton = mamba.causal_conv1d_update_cpu
