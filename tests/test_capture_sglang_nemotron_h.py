@@ -73,3 +73,23 @@ def test_under_tensor_parallelism_each_rank_records_its_heads_groups_and_channel
     assert found["mamba_ssd_prefill_h4_d64_s128_ng1_state_float32"] == found["causal_conv1d_prefill_c512_w4_silu_bias"] > 0
     assert found["gated_rmsnorm_gate_first_h256_gs256"] > 0
     assert not any(k.startswith(("mamba_ssu_decode_h8", "causal_conv1d_decode_c1024")) for k in found)
+
+
+def test_a_granite4_hybrids_mixers_are_recorded_and_its_multipliers_listed_by_name(tmp_path):
+    """Granite-4.0-H (``GraniteMoeHybrid``: 3 Mamba-2 mixers of 12 heads in one group, one attention
+    layer, a MoE in every layer) in SGLang: each mixer is a conv1d and a recurrence per step, its
+    gated norm over the whole row (one group); the muP multipliers the layers apply in their own
+    code are listed by name, so the record says it is incomplete."""
+    result = capture(tmp_path, "granite4", python=SGLANG_PYTHON, framework="sglang",
+                     model=str(MODELS / "tiny-granite4-hybrid"))
+    run = result["record"]["run"]
+    assert run["hook_errors"] == {} and run["hooks_missing"] == [], run
+    listed = " ".join(run["not_covered"])
+    assert "residual_multiplier" in listed and "embedding_multiplier" in listed and "MambaMixer2" not in listed
+    assert "incomplete" in run
+    found = counts(result)
+    steps, decode_steps, mixers = found["embedding_v2048_h384"], OUTPUT_LEN - 1, 3
+    assert found["mamba_ssu_decode_h12_d64_s128_ng1_state_float32"] == mixers * decode_steps
+    assert found["causal_conv1d_decode_c1024_w4_silu_bias"] == mixers * decode_steps
+    assert found["mamba_ssd_prefill_h12_d64_s128_ng1_state_float32"] == mixers * (steps - decode_steps)
+    assert found["gated_rmsnorm_gate_first_h768_gs768"] == mixers * steps
