@@ -35,6 +35,16 @@ if not SGLANG_PYTHON.is_file():
 DECODE, PREFILL = "gqa_paged_decode_h4_kv2_d64_ps1", "gqa_paged_prefill_causal_h4_kv2_d64_ps1"
 
 
+
+def complete_capture(tmp_path: Path, name: str, model: str, **options) -> tuple[dict, dict, Counter]:
+    """A capture in the SGLang venv that is complete (no hook error or missing hook, nothing listed,
+    not incomplete): its result, its run, its calls per Definition."""
+    result = capture(tmp_path, name, python=SGLANG_PYTHON, framework="sglang", model=model, **options)
+    run = result["record"]["run"]
+    assert run["hook_errors"] == {} and run["hooks_missing"] == [] and not run["not_covered"], run
+    assert not run.get("incomplete"), run
+    return result, run, counts(result)
+
 @pytest.fixture(scope="module")
 def sglang(tmp_path_factory):
     return capture(tmp_path_factory.mktemp("sglang"), "sglang", python=SGLANG_PYTHON, framework="sglang")

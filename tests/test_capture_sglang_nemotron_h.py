@@ -16,18 +16,12 @@ from __future__ import annotations
 import json
 
 from test_capture_nemotron_h import ATTENTION_LAYERS, CONV_DECODE, CONV_PREFILL, MAMBA_LAYERS, MLP_LAYERS, NORM, SSD, SSU
-from test_capture_sglang import SGLANG_PYTHON
-from test_capture_vllm import MODELS, OUTPUT_LEN, capture, counts
-from typer.testing import CliRunner
+from test_capture_sglang import SGLANG_PYTHON, complete_capture
+from test_capture_vllm import MODELS, OUTPUT_LEN, capture, counts, replays_on_cpu
 
 
 def test_sglangs_mamba2_mixers_are_a_conv1d_and_a_recurrence_per_layer_and_step(tmp_path):
-    result = capture(tmp_path, "nemotron-h", python=SGLANG_PYTHON, framework="sglang",
-                     model=str(MODELS / "tiny-nemotron-h"))
-    run = result["record"]["run"]
-    assert run["hook_errors"] == {} and run["hooks_missing"] == [] and not run["not_covered"], run
-    assert not run.get("incomplete"), run
-    found = counts(result)
+    result, run, found = complete_capture(tmp_path, "nemotron-h", str(MODELS / "tiny-nemotron-h"))
     steps = found["embedding_v2048_h256"]
     decode_steps = OUTPUT_LEN - 1
     assert found[SSU] == found[CONV_DECODE] == MAMBA_LAYERS * decode_steps, found
@@ -47,26 +41,13 @@ def test_sglangs_mamba2_mixers_are_a_conv1d_and_a_recurrence_per_layer_and_step(
     assert {n for n, v in prefill["inputs"].items() if v["type"] == "safetensors"} >= {
         "cu_seqlens", "state_indices", "has_initial_state"}
 
-    from fi_profile.cli import app
-
-    names = [SSU, SSD, CONV_DECODE, CONV_PREFILL, NORM]
-    replayed = CliRunner().invoke(app, ["replay", str(out), "--definitions", ",".join(names), "--device", "cpu",
-                                        "--min-time", "0.01", "--max-workloads", "2", "--out", str(tmp_path / "r")])
-    assert replayed.exit_code == 0, replayed.output
-    results = [json.loads(line) for line in (tmp_path / "r" / "results.jsonl").read_text().splitlines()]
-    assert {r["kernel_id"] for r in results} == set(names)
-    assert {r["source"].rsplit("__", 1)[-1] for r in results} >= {"reference", "torch"}
-    assert all(r["status"] == "passed" for r in results), [(r["source"], r["status"], r.get("error")) for r in results]
+    replays_on_cpu(out, [SSU, SSD, CONV_DECODE, CONV_PREFILL, NORM], tmp_path / "r")
 
 
 def test_under_tensor_parallelism_each_rank_records_its_heads_groups_and_channels(tmp_path):
     """TP=2: each rank's mixer has 4 of the 8 heads and 1 of the 2 groups, its conv1d half the
     channels (256 of x, 128 each of B and C), its gated norm half the row in one group."""
-    result = capture(tmp_path, "nemotron-h-tp2", python=SGLANG_PYTHON, framework="sglang",
-                     model=str(MODELS / "tiny-nemotron-h"), tp=2)
-    run = result["record"]["run"]
-    assert run["hook_errors"] == {} and not run["not_covered"] and not run.get("incomplete"), run
-    found = counts(result)
+    _, _, found = complete_capture(tmp_path, "nemotron-h-tp2", str(MODELS / "tiny-nemotron-h"), tp=2)
     ranks, decode_steps = 2, OUTPUT_LEN - 1
     assert found["mamba_ssu_decode_h4_d64_s128_ng1_state_float32"] == ranks * MAMBA_LAYERS * decode_steps, found
     assert found["causal_conv1d_decode_c512_w4_silu_bias"] == ranks * MAMBA_LAYERS * decode_steps

@@ -15,20 +15,15 @@ from __future__ import annotations
 import json
 
 from test_capture_qwen3_next import CONV_DECODE, CONV_PREFILL, GDN_DECODE, GDN_LAYERS, GDN_PREFILL
-from test_capture_sglang import SGLANG_PYTHON
-from test_capture_vllm import MODELS, OUTPUT_LEN, capture, counts
+from test_capture_sglang import SGLANG_PYTHON, complete_capture
+from test_capture_vllm import MODELS, OUTPUT_LEN, capture, counts, replays_on_cpu
 from typer.testing import CliRunner
 
 ATTENTION_LAYERS = 1
 
 
 def test_sglangs_gated_deltanet_layers_are_a_conv1d_and_a_recurrence_per_layer_and_step(tmp_path):
-    result = capture(tmp_path, "qwen3-next", python=SGLANG_PYTHON, framework="sglang",
-                     model=str(MODELS / "tiny-qwen3-next"))
-    run = result["record"]["run"]
-    assert run["hook_errors"] == {} and run["hooks_missing"] == [] and not run["not_covered"], run
-    assert not run.get("incomplete"), run
-    found = counts(result)
+    result, run, found = complete_capture(tmp_path, "qwen3-next", str(MODELS / "tiny-qwen3-next"))
     steps = found["embedding_v2048_h256"]
     decode_steps = OUTPUT_LEN - 1
     assert found[GDN_DECODE] == GDN_LAYERS * decode_steps
@@ -61,26 +56,14 @@ def test_sglangs_gated_deltanet_layers_are_a_conv1d_and_a_recurrence_per_layer_a
     assert {n for n, v in conv["inputs"].items() if v["type"] == "safetensors"} == {
         "cu_seqlens", "conv_state_indices", "has_initial_state"}
 
-    from fi_profile.cli import app
-
-    names = [GDN_DECODE, GDN_PREFILL, CONV_DECODE, CONV_PREFILL, "shared_expert_gate_sigmoid_mul_add_h256"]
-    replayed = CliRunner().invoke(app, ["replay", str(out), "--definitions", ",".join(names), "--device", "cpu",
-                                        "--min-time", "0.01", "--max-workloads", "2", "--out", str(tmp_path / "r")])
-    assert replayed.exit_code == 0, replayed.output
-    results = [json.loads(line) for line in (tmp_path / "r" / "results.jsonl").read_text().splitlines()]
-    assert {r["kernel_id"] for r in results} == set(names)
-    assert {r["source"].rsplit("__", 1)[-1] for r in results} >= {"reference", "torch"}
-    assert all(r["status"] == "passed" for r in results), [(r["source"], r["status"], r.get("error")) for r in results]
+    replays_on_cpu(out, [GDN_DECODE, GDN_PREFILL, CONV_DECODE, CONV_PREFILL, "shared_expert_gate_sigmoid_mul_add_h256"],
+                   tmp_path / "r")
 
 
 def test_under_tensor_parallelism_each_rank_records_its_heads_and_channels(tmp_path):
     """TP=2: each rank's Gated DeltaNet has 1 key and 2 value heads (flashinfer-trace names the
     dataset's calls by the heads per rank), its conv1d half the channels."""
-    result = capture(tmp_path, "qwen3-next-tp2", python=SGLANG_PYTHON, framework="sglang",
-                     model=str(MODELS / "tiny-qwen3-next"), tp=2)
-    run = result["record"]["run"]
-    assert run["hook_errors"] == {} and not run["not_covered"] and not run.get("incomplete"), run
-    found = counts(result)
+    _, _, found = complete_capture(tmp_path, "qwen3-next-tp2", str(MODELS / "tiny-qwen3-next"), tp=2)
     ranks, decode_steps = 2, OUTPUT_LEN - 1
     assert found["gdn_decode_qk1_v2_d128_k_last"] == ranks * GDN_LAYERS * decode_steps
     assert found["causal_conv1d_decode_c512_w4_silu"] == ranks * GDN_LAYERS * decode_steps

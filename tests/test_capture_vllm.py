@@ -106,6 +106,23 @@ def counts(result: dict) -> Counter:
     return Counter({k["id"]: k["count"] for k in result["record"]["kernels"]})
 
 
+def replays_on_cpu(out_dir: Path, names: list[str], to: Path) -> list[dict]:
+    """``fi-profile replay`` of a capture's workloads of ``names`` on CPU (two each, briefly timed):
+    each Definition's reference and PyTorch baseline ran, and every pair passed; the results."""
+    from typer.testing import CliRunner
+
+    from fi_profile.cli import app
+
+    replayed = CliRunner().invoke(app, ["replay", str(out_dir), "--definitions", ",".join(names), "--device", "cpu",
+                                        "--min-time", "0.01", "--max-workloads", "2", "--out", str(to)])
+    assert replayed.exit_code == 0, replayed.output
+    results = [json.loads(line) for line in (to / "results.jsonl").read_text().splitlines()]
+    assert {r["kernel_id"] for r in results} == set(names)
+    assert {r["source"].rsplit("__", 1)[-1] for r in results} >= {"reference", "torch"}
+    assert all(r["status"] == "passed" for r in results), [(r["source"], r["status"], r.get("error")) for r in results]
+    return results
+
+
 def workloads(out_dir: Path, name: str) -> dict[tuple, int]:
     found = {}
     for path in out_dir.glob(f"workloads/*/{name}.jsonl"):
