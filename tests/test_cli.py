@@ -247,3 +247,9 @@ def test_an_engine_raising_in_this_process_leaves_its_traceback_in_its_log(tmp_p
     assert text.rstrip().endswith("TypeError: 'function' object is not subscriptable")
     keep_traceback(ValueError("no folder"), tmp_path / "gone" / "engine.log")  # a log that cannot be: nothing
     assert not (tmp_path / "gone").exists()
+    # an engine process that died with its own traceback: that stays the log's tail
+    engine = tmp_path / "engine-process.log"
+    prefix = "(EngineCore pid=6) ERROR 12-08 01:00:00 [core.py:956] "
+    engine.write_text(f"{prefix}Traceback (most recent call last):\n{prefix}RuntimeError: CUDA error\n")
+    keep_traceback(TypeError("EngineDeadError"), engine)
+    assert engine.read_text().endswith("RuntimeError: CUDA error\n")

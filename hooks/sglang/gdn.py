@@ -21,7 +21,7 @@ from fi_profile.capture.kernel_call import KernelCall
 from fi_profile.capture.layers import KnownAttributes, judged_once, require, seen, seen_weights
 from fi_profile.families import causal_conv1d, gdn, rmsnorm
 from fi_profile.hooks.sglang.attention import STEP
-from fi_profile.hooks.sglang.recurrent_state import linear_backend
+from fi_profile.hooks.sglang.recurrent_state import linear_backend, query_starts
 
 #: the linear-attention backends whose kernels the gdn and causal_conv1d Definitions compute
 GDN_BACKENDS = ("GDNAttnBackend",)
@@ -84,9 +84,8 @@ def _calls(layer: Any, batch: Any, dtype: torch.dtype) -> list[KernelCall]:
         requests = int(batch.batch_size)
         slots = lambda: slots_of[:requests].to(torch.int32)  # noqa: E731  (gathered for a kept workload only)
         return [causal_conv1d.decode_call(*conv, requests, slots, bias), *gdn.step_calls(heads, v_heads, requests, None)]
-    lengths = torch.as_tensor(batch.extend_seq_lens_cpu, dtype=torch.int64)
-    starts = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
-    requests = len(lengths)
+    starts = query_starts(batch.extend_seq_lens_cpu)
+    requests = len(starts) - 1
     prefix = batch.extend_prefix_lens
     return [causal_conv1d.prefill_call(*conv, starts, lambda: slots_of[:requests].to(torch.int32),
                                        lambda: (prefix[:requests] > 0).clone(), bias),

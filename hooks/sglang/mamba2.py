@@ -24,7 +24,7 @@ from fi_profile.capture.kernel_call import KernelCall
 from fi_profile.capture.layers import judged_once, require, seen, seen_weights
 from fi_profile.families import causal_conv1d, mamba
 from fi_profile.hooks.sglang.attention import STEP
-from fi_profile.hooks.sglang.recurrent_state import linear_backend
+from fi_profile.hooks.sglang.recurrent_state import linear_backend, query_starts
 
 #: the mixer classes whose core ops compute the mamba Definitions
 COVERED_CLASSES = ("MambaMixer2",)
@@ -91,7 +91,7 @@ def _calls(layer: Any, cache: tuple[int, int, torch.dtype], metadata: Any) -> li
     if prefills:
         mixed = metadata.mixed_metadata
         lengths = mixed.extend_seq_lens_cpu
-        starts = (torch.as_tensor([0, *lengths], dtype=torch.int64).cumsum(0) if lengths is not None
+        starts = (query_starts(lengths) if lengths is not None
                   else metadata.query_start_loc[:prefills + 1].to("cpu", torch.int64))
         flags = mixed.has_initial_states
         calls += _prefill_calls(layer, cache, starts, lambda: metadata.mamba_cache_indices[:prefills].to(torch.int32),
@@ -128,8 +128,8 @@ def _judged(layer: Any, hidden_states: torch.Tensor, metadata: Any, mup_vector: 
             cache: tuple[int, int, torch.dtype]) -> None:
     _mark(layer)
     heads, _, _, groups = _sizes(layer)
-    require(_step_problem(metadata, mup_vector) or judged_once(layer, lambda m: layer_problem(m, hidden_states.dtype))
-            or mamba.layer_problem(heads, groups, state_dtype=cache[2]))
+    require(_step_problem(metadata, mup_vector) or judged_once(layer, lambda m: layer_problem(m, hidden_states.dtype)
+                                                               or mamba.layer_problem(heads, groups, state_dtype=cache[2])))
 
 
 def layer_calls(self: Any, hidden_states: torch.Tensor, layer_cache: Any, metadata: Any,
@@ -162,7 +162,7 @@ def _calls_in_graph(layer: Any, cache: tuple[int, int, torch.dtype]) -> list[Ker
     if mode.is_decode():
         requests = int(batch.batch_size)
         return _decode_calls(layer, cache, requests, lambda: slots_of[:requests].to(torch.int32))
-    lengths = torch.as_tensor(batch.extend_seq_lens_cpu, dtype=torch.int64)
-    requests, prefix = len(lengths), batch.extend_prefix_lens
-    return _prefill_calls(layer, cache, torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]),
-                          lambda: slots_of[:requests].to(torch.int32), lambda: (prefix[:requests] > 0).clone())
+    starts, prefix = query_starts(batch.extend_seq_lens_cpu), batch.extend_prefix_lens
+    requests = len(starts) - 1
+    return _prefill_calls(layer, cache, starts, lambda: slots_of[:requests].to(torch.int32),
+                          lambda: (prefix[:requests] > 0).clone())

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
+
+import torch
 
 from fi_profile.hooks.sglang.attention import STEP
 
@@ -15,3 +17,8 @@ def linear_backend() -> Any:
         return None
     backend = getattr(runner, "attn_backend", None)
     return getattr(backend, "linear_attn_backend", backend)
+
+
+def query_starts(lengths: Sequence[int]) -> torch.Tensor:
+    """The requests' query starts from 0 (``cu_seqlens``, int64 on the host) from their host lengths."""
+    return torch.as_tensor([0, *lengths], dtype=torch.int64).cumsum(0)

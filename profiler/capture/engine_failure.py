@@ -96,10 +96,12 @@ def log_size(log: Optional[Path]) -> int:
     return log.stat().st_size if log is not None and log.is_file() else 0
 
 
-def keep_traceback(exc: BaseException, log: Optional[Path]) -> None:
-    """Where an engine that runs in this process raised: its traceback, at the end of the engine's
-    log (the one line said of it names no place)."""
-    if log is None or not log.parent.is_dir():
+def keep_traceback(exc: BaseException, log: Optional[Path], after: int = 0) -> None:
+    """Where an engine that runs in this process raised and its log holds no traceback of its own
+    since ``after`` (its size when generation began): the exception's traceback, at the end of the
+    log (the one line said of it names no place). An engine process's own traceback stays the
+    log's tail."""
+    if log is None or not log.parent.is_dir() or root_cause(log, after) is not None:
         return
     with log.open("a") as out:
         out.write("fi-profile: the engine raised while generating:\n")

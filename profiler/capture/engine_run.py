@@ -251,7 +251,7 @@ def run_capture(engine_class: Callable[..., Engine],
                 if not options.capture:
                     raise
                 tokens, failure = [], with_root_cause(said_of(exc), log, generation_began)
-                keep_traceback(exc, log)
+                keep_traceback(exc, log, generation_began)
             run = run_info(engine.version, options, engine.attention_backend, status)
             if failure is not None:
                 fail_with_saved_parts(out_dir, options.model, engine.framework, options.max_workloads, run, failure)
